@@ -1,0 +1,143 @@
+"""PlannerConfig: the knobs of the planner, validated once on construction."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, cast, get_args
+
+import attrs
+
+from ._errors import InvalidConfigError
+from ._validate import check_int
+
+__all__ = ["POLICIES", "PlannerConfig", "Policy"]
+
+Policy = Literal["round_robin", "packed"]
+#: The scheduling policies, in the order the docs describe them.
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+
+
+def _count(value: object, _self: object, field: attrs.Attribute[Any]) -> int:
+    return check_int(field.name, value, min_value=1, error=InvalidConfigError)
+
+
+def _optional_count(value: object, _self: object, field: attrs.Attribute[Any]) -> int | None:
+    if value is None:
+        return None
+    return check_int(field.name, value, min_value=1, error=InvalidConfigError)
+
+
+def _policy(value: object) -> Policy:
+    if value not in POLICIES:
+        choices = ", ".join(repr(p) for p in POLICIES)
+        raise InvalidConfigError(f"'policy' must be one of {choices}: {value!r}")
+    return cast(Policy, value)
+
+
+_COUNT = attrs.Converter(_count, takes_self=True, takes_field=True)  # type: ignore[misc,call-overload]
+_OPTIONAL_COUNT = attrs.Converter(_optional_count, takes_self=True, takes_field=True)  # type: ignore[misc,call-overload]
+
+
+@attrs.frozen(kw_only=True)
+class PlannerConfig:
+    """How the planner may split prompts into dispatches.
+
+    Every limit is an ``int >= 1``; ``None`` switches an optional limit off. Use
+    :meth:`from_engine_args` for the vLLM / pypto-serving convention where ``0`` means off.
+    """
+
+    #: Most tokens one dispatch may carry.
+    max_num_batched_tokens: int = attrs.field(converter=_COUNT)
+    #: Per-request chunk cap (``None``: off). Under ``round_robin`` it also lowers the
+    #: dispatch budget, as in the seed.
+    long_prefill_token_threshold: int | None = attrs.field(
+        default=None, converter=_OPTIONAL_COUNT
+    )
+    #: Most rows (requests) one dispatch may carry (``None``: no limit).
+    max_batch_size: int | None = attrs.field(default=None, converter=_OPTIONAL_COUNT)
+    #: When set, every non-final chunk ends on a multiple of it (KV pages are never split).
+    page_size: int | None = attrs.field(default=None, converter=_OPTIONAL_COUNT)
+    #: ``"round_robin"`` (the seed's behaviour) or ``"packed"`` (co-scheduled chunks).
+    policy: Policy = attrs.field(default="round_robin", converter=_policy)
+    #: ``packed`` only: most requests part-way through their prefill at once (``None``: no
+    #: limit).
+    max_num_partial_prefills: int | None = attrs.field(default=None, converter=_OPTIONAL_COUNT)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_num_partial_prefills is not None and self.policy != "packed":
+            raise InvalidConfigError(
+                "'max_num_partial_prefills' applies only to policy 'packed': "
+                f"policy is {self.policy!r}"
+            )
+        if self.page_size is not None and self.page_size > self.chunk_cap:
+            raise InvalidConfigError(
+                "'page_size' must be <= the largest chunk, min(max_num_batched_tokens, "
+                f"long_prefill_token_threshold) = {self.chunk_cap}, or no chunk could end "
+                f"on a page boundary: {self.page_size}"
+            )
+
+    @property
+    def chunk_cap(self) -> int:
+        """The most tokens one request may run in one dispatch."""
+        threshold = self.long_prefill_token_threshold
+        if threshold is None:
+            return self.max_num_batched_tokens
+        return min(threshold, self.max_num_batched_tokens)
+
+    @property
+    def effective_budget(self) -> int:
+        """The most tokens one dispatch carries under this config's policy.
+
+        ``round_robin`` reduces the budget to the threshold (the seed's safety rule);
+        ``packed`` keeps ``max_num_batched_tokens`` and caps each request instead.
+        """
+        if self.policy == "round_robin":
+            return self.chunk_cap
+        return self.max_num_batched_tokens
+
+    @classmethod
+    def from_engine_args(
+        cls,
+        *,
+        max_num_batched_tokens: int,
+        long_prefill_token_threshold: int = 0,
+        max_num_seqs: int | None = None,
+        page_size: int | None = None,
+        policy: Policy = "round_robin",
+        max_num_partial_prefills: int | None = None,
+    ) -> PlannerConfig:
+        """Build a config from engine-style arguments, where a threshold of ``0`` means off.
+
+        This is the convention of vLLM (``long_prefill_token_threshold=0``) and of
+        pypto-serving; ``max_num_seqs`` is vLLM's name for ``max_batch_size``.
+        """
+        threshold = check_int(
+            "long_prefill_token_threshold",
+            long_prefill_token_threshold,
+            min_value=0,
+            error=InvalidConfigError,
+        )
+        return cls(
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=threshold or None,
+            max_batch_size=max_num_seqs,
+            page_size=page_size,
+            policy=policy,
+            max_num_partial_prefills=max_num_partial_prefills,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a JSON-ready dict (``None`` for limits that are off)."""
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> PlannerConfig:
+        """Build a config from :meth:`to_dict`'s output, rejecting unknown keys."""
+        if not isinstance(data, dict):
+            raise InvalidConfigError(f"a config must be a JSON object: {type(data).__name__}")
+        known = {field.name for field in attrs.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidConfigError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
+        if "max_num_batched_tokens" not in data:
+            raise InvalidConfigError("a config must set 'max_num_batched_tokens'")
+        return cls(**data)

@@ -1,0 +1,413 @@
+"""Schedule: the planner's output, a read-only struct of arrays with a versioned JSON form.
+
+A schedule lists chunks (rows) in dispatch order. Dispatch ``d`` holds rows
+``dispatch_offsets[d]:dispatch_offsets[d + 1]``; each row says which request runs tokens
+``start:start + length`` of its prompt and whether that chunk is the request's final one (the
+only chunk whose logits are sampled). The invariants every schedule satisfies are listed in
+``_policies.py`` and checked by :meth:`Schedule.validate`.
+
+Schedules are immutable and hashable: equality and hash cover the config, the inputs and every
+row, so two schedules are equal exactly when they describe the same dispatches.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ._check import check_schedule
+from ._config import PlannerConfig
+from ._errors import InvalidConfigError, InvalidScheduleError
+from ._validate import MAX_TOKENS, read_only
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Chunk", "Dispatch", "Schedule"]
+
+#: The ``"format"`` value of a serialised schedule.
+FORMAT_NAME = "pypto-sched.schedule"
+#: The version of the JSON format this library writes and reads.
+FORMAT_VERSION = 1
+
+IntArray = npt.NDArray[np.int64]
+
+
+@attrs.frozen
+class Chunk:
+    """One row of a dispatch: tokens ``start:start + length`` of request ``request``."""
+
+    request: int
+    start: int
+    length: int
+    is_final: bool
+
+    @property
+    def end(self) -> int:
+        """One past the chunk's last position; the request's context length after it."""
+        return self.start + self.length
+
+
+@attrs.frozen(eq=False)
+class Dispatch:
+    """One device call: its rows as read-only array views into the schedule."""
+
+    index: int
+    requests: npt.NDArray[np.int32]
+    starts: npt.NDArray[np.int32]
+    lengths: npt.NDArray[np.int32]
+    is_final: npt.NDArray[np.bool_]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.requests.size)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum(dtype=np.int64))
+
+    @property
+    def rows(self) -> tuple[Chunk, ...]:
+        """The rows as :class:`Chunk` values, in order."""
+        return tuple(
+            Chunk(request=r, start=s, length=n, is_final=f)
+            for r, s, n, f in zip(
+                self.requests.tolist(),
+                self.starts.tolist(),
+                self.lengths.tolist(),
+                self.is_final.tolist(),
+                strict=True,
+            )
+        )
+
+
+class _Dispatches(Sequence[Dispatch]):
+    """A lazy sequence view of a schedule's dispatches."""
+
+    __slots__ = ("_schedule",)
+
+    def __init__(self, schedule: Schedule) -> None:
+        self._schedule = schedule
+
+    def __len__(self) -> int:
+        return self._schedule.num_dispatches
+
+    @overload
+    def __getitem__(self, index: int) -> Dispatch: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Dispatch]: ...
+    def __getitem__(self, index: int | slice) -> Dispatch | Sequence[Dispatch]:
+        if isinstance(index, slice):
+            return [self._schedule.dispatch(i) for i in range(*index.indices(len(self)))]
+        return self._schedule.dispatch(index)
+
+    def __iter__(self) -> Iterator[Dispatch]:
+        for index in range(len(self)):
+            yield self._schedule.dispatch(index)
+
+
+@attrs.frozen(eq=False)
+class Schedule:
+    """Which tokens of which request run in which dispatch.
+
+    Build one with :func:`pypto_sched.plan_prefill` or load one with :meth:`from_json`; the
+    initializer trusts its arguments (it neither copies nor checks them), the loaders check
+    every invariant.
+    """
+
+    config: PlannerConfig
+    #: Per request: prompt length.
+    prompt_lengths: IntArray
+    #: Per request: tokens already in the KV cache before the first chunk.
+    num_computed_tokens: IntArray
+    #: ``num_dispatches + 1`` row offsets; dispatch ``d`` is rows ``[o[d], o[d + 1])``.
+    dispatch_offsets: IntArray
+    #: Per row: the request it belongs to.
+    requests: npt.NDArray[np.int32]
+    #: Per row: the first position of the chunk.
+    starts: npt.NDArray[np.int32]
+    #: Per row: the number of tokens in the chunk (>= 1).
+    lengths: npt.NDArray[np.int32]
+    #: Per row: whether this is the request's final chunk (whose logits are sampled).
+    is_final: npt.NDArray[np.bool_]
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.prompt_lengths.size)
+
+    @property
+    def num_dispatches(self) -> int:
+        return int(self.dispatch_offsets.size - 1)
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.requests.size)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the schedule runs: prompt lengths less the already computed tokens."""
+        return int(self.prompt_lengths.sum() - self.num_computed_tokens.sum())
+
+    # -- dispatches --------------------------------------------------------------------------
+
+    def dispatch(self, index: int) -> Dispatch:
+        """Dispatch ``index`` (negative indices count from the end)."""
+        count = self.num_dispatches
+        if not -count <= index < count:
+            raise IndexError(f"dispatch index out of range [0, {count}): {index}")
+        index %= count
+        lo, hi = int(self.dispatch_offsets[index]), int(self.dispatch_offsets[index + 1])
+        return Dispatch(
+            index=index,
+            requests=self.requests[lo:hi],
+            starts=self.starts[lo:hi],
+            lengths=self.lengths[lo:hi],
+            is_final=self.is_final[lo:hi],
+        )
+
+    @property
+    def dispatches(self) -> Sequence[Dispatch]:
+        """Every dispatch, in order, as a lazy sequence."""
+        return _Dispatches(self)
+
+    # -- derived figures (computed on demand, cached) ---------------------------------------
+
+    @functools.cached_property
+    def row_dispatch(self) -> npt.NDArray[np.int64]:
+        """Per row: the index of the dispatch holding it."""
+        counts = np.diff(self.dispatch_offsets)
+        return read_only(np.repeat(np.arange(self.num_dispatches, dtype=np.int64), counts))
+
+    @functools.cached_property
+    def tokens_per_dispatch(self) -> IntArray:
+        """Per dispatch: tokens it carries."""
+        sums = np.add.reduceat(self.lengths.astype(np.int64), self.dispatch_offsets[:-1])
+        return read_only(sums.astype(np.int64))
+
+    @functools.cached_property
+    def rows_per_dispatch(self) -> IntArray:
+        """Per dispatch: rows (requests) it carries."""
+        return read_only(np.diff(self.dispatch_offsets))
+
+    @functools.cached_property
+    def utilisation(self) -> npt.NDArray[np.float64]:
+        """Per dispatch: tokens carried over ``max_num_batched_tokens``."""
+        return read_only(self.tokens_per_dispatch / self.config.max_num_batched_tokens)
+
+    @functools.cached_property
+    def finish_dispatch(self) -> IntArray:
+        """Per request: the index of the dispatch that runs its final chunk."""
+        finish = np.empty(self.num_requests, dtype=np.int64)
+        finish[self.requests[self.is_final]] = self.row_dispatch[self.is_final]
+        return read_only(finish)
+
+    @functools.cached_property
+    def lower_bound(self) -> int:
+        """Fewest dispatches any schedule within this config's limits could take.
+
+        The largest of: total tokens over ``max_num_batched_tokens``; each request's tokens
+        over the per-request cap; requests over ``max_batch_size``. The same bound for both
+        policies, so their dispatch counts compare directly.
+        """
+        return lower_bound(
+            self.prompt_lengths - self.num_computed_tokens, self.config
+        )
+
+    # -- equality and hashing ----------------------------------------------------------------
+
+    def _arrays(self) -> tuple[npt.NDArray[Any], ...]:
+        return (
+            self.prompt_lengths,
+            self.num_computed_tokens,
+            self.dispatch_offsets,
+            self.requests,
+            self.starts,
+            self.lengths,
+            self.is_final,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        return self.config == other.config and all(
+            np.array_equal(a, b) for a, b in zip(self._arrays(), other._arrays(), strict=True)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.config, *(a.tobytes() for a in self._arrays())))
+
+    def __repr__(self) -> str:
+        return (
+            f"Schedule(policy={self.config.policy!r}, requests={self.num_requests}, "
+            f"dispatches={self.num_dispatches}, lower_bound={self.lower_bound}, "
+            f"chunks={self.num_chunks})"
+        )
+
+    # -- construction from rows and serialisation -------------------------------------------
+
+    @classmethod
+    def from_dispatches(
+        cls,
+        config: PlannerConfig,
+        prompt_lengths: Sequence[int],
+        dispatches: Sequence[Sequence[Chunk | Sequence[object]]],
+        *,
+        num_computed_tokens: Sequence[int] | None = None,
+    ) -> Schedule:
+        """Build and validate a schedule from explicit rows.
+
+        ``dispatches`` is a list of dispatches, each a list of :class:`Chunk` values or
+        ``[request, start, length, is_final]`` lists (the JSON form).
+        """
+        lengths = _int_list("prompt_lengths", prompt_lengths, min_value=1)
+        if not lengths:
+            raise InvalidScheduleError("'prompt_lengths' must hold at least one request: []")
+        computed = (
+            [0] * len(lengths)
+            if num_computed_tokens is None
+            else _int_list("num_computed_tokens", num_computed_tokens, min_value=0)
+        )
+        if not isinstance(dispatches, Sequence) or isinstance(dispatches, str | bytes):
+            raise InvalidScheduleError(
+                f"'dispatches' must be a list of dispatches: {type(dispatches).__name__}"
+            )
+        offsets = [0]
+        rows: list[tuple[int, int, int, bool]] = []
+        for d, dispatch in enumerate(dispatches):
+            if not isinstance(dispatch, Sequence) or isinstance(dispatch, str | bytes):
+                raise InvalidScheduleError(
+                    f"dispatch {d} must be a list of rows: {type(dispatch).__name__}"
+                )
+            for k, row in enumerate(dispatch):
+                rows.append(_row(row, f"dispatch {d} row {k}"))
+            offsets.append(len(rows))
+        columns = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+        schedule = cls(
+            config=config,
+            prompt_lengths=read_only(np.array(lengths, dtype=np.int64)),
+            num_computed_tokens=read_only(np.array(computed, dtype=np.int64)),
+            dispatch_offsets=read_only(np.array(offsets, dtype=np.int64)),
+            requests=read_only(np.array(columns[0], dtype=np.int32)),
+            starts=read_only(np.array(columns[1], dtype=np.int32)),
+            lengths=read_only(np.array(columns[2], dtype=np.int32)),
+            is_final=read_only(np.array(columns[3], dtype=np.bool_)),
+        )
+        schedule.validate()
+        return schedule
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schedule in the documented JSON format (version :data:`FORMAT_VERSION`)."""
+        rows = [
+            list(row)
+            for row in zip(
+                self.requests.tolist(),
+                self.starts.tolist(),
+                self.lengths.tolist(),
+                self.is_final.tolist(),
+                strict=True,
+            )
+        ]
+        offsets = self.dispatch_offsets.tolist()
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "config": self.config.to_dict(),
+            "prompt_lengths": self.prompt_lengths.tolist(),
+            "num_computed_tokens": self.num_computed_tokens.tolist(),
+            "dispatches": [rows[lo:hi] for lo, hi in zip(offsets, offsets[1:], strict=False)],
+        }
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """The schedule as a JSON string (see :meth:`to_dict`)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Schedule:
+        """Load and validate a schedule from :meth:`to_dict`'s output."""
+        if not isinstance(data, dict):
+            raise InvalidScheduleError(
+                f"a schedule must be a JSON object: {type(data).__name__}"
+            )
+        if data.get("format") != FORMAT_NAME:
+            raise InvalidScheduleError(
+                f"'format' must be {FORMAT_NAME!r}: {data.get('format')!r}"
+            )
+        if data.get("version") != FORMAT_VERSION:
+            raise InvalidScheduleError(
+                f"'version' must be {FORMAT_VERSION} (the version this library reads): "
+                f"{data.get('version')!r}"
+            )
+        missing = sorted({"config", "prompt_lengths", "dispatches"} - set(data))
+        if missing:
+            raise InvalidScheduleError(f"a schedule is missing keys: {missing}")
+        try:
+            config = PlannerConfig.from_dict(data["config"])
+        except InvalidConfigError as error:
+            raise InvalidScheduleError(f"bad 'config': {error}") from error
+        return cls.from_dispatches(
+            config,
+            data["prompt_lengths"],
+            data["dispatches"],
+            num_computed_tokens=data.get("num_computed_tokens"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Schedule:
+        """Load and validate a schedule from :meth:`to_json`'s output."""
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise InvalidScheduleError(f"a schedule must be valid JSON: {error}") from error
+        return cls.from_dict(data)
+
+    # -- invariants --------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidScheduleError` if any schedule invariant is broken."""
+        check_schedule(self)
+
+
+def lower_bound(remaining: IntArray, config: PlannerConfig) -> int:
+    """Fewest dispatches for requests with ``remaining`` tokens each under ``config``."""
+    total = int(remaining.sum())
+    bound = -(-total // config.max_num_batched_tokens)
+    bound = max(bound, int((-(-remaining // config.chunk_cap)).max()))
+    if config.max_batch_size is not None:
+        bound = max(bound, -(-remaining.size // config.max_batch_size))
+    return bound
+
+
+def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
+    if not isinstance(values, Sequence) or isinstance(values, str | bytes):
+        raise InvalidScheduleError(f"{name!r} must be a list of ints: {type(values).__name__}")
+    for index, value in enumerate(values):
+        if type(value) is not int or not min_value <= value <= MAX_TOKENS:
+            raise InvalidScheduleError(
+                f"{name!r} must hold ints in [{min_value}, {MAX_TOKENS}]: item {index} is "
+                f"{value!r}"
+            )
+    return list(values)
+
+
+def _row(row: object, where: str) -> tuple[int, int, int, bool]:
+    if isinstance(row, Chunk):
+        return (row.request, row.start, row.length, row.is_final)
+    if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
+        raise InvalidScheduleError(
+            f"{where} must be [request, start, length, is_final]: {row!r}"
+        )
+    request, start, length, final = row
+    for name, value in (("request", request), ("start", start), ("length", length)):
+        if type(value) is not int or not 0 <= value <= MAX_TOKENS:
+            raise InvalidScheduleError(
+                f"{where}: {name} must be an int in [0, {MAX_TOKENS}]: {value!r}"
+            )
+    if type(final) is not bool:
+        raise InvalidScheduleError(f"{where}: is_final must be a bool: {final!r}")
+    return (request, start, length, final)
+

@@ -1,0 +1,103 @@
+"""Argument checking shared by every public entry point.
+
+All checks happen at the boundary, before any arithmetic, so that bad input raises a library
+error naming the parameter instead of failing deep inside NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import InvalidInputError, PyptoSchedError
+
+__all__ = ["MAX_TOKENS", "as_count_array", "check_int", "read_only"]
+
+#: The largest token count (prompt length, budget, threshold, position) the planner accepts.
+#: Kernels index positions and slots with 32-bit integers; so does the schedule.
+MAX_TOKENS = 2**31 - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def check_int(
+    name: str,
+    value: object,
+    *,
+    min_value: int,
+    max_value: int = MAX_TOKENS,
+    error: type[PyptoSchedError] = InvalidInputError,
+) -> int:
+    """Return ``value`` as an ``int`` or raise ``error`` naming ``name``."""
+    if not _is_int(value):
+        raise error(f"{name!r} must be an int: {value!r} ({type(value).__name__})")
+    number = int(value)  # type: ignore[call-overload]
+    if number < min_value:
+        raise error(f"{name!r} must be >= {min_value}: {number}")
+    if number > max_value:
+        raise error(f"{name!r} must be <= {max_value}: {number}")
+    return number
+
+
+def read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Mark ``array`` read-only and return it (callers pass arrays they own)."""
+    array.flags.writeable = False
+    return array
+
+
+def as_count_array(
+    name: str,
+    values: object,
+    *,
+    min_value: int,
+    max_value: int = MAX_TOKENS,
+    allow_empty: bool = False,
+) -> npt.NDArray[np.int64]:
+    """Return ``values`` (a sequence or 1-D array of ints) as a new read-only int64 array."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise InvalidInputError(f"{name!r} must be 1-D: shape {values.shape}")
+        if values.dtype.kind not in "iu":
+            raise InvalidInputError(f"{name!r} must hold integers: dtype {values.dtype}")
+        if values.dtype.kind == "u" and values.size and int(values.max()) > max_value:
+            raise InvalidInputError(
+                f"{name!r} values must be <= {max_value}: {int(values.max())}"
+            )
+        array = values.astype(np.int64, copy=True)
+    elif isinstance(values, Sequence) and not isinstance(values, str | bytes):
+        for index, value in enumerate(values):
+            if not _is_int(value):
+                raise InvalidInputError(
+                    f"{name!r} must hold ints: item {index} is {value!r} "
+                    f"({type(value).__name__})"
+                )
+            if not min_value <= value <= max_value:
+                raise InvalidInputError(
+                    f"{name!r} values must be in [{min_value}, {max_value}]: "
+                    f"item {index} is {value}"
+                )
+        array = np.array(values, dtype=np.int64)
+    else:
+        raise InvalidInputError(
+            f"{name!r} must be a sequence or 1-D array of ints: {type(values).__name__}"
+        )
+    if not allow_empty and array.size == 0:
+        raise InvalidInputError(f"{name!r} must hold at least one value: []")
+    if array.size:
+        low, high = int(array.min()), int(array.max())
+        if low < min_value:
+            index = int(np.argmin(array))
+            raise InvalidInputError(
+                f"{name!r} values must be >= {min_value}: item {index} is {low}"
+            )
+        if high > max_value:
+            index = int(np.argmax(array))
+            raise InvalidInputError(
+                f"{name!r} values must be <= {max_value}: item {index} is {high}"
+            )
+    return read_only(array)
