@@ -1,0 +1,47 @@
+"""Warmup shapes: the dispatch shapes an engine should compile before serving."""
+
+from __future__ import annotations
+
+import attrs
+
+from ._config import PlannerConfig
+from ._errors import InvalidInputError
+from ._validate import check_int
+
+__all__ = ["WarmupShape", "plan_warmup"]
+
+
+@attrs.frozen
+class WarmupShape:
+    """A dispatch of ``num_rows`` rows of ``tokens_per_row`` tokens each."""
+
+    num_rows: int
+    tokens_per_row: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_rows * self.tokens_per_row
+
+
+def plan_warmup(
+    config: PlannerConfig, *, batch_size: int, max_seq_len: int
+) -> tuple[WarmupShape, ...]:
+    """The shapes to warm up for batches of up to ``batch_size`` prompts of up to
+    ``max_seq_len`` tokens, largest row count first.
+
+    No shape carries more than ``config.effective_budget`` tokens. The batched shape spreads
+    that budget over ``batch_size`` rows (``budget // rows`` tokens each); when the budget is
+    smaller than the batch, it warms up fewer rows (one token each) rather than exceeding the
+    budget, as the seed does. The single-row shape is a long prompt's chunk.
+    """
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    batch_size = check_int("batch_size", batch_size, min_value=1)
+    max_seq_len = check_int("max_seq_len", max_seq_len, min_value=1)
+    budget = config.effective_budget
+    rows = min(batch_size, budget, config.max_batch_size or batch_size)
+    batched = WarmupShape(
+        num_rows=rows, tokens_per_row=min(budget // rows, config.chunk_cap, max_seq_len)
+    )
+    single = WarmupShape(num_rows=1, tokens_per_row=min(config.chunk_cap, max_seq_len))
+    return (batched,) if batched == single else (batched, single)
