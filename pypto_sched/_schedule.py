@@ -24,6 +24,7 @@ import numpy.typing as npt
 from ._check import check_schedule
 from ._config import PlannerConfig
 from ._errors import InvalidConfigError, InvalidScheduleError
+from ._stats import ScheduleStats
 from ._validate import MAX_TOKENS, read_only
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Chunk", "Dispatch", "Schedule"]
@@ -217,6 +218,11 @@ class Schedule:
         return lower_bound(
             self.prompt_lengths - self.num_computed_tokens, self.config
         )
+
+    @functools.cached_property
+    def stats(self) -> ScheduleStats:
+        """Summary figures: dispatches vs lower bound, tokens, utilisation, finishing."""
+        return ScheduleStats.of(self)
 
     # -- equality and hashing ----------------------------------------------------------------
 

@@ -1,0 +1,53 @@
+"""Summary figures of a schedule: what the CLI prints and ``compare`` tabulates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+if TYPE_CHECKING:
+    from ._schedule import Schedule
+
+__all__ = ["ScheduleStats"]
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleStats:
+    """How many dispatches a schedule takes, how full they are, and when requests finish."""
+
+    num_requests: int
+    num_tokens: int
+    num_dispatches: int
+    lower_bound: int
+    min_tokens_per_dispatch: int
+    mean_tokens_per_dispatch: float
+    max_tokens_per_dispatch: int
+    #: Tokens carried over ``max_num_batched_tokens``, averaged over dispatches.
+    mean_utilisation: float
+    min_utilisation: float
+    #: Dispatch index (0-based) at which requests finish: mean and worst.
+    mean_finish_dispatch: float
+    worst_finish_dispatch: int
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> ScheduleStats:
+        tokens = schedule.tokens_per_dispatch
+        finish = schedule.finish_dispatch
+        return cls(
+            num_requests=schedule.num_requests,
+            num_tokens=schedule.num_tokens,
+            num_dispatches=schedule.num_dispatches,
+            lower_bound=schedule.lower_bound,
+            min_tokens_per_dispatch=int(tokens.min()),
+            mean_tokens_per_dispatch=float(tokens.mean()),
+            max_tokens_per_dispatch=int(tokens.max()),
+            mean_utilisation=float(np.mean(schedule.utilisation)),
+            min_utilisation=float(np.min(schedule.utilisation)),
+            mean_finish_dispatch=float(finish.mean()),
+            worst_finish_dispatch=int(finish.max()),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
