@@ -7,35 +7,69 @@ kernel arrays with :func:`dispatch_arrays`, and run it with a backend.
 from ._config import POLICIES, PlannerConfig, Policy
 from ._dispatch import DispatchArrays, dispatch_arrays
 from ._errors import (
+    BackendError,
+    BackendNotFoundError,
     CacheTooSmallError,
+    DuplicateRequestError,
+    ExecutionError,
     InvalidConfigError,
     InvalidInputError,
     InvalidScheduleError,
     PyptoSchedError,
+    UnknownRequestError,
 )
+from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
 from ._policies import plan_prefill
-from ._schedule import FORMAT_VERSION, Chunk, Dispatch, Schedule
+from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._warmup import WarmupShape, plan_warmup
+from .backends import (
+    Backend,
+    DispatchInput,
+    DispatchOutput,
+    list_backends,
+    load_backend,
+    refresh_backends,
+)
+from .execute import ExecutionResult, execute_schedule
 
 __all__ = [
+    "FORMAT_NAME",
     "FORMAT_VERSION",
     "POLICIES",
+    "Backend",
+    "BackendError",
+    "BackendNotFoundError",
     "BlockTables",
     "CacheTooSmallError",
     "Chunk",
     "Dispatch",
     "DispatchArrays",
+    "DispatchInput",
+    "DispatchOutput",
+    "DuplicateRequestError",
+    "ExecutionError",
+    "ExecutionResult",
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
     "PlannerConfig",
     "Policy",
+    "PrefillRequest",
+    "PrefillState",
     "PyptoSchedError",
     "Schedule",
+    "StepChunk",
+    "StepPlan",
+    "UnknownRequestError",
     "WarmupShape",
     "dispatch_arrays",
+    "execute_schedule",
+    "list_backends",
+    "load_backend",
     "plan_pages",
     "plan_prefill",
+    "plan_step",
     "plan_warmup",
+    "refresh_backends",
 ]

@@ -78,7 +78,9 @@ def _check_rows(s: Schedule) -> None:
     if page is not None:
         unaligned = ~s.is_final & (ends % page != 0)
         if unaligned.any():
-            _fail(f"a non-final chunk must end on a multiple of page_size {page}", unaligned, "row ")
+            _fail(
+                f"a non-final chunk must end on a multiple of page_size {page}", unaligned, "row "
+            )
 
 
 def _check_request_order(s: Schedule) -> None:

@@ -2,39 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
 import attrs
+import numpy as np
 
 from ._errors import InvalidConfigError
 from ._validate import check_int
 
 __all__ = ["POLICIES", "PlannerConfig", "Policy"]
 
+#: The name of a scheduling policy (the type of ``PlannerConfig.policy``).
 Policy = Literal["round_robin", "packed"]
 #: The scheduling policies, in the order the docs describe them.
 POLICIES: tuple[Policy, ...] = get_args(Policy)
 
 
-def _count(value: object, _self: object, field: attrs.Attribute[Any]) -> int:
-    return check_int(field.name, value, min_value=1, error=InvalidConfigError)
+def _plain(value: object) -> object:
+    """NumPy integers become ``int`` (so configs compare, hash and serialise alike);
+    everything else is left for the validators to judge."""
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
-def _optional_count(value: object, _self: object, field: attrs.Attribute[Any]) -> int | None:
-    if value is None:
-        return None
-    return check_int(field.name, value, min_value=1, error=InvalidConfigError)
+def _count(_self: object, field: attrs.Attribute[Any], value: object) -> None:
+    check_int(field.name, value, min_value=1, error=InvalidConfigError)
 
 
-def _policy(value: object) -> Policy:
+def _optional_count(_self: object, field: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_int(field.name, value, min_value=1, error=InvalidConfigError)
+
+
+def _policy(_self: object, _field: attrs.Attribute[Any], value: object) -> None:
     if value not in POLICIES:
         choices = ", ".join(repr(p) for p in POLICIES)
         raise InvalidConfigError(f"'policy' must be one of {choices}: {value!r}")
-    return cast(Policy, value)
-
-
-_COUNT = attrs.Converter(_count, takes_self=True, takes_field=True)  # type: ignore[misc,call-overload]
-_OPTIONAL_COUNT = attrs.Converter(_optional_count, takes_self=True, takes_field=True)  # type: ignore[misc,call-overload]
 
 
 @attrs.frozen(kw_only=True)
@@ -46,21 +50,25 @@ class PlannerConfig:
     """
 
     #: Most tokens one dispatch may carry.
-    max_num_batched_tokens: int = attrs.field(converter=_COUNT)
+    max_num_batched_tokens: int = attrs.field(converter=_plain, validator=_count)
     #: Per-request chunk cap (``None``: off). Under ``round_robin`` it also lowers the
     #: dispatch budget, as in the seed.
     long_prefill_token_threshold: int | None = attrs.field(
-        default=None, converter=_OPTIONAL_COUNT
+        default=None, converter=_plain, validator=_optional_count
     )
     #: Most rows (requests) one dispatch may carry (``None``: no limit).
-    max_batch_size: int | None = attrs.field(default=None, converter=_OPTIONAL_COUNT)
+    max_batch_size: int | None = attrs.field(
+        default=None, converter=_plain, validator=_optional_count
+    )
     #: When set, every non-final chunk ends on a multiple of it (KV pages are never split).
-    page_size: int | None = attrs.field(default=None, converter=_OPTIONAL_COUNT)
+    page_size: int | None = attrs.field(default=None, converter=_plain, validator=_optional_count)
     #: ``"round_robin"`` (the seed's behaviour) or ``"packed"`` (co-scheduled chunks).
-    policy: Policy = attrs.field(default="round_robin", converter=_policy)
+    policy: Policy = attrs.field(default="round_robin", validator=_policy)
     #: ``packed`` only: most requests part-way through their prefill at once (``None``: no
     #: limit).
-    max_num_partial_prefills: int | None = attrs.field(default=None, converter=_OPTIONAL_COUNT)
+    max_num_partial_prefills: int | None = attrs.field(
+        default=None, converter=_plain, validator=_optional_count
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.max_num_partial_prefills is not None and self.policy != "packed":
@@ -116,6 +124,10 @@ class PlannerConfig:
             min_value=0,
             error=InvalidConfigError,
         )
+        if max_num_seqs is not None:  # checked here so that errors name the engine's argument
+            max_num_seqs = check_int(
+                "max_num_seqs", max_num_seqs, min_value=1, error=InvalidConfigError
+            )
         return cls(
             max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=threshold or None,

@@ -6,12 +6,19 @@ Every message names the parameter, the rule it broke and the value received, in 
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
+    "BackendError",
+    "BackendNotFoundError",
     "CacheTooSmallError",
+    "DuplicateRequestError",
+    "ExecutionError",
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
     "PyptoSchedError",
+    "UnknownRequestError",
 ]
 
 
@@ -33,3 +40,40 @@ class InvalidScheduleError(PyptoSchedError, ValueError):
 
 class CacheTooSmallError(InvalidInputError):
     """The KV cache has fewer pages than the batch needs."""
+
+
+class DuplicateRequestError(InvalidInputError):
+    """A request id was added to a ``PrefillState`` that already holds it."""
+
+
+class UnknownRequestError(InvalidInputError, KeyError):
+    """A request id is not in the ``PrefillState`` (never added, finished or removed).
+
+    It is also a ``KeyError``, so ``state.get(request_id)`` and ``in`` work as for a dict.
+    """
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class BackendError(PyptoSchedError):
+    """A backend could not be found, loaded or run."""
+
+
+class BackendNotFoundError(BackendError, ValueError):
+    """No installed backend is registered under the name asked for."""
+
+
+class ExecutionError(BackendError):
+    """A backend failed while running one dispatch of a schedule.
+
+    ``dispatch`` is the index of the dispatch that failed; the error's cause is the backend's
+    own exception. No partial result survives it.
+    """
+
+    def __init__(self, message: str, *, dispatch: int) -> None:
+        super().__init__(message)
+        self.dispatch = dispatch
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (functools.partial(ExecutionError, dispatch=self.dispatch), (str(self),))

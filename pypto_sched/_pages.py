@@ -63,8 +63,9 @@ class BlockTables:
                 f"'tables' must be a sequence of page lists: {type(tables).__name__}"
             )
         arrays = [
-            as_count_array(f"tables[{r}]", table, min_value=0, max_value=num_pages - 1,
-                           allow_empty=True)
+            as_count_array(
+                f"tables[{r}]", table, min_value=0, max_value=num_pages - 1, allow_empty=True
+            )
             for r, table in enumerate(tables)
         ]
         counts = np.array([a.size for a in arrays], dtype=np.int64)
@@ -101,8 +102,7 @@ def plan_pages(
     tokens = lengths + max_new_tokens
     if int(tokens.max()) > MAX_TOKENS:
         raise InvalidInputError(
-            f"prompt length plus 'max_new_tokens' must be <= {MAX_TOKENS}: "
-            f"{int(tokens.max())}"
+            f"prompt length plus 'max_new_tokens' must be <= {MAX_TOKENS}: {int(tokens.max())}"
         )
     counts = -(-tokens // page_size)
     needed = int(counts.sum())

@@ -13,6 +13,7 @@ row, so two schedules are equal exactly when they describe the same dispatches.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -215,9 +216,7 @@ class Schedule:
         over the per-request cap; requests over ``max_batch_size``. The same bound for both
         policies, so their dispatch counts compare directly.
         """
-        return lower_bound(
-            self.prompt_lengths - self.num_computed_tokens, self.config
-        )
+        return lower_bound(self.prompt_lengths - self.num_computed_tokens, self.config)
 
     @functools.cached_property
     def stats(self) -> ScheduleStats:
@@ -292,7 +291,7 @@ class Schedule:
             for k, row in enumerate(dispatch):
                 rows.append(_row(row, f"dispatch {d} row {k}"))
             offsets.append(len(rows))
-        columns = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+        columns: list[Sequence[object]] = list(zip(*rows, strict=True)) if rows else [[]] * 4
         schedule = cls(
             config=config,
             prompt_lengths=read_only(np.array(lengths, dtype=np.int64)),
@@ -325,7 +324,7 @@ class Schedule:
             "config": self.config.to_dict(),
             "prompt_lengths": self.prompt_lengths.tolist(),
             "num_computed_tokens": self.num_computed_tokens.tolist(),
-            "dispatches": [rows[lo:hi] for lo, hi in zip(offsets, offsets[1:], strict=False)],
+            "dispatches": [rows[lo:hi] for lo, hi in itertools.pairwise(offsets)],
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -336,17 +335,14 @@ class Schedule:
     def from_dict(cls, data: object) -> Schedule:
         """Load and validate a schedule from :meth:`to_dict`'s output."""
         if not isinstance(data, dict):
-            raise InvalidScheduleError(
-                f"a schedule must be a JSON object: {type(data).__name__}"
-            )
+            raise InvalidScheduleError(f"a schedule must be a JSON object: {type(data).__name__}")
         if data.get("format") != FORMAT_NAME:
+            raise InvalidScheduleError(f"'format' must be {FORMAT_NAME!r}: {data.get('format')!r}")
+        version = data.get("version")
+        # `type() is int`: JSON true and 1.0 compare equal to 1 but are not version 1.
+        if type(version) is not int or version != FORMAT_VERSION:
             raise InvalidScheduleError(
-                f"'format' must be {FORMAT_NAME!r}: {data.get('format')!r}"
-            )
-        if data.get("version") != FORMAT_VERSION:
-            raise InvalidScheduleError(
-                f"'version' must be {FORMAT_VERSION} (the version this library reads): "
-                f"{data.get('version')!r}"
+                f"'version' must be {FORMAT_VERSION} (the version this library reads): {version!r}"
             )
         missing = sorted({"config", "prompt_lengths", "dispatches"} - set(data))
         if missing:
@@ -365,6 +361,8 @@ class Schedule:
     @classmethod
     def from_json(cls, text: str | bytes) -> Schedule:
         """Load and validate a schedule from :meth:`to_json`'s output."""
+        if not isinstance(text, str | bytes | bytearray):
+            raise InvalidScheduleError(f"'text' must be a JSON str or bytes: {type(text).__name__}")
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -394,8 +392,7 @@ def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
     for index, value in enumerate(values):
         if type(value) is not int or not min_value <= value <= MAX_TOKENS:
             raise InvalidScheduleError(
-                f"{name!r} must hold ints in [{min_value}, {MAX_TOKENS}]: item {index} is "
-                f"{value!r}"
+                f"{name!r} must hold ints in [{min_value}, {MAX_TOKENS}]: item {index} is {value!r}"
             )
     return list(values)
 
@@ -404,9 +401,7 @@ def _row(row: object, where: str) -> tuple[int, int, int, bool]:
     if isinstance(row, Chunk):
         return (row.request, row.start, row.length, row.is_final)
     if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
-        raise InvalidScheduleError(
-            f"{where} must be [request, start, length, is_final]: {row!r}"
-        )
+        raise InvalidScheduleError(f"{where} must be [request, start, length, is_final]: {row!r}")
     request, start, length, final = row
     for name, value in (("request", request), ("start", start), ("length", length)):
         if type(value) is not int or not 0 <= value <= MAX_TOKENS:
@@ -416,4 +411,3 @@ def _row(row: object, where: str) -> tuple[int, int, int, bool]:
     if type(final) is not bool:
         raise InvalidScheduleError(f"{where}: is_final must be a bool: {final!r}")
     return (request, start, length, final)
-

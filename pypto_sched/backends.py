@@ -1,17 +1,48 @@
-"""The backend contract: what a backend is told for one dispatch and what it returns.
+"""The backend contract, and how installed backends are found.
 
-A backend executes dispatches of a :class:`~pypto_sched.Schedule` on some device. It holds
+The contract
+============
+A backend executes the dispatches of a :class:`~pypto_sched.Schedule` on some device. It holds
 weights but no per-batch state: the KV cache is an object the backend creates with
-:meth:`Backend.new_cache` and receives back with every dispatch, so a caller (or a
-conformance check) can run the same prompts through two caches side by side.
+:meth:`Backend.new_cache` and receives back with every dispatch, so a caller (or a conformance
+check) can run the same prompts through two caches side by side.
 
-Nothing here imports torch or any device library; array arguments are NumPy arrays, and a
-backend may return its own array type (a device tensor) as long as it supports ``shape``,
-indexing and ``numpy.asarray`` when the caller asks for host data.
+For one dispatch a backend is told (:class:`DispatchInput`) the token ids, the host-side input
+embeddings when the caller has them (``None`` when the backend looks the ids up itself), and
+the kernel arrays of :class:`~pypto_sched.DispatchArrays`: positions, cumulative query
+lengths, context lengths, block tables, slot mapping, which rows are final and where their
+last tokens are. It writes the dispatch's K/V into the cache at the slot mapping only, reads
+each row's whole context through its block table, and returns (:class:`DispatchOutput`) host
+NumPy arrays for the final rows only: their logits when asked, their greedy token ids when
+asked. Intermediate chunks produce no output at all, and nothing else leaves the device.
+
+Nothing here imports torch or any device library.
+
+Discovery
+=========
+A distribution registers a backend under the ``pypto_sched.backends`` entry-point group; the
+entry point names a callable that takes keyword options and returns a :class:`Backend` (a
+class, a classmethod or a factory function). Registered entry points are read once and
+cached; :func:`refresh_backends` forgets them (after installing a backend in a running
+process).
+
+* :func:`load_backend` imports and builds only the backend asked for, so a heavy or broken
+  backend costs nothing to the others; an unknown name is an error listing what is installed.
+* :func:`list_backends` imports every registered backend (once, cached). One whose import
+  fails is reported with a :class:`RuntimeWarning` carrying its error and left out; the
+  others still load.
+
+The work is done by small functions over ``EntryPoint`` objects (:func:`build_backends`), so
+tests can pass hand-made entry points.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from importlib.metadata import EntryPoint, entry_points
+from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
@@ -19,44 +50,79 @@ import numpy as np
 import numpy.typing as npt
 
 from ._dispatch import DispatchArrays
+from ._errors import BackendError, BackendNotFoundError
 
-__all__ = ["Backend", "DispatchInput", "DispatchOutput"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "BackendError",
+    "BackendFactory",
+    "BackendNotFoundError",
+    "DispatchInput",
+    "DispatchOutput",
+    "build_backends",
+    "list_backends",
+    "load_backend",
+    "refresh_backends",
+]
+
+#: The entry-point group backends register under.
+ENTRY_POINT_GROUP = "pypto_sched.backends"
 
 
 @attrs.frozen(eq=False)
 class DispatchInput:
-    """Everything a backend needs to run one dispatch."""
+    """Everything a backend is told for one dispatch.
 
-    #: Positions, cumulative query lengths, context lengths, block tables, slots, final rows.
+    Token-level arrays are flat, rows concatenated, in the order of ``arrays.positions``.
+    """
+
+    #: Positions, cumulative query lengths, context lengths, block tables, slots, final rows
+    #: and the flat indices of their last tokens (``arrays.logits_indices``).
     arrays: DispatchArrays
-    #: Per token (flat, rows concatenated): the token id.
+    #: Per token: the token id.
     token_ids: npt.NDArray[np.int64]
     #: Per token: host-side input embeddings ``[num_tokens, hidden_size]``, or ``None`` when
     #: the backend must look the token ids up itself (the device-embedding path).
     input_embeddings: npt.NDArray[np.floating[Any]] | None
-    #: Whether to return greedy (argmax) token ids for the final rows.
+    #: Whether to return the final rows' logits.
+    return_logits: bool
+    #: Whether to return the final rows' greedy (argmax) token ids.
     return_greedy: bool
+
+    @property
+    def num_final_rows(self) -> int:
+        """Rows whose logits (and greedy ids) this dispatch returns."""
+        return int(self.arrays.logits_indices.size)
 
 
 @attrs.frozen(eq=False)
 class DispatchOutput:
-    """What a backend returns for one dispatch: results for its final rows only."""
+    """What a backend returns for one dispatch: host arrays for its final rows only.
 
-    #: ``[num_final_rows, vocab_size]`` logits, one row per final row in row order.
-    logits: Any
-    #: ``[num_final_rows]`` greedy token ids when they were asked for, else ``None``.
-    greedy_token_ids: Any | None = None
+    Row ``i`` of each array belongs to the ``i``-th final row of the dispatch, in row order
+    (``DispatchArrays.final_requests``). What was not asked for is ``None``; the driver asks
+    nothing of a dispatch of intermediate chunks, which returns ``DispatchOutput()``.
+    """
+
+    #: ``[num_final_rows, vocab_size]`` logits when asked for, else ``None``.
+    logits: npt.NDArray[np.floating[Any]] | None = None
+    #: ``[num_final_rows]`` greedy token ids when asked for, else ``None``.
+    greedy_token_ids: npt.NDArray[np.integer[Any]] | None = None
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """A dispatch executor. Register one under the ``pypto_sched.backends`` entry point."""
+    """A dispatch executor. Register one under the ``pypto_sched.backends`` entry point and
+    check it with :func:`pypto_sched.testing.check_backend`."""
 
     #: The name it is registered under.
     name: ClassVar[str]
-    #: Largest absolute difference between chunked and one-shot logits this backend
-    #: promises (see :func:`pypto_sched.testing.check_backend`).
-    tolerance: ClassVar[float]
+
+    @property
+    def tolerance(self) -> float:
+        """Largest absolute difference between chunked and one-shot logits it promises."""
+        ...
 
     @property
     def vocab_size(self) -> int: ...
@@ -65,14 +131,119 @@ class Backend(Protocol):
     def hidden_size(self) -> int: ...
 
     def new_cache(self, *, num_pages: int, page_size: int) -> Any:
-        """An empty KV cache of ``num_pages`` pages of ``page_size`` slots."""
+        """An empty KV cache of ``num_pages`` pages of ``page_size`` slots each."""
         ...
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
-        """Host-side input embeddings of ``token_ids`` (``[n, hidden_size]``)."""
+        """Host-side input embeddings of ``token_ids``: ``[len(token_ids), hidden_size]``."""
         ...
 
     def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
         """Run one dispatch: write its K/V into ``cache`` at ``batch.arrays.slot_mapping``
-        and return logits (and greedy ids if asked) for its final rows only."""
+        and return what ``batch`` asks for, for its final rows only."""
         ...
+
+
+#: What an entry point names: a callable taking keyword options and returning a backend.
+BackendFactory = Callable[..., Backend]
+
+
+# -- discovery: small functions over entry points --------------------------------------------
+
+
+def _first_per_name(entry_points: Iterable[EntryPoint]) -> list[EntryPoint]:
+    """Keep the first entry point of each name, warning when others claim the same name."""
+    chosen: dict[str, EntryPoint] = {}
+    for entry_point in entry_points:
+        first = chosen.setdefault(entry_point.name, entry_point)
+        if first.value != entry_point.value:
+            warnings.warn(
+                f"backend {entry_point.name!r} is registered more than once; using "
+                f"{first.value!r}, ignoring {entry_point.value!r}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return list(chosen.values())
+
+
+def _factory(entry_point: EntryPoint) -> BackendFactory:
+    """Import the entry point's factory; raise :class:`BackendError` when that fails."""
+    try:
+        factory: BackendFactory = entry_point.load()
+    except Exception as error:  # any import-time failure of a plugin is reported the same way
+        raise BackendError(
+            f"backend {entry_point.name!r} ({entry_point.value}) failed to load: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if not callable(factory):
+        raise BackendError(
+            f"backend {entry_point.name!r} ({entry_point.value}) must name a callable that "
+            f"returns a backend: {type(factory).__name__}"
+        )
+    return factory
+
+
+def build_backends(entry_points: Iterable[EntryPoint]) -> dict[str, BackendFactory]:
+    """Load ``entry_points`` into a name -> factory dict, sorted by name.
+
+    One that fails to load is left out with a :class:`RuntimeWarning` carrying its error, so
+    a broken plugin never hides the others.
+    """
+    factories: dict[str, BackendFactory] = {}
+    for entry_point in _first_per_name(entry_points):
+        try:
+            factories[entry_point.name] = _factory(entry_point)
+        except BackendError as error:
+            warnings.warn(f"{error} (skipped)", RuntimeWarning, stacklevel=2)
+    return dict(sorted(factories.items()))
+
+
+# -- discovery: the installed backends, cached -----------------------------------------------
+
+
+@functools.cache
+def _installed_entry_points() -> Mapping[str, EntryPoint]:
+    found = _first_per_name(entry_points(group=ENTRY_POINT_GROUP))
+    return MappingProxyType({ep.name: ep for ep in sorted(found, key=lambda ep: ep.name)})
+
+
+@functools.cache
+def _installed_backends() -> Mapping[str, BackendFactory]:
+    return MappingProxyType(build_backends(_installed_entry_points().values()))
+
+
+def list_backends() -> Mapping[str, BackendFactory]:
+    """The installed backends that load, name -> factory, sorted by name (read-only).
+
+    Imports every registered backend the first time; the result is cached.
+    """
+    return _installed_backends()
+
+
+def refresh_backends() -> None:
+    """Forget the cached discovery, so the next call looks at the installed backends anew."""
+    _installed_entry_points.cache_clear()
+    _installed_backends.cache_clear()
+
+
+def load_backend(name: str, **options: Any) -> Backend:
+    """Build the installed backend registered as ``name``, passing it ``options``.
+
+    Only that backend is imported. Raises :class:`BackendNotFoundError` (listing the
+    installed names) for an unknown name, and :class:`BackendError` when the backend fails
+    to import or its factory returns something that is not a :class:`Backend`.
+    """
+    installed = _installed_entry_points()
+    entry_point = installed.get(name)
+    if entry_point is None:
+        known = ", ".join(repr(n) for n in installed) or "none"
+        raise BackendNotFoundError(
+            f"'name' must be an installed backend (installed: {known}): {name!r}"
+        )
+    backend = _factory(entry_point)(**options)
+    if not isinstance(backend, Backend):
+        raise BackendError(
+            f"backend {name!r} returned an object that does not implement the Backend "
+            f"protocol: {type(backend).__name__}"
+        )
+    return backend

@@ -1,16 +1,40 @@
-"""The `pypto-sched plan` command: summary, JSON output and one-line errors."""
+"""The `pypto-sched` command line: plan, compare, plot, run and backends.
+
+Each command is called in-process through ``main(argv)``; output is what a pipe would get
+(rich draws plain text when stdout is not a terminal).
+"""
 
 from __future__ import annotations
 
 import json
+import struct
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
 from pathlib import Path
+from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
-from pypto_sched import Schedule
-from pypto_sched.cli import main, parse_lengths
+from pypto_sched import InvalidInputError, Schedule, backends
+from pypto_sched import cli as cli_module
+from pypto_sched._workloads import WORKLOADS, synthetic_lengths
+from pypto_sched.backends import DispatchInput, DispatchOutput
+from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main, parse_lengths
 
 SEED = ["--lengths", "3338x16", "--max-num-batched-tokens", "8192"]
+SEED_256 = [*SEED, "--long-prefill-token-threshold", "256"]
+
+
+@pytest.fixture(autouse=True)
+def _plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output as a pipe gets it, whatever the terminal running the tests."""
+    for name in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -19,26 +43,74 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    status, out, err = run(capsys, *argv, "--format", "json")
+    assert (status, err) == (EXIT_OK, "")
+    return json.loads(out)
+
+
+# -- lengths and workloads -------------------------------------------------------------------
+
+
 def test_lengths_syntax_expands_counts() -> None:
     assert parse_lengths("3338x2,5, 7\n# comment\n1x3") == [3338, 3338, 5, 7, 1, 1, 1]
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_synthetic_workloads_are_reproducible_and_within_bounds(name: str) -> None:
+    first = synthetic_lengths(name, num_requests=500, seed=7, min_length=32, max_length=2048)
+    again = synthetic_lengths(name, num_requests=500, seed=7, min_length=32, max_length=2048)
+    assert np.array_equal(first, again)
+    assert not first.flags.writeable
+    assert first.shape == (500,)
+    if name == "seed":
+        assert set(first.tolist()) == {3338}
+    else:
+        assert 32 <= first.min() <= first.max() <= 2048
+        other = synthetic_lengths(name, num_requests=500, seed=8, min_length=32, max_length=2048)
+        assert not np.array_equal(first, other)
+
+
+def test_synthetic_workloads_have_their_shapes() -> None:
+    lognormal = synthetic_lengths("lognormal", num_requests=4000, min_length=16, max_length=4096)
+    assert 200 < np.median(lognormal) < 300  # the geometric middle of 16 and 4096 is 256
+    bimodal = synthetic_lengths("bimodal", num_requests=4000, min_length=16, max_length=4096)
+    assert 0.15 < np.mean(bimodal >= 2048) < 0.25
+    assert 0.75 < np.mean(bimodal <= 512) < 0.85
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "zipf"}, "'workload' must be one of"),
+        ({"num_requests": 0}, "'num_requests' must be >= 1: 0"),
+        ({"min_length": 0}, "'min_length' must be >= 1: 0"),
+        ({"min_length": 10, "max_length": 5}, "'min_length' must be <= max_length = 5: 10"),
+        ({"seed": -1}, "'seed' must be >= 0: -1"),
+    ],
+)
+def test_synthetic_workloads_reject_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    arguments: dict[str, Any] = {"name": "uniform", "num_requests": 4, **kwargs}
+    with pytest.raises(InvalidInputError, match=message):
+        synthetic_lengths(**arguments)
+
+
+# -- plan ------------------------------------------------------------------------------------
 
 
 def test_plan_summary_of_the_seed_reports_dispatches_and_bound(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    status, out, err = run(capsys, "plan", *SEED, "--long-prefill-token-threshold", "256")
-    assert status == 0
-    assert err == ""
-    assert "224 (lower bound 14" in out
-    assert "request    9: 217" in out
+    status, out, err = run(capsys, "plan", *SEED_256)
+    assert (status, err) == (EXIT_OK, "")
+    assert "policy round_robin: 16 requests, 53,408 tokens to prefill" in out
+    assert "224 (lower bound 14, 16.00x)" in out
+    assert "     9    3,338       14                    217" in out
+    assert all(line == line.rstrip() for line in out.splitlines())
 
 
 def test_plan_json_has_dispatch_rows_and_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run(
-        capsys, "plan", *SEED, "--long-prefill-token-threshold", "256", "--format", "json"
-    )
-    assert status == 0
-    data = json.loads(out)
+    data = run_json(capsys, "plan", *SEED_256)
     assert len(data["dispatches"]) == 224
     assert data["dispatches"][41] == [[9, 512, 256, False]]
     assert data["summary"]["num_dispatches"] == 224
@@ -46,15 +118,37 @@ def test_plan_json_has_dispatch_rows_and_round_trips(capsys: pytest.CaptureFixtu
 
 
 def test_plan_packed_options_reach_the_config(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run(
-        capsys, "plan", *SEED, "--long-prefill-token-threshold", "256", "--policy", "packed",
-        "--max-batch-size", "16", "--format", "json",
-    )
-    assert status == 0
-    data = json.loads(out)
+    data = run_json(capsys, "plan", *SEED_256, "--policy", "packed", "--max-batch-size", "16")
     assert data["config"]["policy"] == "packed"
     assert data["config"]["max_batch_size"] == 16
     assert len(data["dispatches"]) == 14
+
+
+def test_plan_of_a_named_workload_draws_its_lengths(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(
+        capsys,
+        "plan",
+        "--workload",
+        "uniform",
+        "--num-requests",
+        "40",
+        "--seed",
+        "3",
+        "--min-length",
+        "10",
+        "--max-length",
+        "90",
+        "--max-num-batched-tokens",
+        "64",
+    )
+    expected = synthetic_lengths("uniform", num_requests=40, seed=3, min_length=10, max_length=90)
+    assert data["prompt_lengths"] == expected.tolist()
+
+
+def test_plan_text_lists_only_the_first_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "plan", "--lengths", "5x40", "--max-num-batched-tokens", "64")
+    assert status == EXIT_OK
+    assert out.rstrip().endswith("... and 24 more (see --format json)")
 
 
 def test_lengths_and_computed_tokens_from_files(
@@ -62,15 +156,551 @@ def test_lengths_and_computed_tokens_from_files(
 ) -> None:
     (tmp_path / "lengths.txt").write_text("10\n20 # a comment\n30x2\n")
     (tmp_path / "computed.txt").write_text("0,5,0,29")
-    status, out, _ = run(
-        capsys, "plan", "--lengths", f"@{tmp_path / 'lengths.txt'}",
-        "--num-computed", f"@{tmp_path / 'computed.txt'}",
-        "--max-num-batched-tokens", "8", "--format", "json",
+    data = run_json(
+        capsys,
+        "plan",
+        "--lengths",
+        f"@{tmp_path / 'lengths.txt'}",
+        "--num-computed",
+        f"@{tmp_path / 'computed.txt'}",
+        "--max-num-batched-tokens",
+        "8",
     )
-    assert status == 0
-    data = json.loads(out)
     assert data["prompt_lengths"] == [10, 20, 30, 30]
     assert data["num_computed_tokens"] == [0, 5, 0, 29]
+
+
+# -- compare ---------------------------------------------------------------------------------
+
+
+def test_compare_without_configs_puts_both_policies_side_by_side(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_json(capsys, "compare", *SEED_256, "--max-batch-size", "16")
+    assert data["workload"]["num_requests"] == 16
+    assert data["workload"]["num_tokens"] == 53408
+    rows = data["configurations"]
+    assert [r["config"]["policy"] for r in rows] == ["round_robin", "packed"]
+    assert [r["summary"]["num_dispatches"] for r in rows] == [224, 14]
+    assert [r["summary"]["lower_bound"] for r in rows] == [14, 14]
+
+
+def test_compare_table_shows_the_varied_setting_and_every_figure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(capsys, "compare", *SEED_256, "--max-batch-size", "16")
+    assert (status, err) == (EXIT_OK, "")
+    lines = out.splitlines()
+    assert lines[0] == "16 requests, 53,408 tokens (--lengths)"
+    assert lines[1] == "all rows: budget 8,192, threshold 256, max batch 16"
+    assert lines[2].split() == [
+        "policy",
+        "dispatches",
+        "lower",
+        "bound",
+        "x",
+        "bound",
+        "mean",
+        "util",
+        "min",
+        "util",
+        "largest",
+        "dispatch",
+        "mean",
+        "finish",
+        "worst",
+        "finish",
+    ]
+    assert lines[4].split() == [
+        "round_robin",
+        "224",
+        "14",
+        "16.00",
+        "2.9%",
+        "0.1%",
+        "256",
+        "215.5",
+        "223",
+    ]
+    assert lines[5].split() == [
+        "packed",
+        "14",
+        "14",
+        "1.00",
+        "46.6%",
+        "2.0%",
+        "4,096",
+        "13.0",
+        "13",
+    ]
+
+
+def test_compare_vary_gives_one_row_per_value_of_every_combination(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_json(
+        capsys,
+        "compare",
+        "--workload",
+        "seed",
+        "--max-num-batched-tokens",
+        "8192",
+        "--vary",
+        "policy=round_robin,packed",
+        "--vary",
+        "long-prefill-token-threshold=off,256",
+    )
+    configs = [
+        (r["config"]["policy"], r["config"]["long_prefill_token_threshold"])
+        for r in data["configurations"]
+    ]
+    assert configs == [
+        ("round_robin", None),
+        ("round_robin", 256),
+        ("packed", None),
+        ("packed", 256),
+    ]
+
+
+def test_compare_config_specs_change_the_base(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(
+        capsys,
+        "compare",
+        *SEED_256,
+        "--config",
+        "policy=packed,batch=8",
+        "--config",
+        "page=128",
+        "--vary",
+        "budget=4096,8192",
+    )
+    configs = [r["config"] for r in data["configurations"]]
+    assert len(configs) == 4
+    assert [(c["policy"], c["max_batch_size"], c["page_size"]) for c in configs] == [
+        ("packed", 8, None),
+        ("packed", 8, None),
+        ("round_robin", None, 128),
+        ("round_robin", None, 128),
+    ]
+    assert [c["max_num_batched_tokens"] for c in configs] == [4096, 8192, 4096, 8192]
+
+
+def test_compare_text_has_a_column_per_varying_setting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run(
+        capsys,
+        "compare",
+        "--workload",
+        "seed",
+        "--max-num-batched-tokens",
+        "8192",
+        "--policy",
+        "packed",
+        "--vary",
+        "threshold=0,256",
+        "--vary",
+        "batch=4,16",
+    )
+    assert status == EXIT_OK
+    lines = out.splitlines()
+    assert lines[0] == "16 requests, 53,408 tokens (--workload seed --num-requests 16)"
+    assert lines[1] == "all rows: policy packed, budget 8,192"
+    assert lines[2].split()[:4] == ["threshold", "max", "batch", "dispatches"]
+    assert [line.split()[:2] for line in lines[4:]] == [
+        ["off", "4"],
+        ["off", "16"],
+        ["256", "4"],
+        ["256", "16"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--config", "speed=3"], "--config: unknown setting 'speed'"),
+        (["--config", "policy"], "--config: expected KEY=VALUE"),
+        (["--vary", "threshold=big"], "--vary: long_prefill_token_threshold must be an integer"),
+        (["--vary", "threshold="], "--vary: expected KEY=VALUE,VALUE"),
+        (
+            ["--vary", "partial=2"],
+            "configuration partial=2: 'max_num_partial_prefills' applies only to policy",
+        ),
+        (["--vary", "budget=0"], "'max_num_batched_tokens' must be >= 1: 0"),
+    ],
+)
+def test_compare_bad_configs_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    status, out, err = run(capsys, "compare", *SEED_256, *extra)
+    assert (status, out) == (EXIT_USAGE, "")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+# -- plot ------------------------------------------------------------------------------------
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature and the end."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    assert data[-8:-4] == b"IEND"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_plot_of_the_seed_is_a_png_of_the_asked_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "seed.png"
+    data = run_json(
+        capsys, "plot", *SEED_256, "-o", str(path), "--width", "1200", "--height", "700"
+    )
+    assert data == {
+        "path": str(path),
+        "format": "png",
+        "width": 1200,
+        "height": 700,
+        "style": "chunks",
+        "num_dispatches": 224,
+        "num_requests": 16,
+    }
+    assert png_size(path) == (1200, 700)
+    from matplotlib.image import imread
+
+    pixels = imread(path)
+    assert pixels.shape[:2] == (700, 1200)
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[2]), axis=0)) > 10  # not blank
+
+
+def test_plot_of_thousands_of_dispatches_is_drawn_as_an_image(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "big.png"
+    data = run_json(
+        capsys,
+        "plot",
+        "--workload",
+        "uniform",
+        "--num-requests",
+        "300",
+        "--max-length",
+        "20000",
+        "--max-num-batched-tokens",
+        "1024",
+        "-o",
+        str(path),
+        "--width",
+        "800",
+        "--height",
+        "500",
+    )
+    assert data["style"] == "raster"
+    assert data["num_dispatches"] > 2000
+    assert png_size(path) == (800, 500)
+
+
+def test_plot_svg_is_an_svg_document(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "seed.svg"
+    status, out, err = run(
+        capsys,
+        "plot",
+        *SEED_256,
+        "--policy",
+        "packed",
+        "-o",
+        str(path),
+        "--width",
+        "800",
+        "--height",
+        "450",
+    )
+    assert (status, err) == (EXIT_OK, "")
+    assert out == f"wrote {path}: 800x450 SVG, chunks style, 14 dispatches of 16 requests\n"
+    root = ET.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert root.attrib["viewBox"] == "0 0 576 324"  # 8 x 4.5 inches in points
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-o", "seed.jpg"], "--output: the file name must end in .png or .svg"),
+        (["-o", "seed.png", "--width", "5"], "--width: must be in [100, 20000] pixels: 5"),
+        (["-o", "/no/such/dir/seed.png"], "cannot write"),
+    ],
+)
+def test_plot_bad_output_exits_with_one_line(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    status, _, err = run(capsys, "plot", *SEED_256, *extra)
+    assert status in (EXIT_USAGE, EXIT_FAILED)
+    assert err.count("\n") == 1
+    assert message in err
+
+
+def test_plot_without_matplotlib_says_which_extra_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    status, _, err = run(capsys, "plot", *SEED_256, "-o", str(tmp_path / "x.png"))
+    assert status == EXIT_FAILED
+    assert err == "pypto-sched: error: plot needs matplotlib: pip install 'pypto-sched[plot]'\n"
+
+
+def test_text_output_without_rich_says_which_extra_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    status, out, err = run(capsys, "compare", *SEED_256)
+    assert (status, out) == (EXIT_FAILED, "")
+    assert err.count("\n") == 1
+    assert "pip install 'pypto-sched[cli]'" in err
+    # JSON needs nothing beyond the library.
+    assert run_json(capsys, "compare", *SEED_256)["configurations"]
+
+
+def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
+    import subprocess
+
+    code = (
+        "import sys, pypto_sched, pypto_sched.cli, pypto_sched._plot; "
+        "print(sorted(m for m in ('rich', 'matplotlib') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+# -- backends and run ------------------------------------------------------------------------
+
+TOY_MODULE = """
+from toy_backend_impl import ToyBackend
+
+def create(**options):
+    return ToyBackend(**options)
+
+def unavailable(**options):
+    return ToyBackend(**options)
+
+unavailable.is_available = lambda: (False, "no toy device here")
+"""
+
+
+class ToyBackend:
+    """A backend whose "model" reads the whole context back from its KV cache: final logits
+    depend on every token and position of the prompt, so a chunk written to the wrong slot
+    or read from the wrong page shows up as a logit difference."""
+
+    name: ClassVar[str] = "toy"
+
+    def __init__(
+        self, *, vocab_size: int = 50, skew: float = 0.0, fail: bool = False, device: str = "toy"
+    ) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"'vocab_size' must be >= 1: {vocab_size}")
+        if device != "toy":
+            raise RuntimeError(f"no such device: {device}")
+        self._vocab_size = vocab_size
+        self._skew = skew  # nonzero: chunked prefill drifts from one-shot (a broken backend)
+        self._fail = fail  # the device fails on the second dispatch
+        self._dispatches = 0
+
+    @property
+    def tolerance(self) -> float:
+        return 1e-9
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return 4
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> npt.NDArray[np.int64]:
+        return np.full(num_pages * page_size, -1, dtype=np.int64)
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        return np.zeros((token_ids.size, 4))
+
+    def run_dispatch(self, batch: DispatchInput, cache: npt.NDArray[np.int64]) -> DispatchOutput:
+        self._dispatches += 1
+        if self._fail and self._dispatches == 2:
+            raise RuntimeError("device lost")
+        arrays = batch.arrays
+        cache[arrays.slot_mapping] = batch.token_ids
+        rows = []
+        for row in np.flatnonzero(arrays.is_final):
+            length = int(arrays.context_lens[row])
+            positions = np.arange(length)
+            table = arrays.block_tables[row]
+            slots = table[positions // arrays.page_size] * arrays.page_size
+            context = cache[slots + positions % arrays.page_size]
+            signal = float(np.sum(context * (positions + 1)) % 9973)
+            signal += self._skew * arrays.query_lens[row]
+            rows.append(np.cos(signal + np.arange(self._vocab_size)))
+        logits = np.array(rows).reshape(-1, self._vocab_size)
+        return DispatchOutput(
+            logits=logits if batch.return_logits else None,
+            greedy_token_ids=logits.argmax(axis=1) if batch.return_greedy else None,
+        )
+
+
+@pytest.fixture
+def toy_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EntryPoint]]:
+    """Entry points of a toy backend, one that cannot run here and one that fails to load,
+    installed as the only backends."""
+    (tmp_path / "toy_backend.py").write_text(textwrap.dedent(TOY_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    impl = type(sys)("toy_backend_impl")
+    impl.ToyBackend = ToyBackend  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "toy_backend_impl", impl)
+    group = backends.ENTRY_POINT_GROUP
+    points = [
+        EntryPoint("toy", "toy_backend:create", group),
+        EntryPoint("ghost", "toy_backend:unavailable", group),
+        EntryPoint("broken", "no_such_module_xyz:create", group),
+    ]
+    monkeypatch.setattr(cli_module, "_installed_entry_points", lambda: points)
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: points)
+    backends.refresh_backends()
+    yield points
+    backends.refresh_backends()
+
+
+@pytest.mark.usefixtures("toy_entry_points")
+def test_backends_lists_each_with_whether_it_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "backends")
+    assert [(r["name"], r["available"]) for r in data] == [
+        ("broken", False),
+        ("ghost", False),
+        ("toy", True),
+    ]
+    assert "No module named 'no_such_module_xyz'" in data[0]["reason"]
+    assert data[1]["reason"] == "no toy device here"
+    status, out, _ = run(capsys, "backends")
+    assert status == EXIT_OK
+    assert out.splitlines()[0].split() == ["name", "version", "entry", "point", "runs", "here"]
+    assert "ghost" in out
+    assert "no: no toy device here" in out
+
+
+@pytest.mark.usefixtures("toy_entry_points")
+def test_run_verifies_chunked_prefill_against_one_shot(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_json(
+        capsys,
+        "run",
+        "--backend",
+        "toy",
+        "--backend-option",
+        "vocab_size=40",
+        "--lengths",
+        "37,5,64",
+        "--max-num-batched-tokens",
+        "16",
+        "--verify",
+        "--seed",
+        "3",
+    )
+    assert data["backend"] == "toy"
+    assert data["num_dispatches"] == 8  # 3 + 1 + 4 chunks of at most 16, one per dispatch
+    assert data["num_tokens"] == 106
+    assert len(data["greedy_token_ids"]) == 3
+    assert all(0 <= t < 40 for t in data["greedy_token_ids"])
+    verify = data["verify"]
+    assert verify["passed"] is True
+    assert verify["max_abs_logit_diff"] <= 1e-9
+    assert verify["greedy_agree"] == 3
+
+
+@pytest.mark.usefixtures("toy_entry_points")
+def test_run_text_summary_and_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(
+        capsys,
+        "run",
+        "--backend",
+        "toy",
+        *SEED_256,
+        "--policy",
+        "packed",
+        "--max-batch-size",
+        "16",
+        "--verify",
+        "--progress",
+    )
+    assert status == EXIT_OK
+    assert out.splitlines()[0] == "16 requests, 53,408 tokens on backend 'toy' (packed)"
+    assert "dispatches           14" in out
+    assert "PASS: max |logit diff| 0 (tolerance 1e-09), greedy tokens agree for 16 of 16" in out
+    assert "prefill" in err  # the progress bar's label
+
+
+@pytest.mark.usefixtures("toy_entry_points")
+def test_run_exits_1_when_chunked_prefill_differs_from_one_shot(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(
+        capsys,
+        "run",
+        "--backend",
+        "toy",
+        "--backend-option",
+        "skew=0.5",
+        "--lengths",
+        "40x2",
+        "--max-num-batched-tokens",
+        "16",
+        "--verify",
+        "--format",
+        "json",
+    )
+    assert (status, err) == (EXIT_FAILED, "")
+    assert json.loads(out)["verify"]["passed"] is False
+
+
+@pytest.mark.usefixtures("toy_entry_points")
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["--backend", "nope"], EXIT_USAGE, "'name' must be an installed backend"),
+        (["--backend", "toy", "--backend-option", "colour=3"], EXIT_USAGE, "colour"),
+        (["--backend", "toy", "--backend-option", "oops"], EXIT_USAGE, "expected KEY=VALUE"),
+        (
+            ["--backend", "toy", "--backend-option", "vocab_size=-1"],
+            EXIT_USAGE,
+            "--backend-option: backend 'toy': 'vocab_size' must be >= 1: -1",
+        ),
+        (["--backend", "toy", "--num-computed", "1x3"], EXIT_USAGE, "empty KV cache"),
+        (
+            ["--backend", "toy", "--backend-option", "device=npu"],
+            EXIT_FAILED,
+            "backend 'toy' could not be created: RuntimeError: no such device: npu",
+        ),
+        (
+            ["--backend", "toy", "--backend-option", "fail=true"],
+            EXIT_FAILED,
+            "backend 'toy' failed on dispatch 1 of 3 (request 1 tokens 0:8): RuntimeError: "
+            "device lost",
+        ),
+    ],
+)
+def test_run_bad_input_exits_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], status: int, message: str
+) -> None:
+    code, out, err = run(capsys, "run", *argv, "--lengths", "8x3", "--max-num-batched-tokens", "8")
+    assert (code, out) == (status, "")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+# -- errors and help -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -82,23 +712,81 @@ def test_lengths_and_computed_tokens_from_files(
         (["plan", "--lengths", "12", "--max-num-batched-tokens", "0"], "'max_num_batched_tokens'"),
         (["plan", "--lengths", "12", "--max-num-batched-tokens", "x"], "invalid int value"),
         (["plan", "--lengths", "12"], "--max-num-batched-tokens"),
-        (["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--page-size", "9"],
-         "'page_size'"),
-        (["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--num-computed", "12"],
-         "'num_computed_tokens'"),
-        (["plan", "--lengths", "@/no/such/file", "--max-num-batched-tokens", "8"],
-         "cannot read"),
-        (["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--policy", "fifo"],
-         "invalid choice"),
-        ([], "command"),
+        (["plan", "--max-num-batched-tokens", "8"], "one of the arguments --lengths --workload"),
+        (
+            ["plan", "--lengths", "12", "--workload", "seed", "--max-num-batched-tokens", "8"],
+            "not allowed with argument",
+        ),
+        (
+            ["plan", "--lengths", "12", "--num-requests", "3", "--max-num-batched-tokens", "8"],
+            "--num-requests applies only with --workload",
+        ),
+        (
+            [
+                "plan",
+                "--workload",
+                "uniform",
+                "--min-length",
+                "9",
+                "--max-length",
+                "3",
+                "--max-num-batched-tokens",
+                "8",
+            ],
+            "'min_length' must be <= max_length",
+        ),
+        (
+            ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--page-size", "9"],
+            "'page_size'",
+        ),
+        (
+            ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--num-computed", "12"],
+            "'num_computed_tokens'",
+        ),
+        (["plan", "--lengths", "@/no/such/file", "--max-num-batched-tokens", "8"], "cannot read"),
+        (
+            ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--policy", "fifo"],
+            "invalid choice",
+        ),
+        ([], "COMMAND"),
+        (["frobnicate"], "invalid choice"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     status, out, err = run(capsys, *argv)
-    assert status == 2
+    assert status == EXIT_USAGE
     assert out == ""
     assert err.count("\n") == 1
     assert err.startswith("pypto-sched: error:")
     assert message in err
+
+
+@pytest.mark.parametrize("command", ["plan", "compare", "plot", "run", "backends"])
+def test_help_teaches_each_command_with_an_example(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out
+    assert f"pypto-sched {command}" in out
+    if command != "backends":
+        assert "3338" in out
+
+
+def test_help_examples_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Every example in a --help text that needs no backend is a working command."""
+    import shlex
+
+    for command, examples in cli_module._EXAMPLES.items():
+        if command in ("run", "backends"):
+            continue
+        for _, example in examples:
+            argv = shlex.split(example.replace("\\\n", " "))
+            if command == "plot":
+                argv[argv.index("-o") + 1] = str(tmp_path / argv[argv.index("-o") + 1])
+            status, _, err = run(capsys, *argv)
+            assert (status, err) == (EXIT_OK, ""), example

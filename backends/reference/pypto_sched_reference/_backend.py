@@ -1,0 +1,152 @@
+"""ReferenceBackend: the NumPy model behind pypto_sched's Backend protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from pypto_sched.backends import DispatchInput, DispatchOutput
+
+from ._cache import PagedKVCache
+from ._config import ModelConfig
+from ._errors import CacheWriteError, InvalidModelError
+from ._model import final_hidden, logits_of
+from ._weights import Weights, load_checkpoint
+
+__all__ = ["ReferenceBackend", "create_backend"]
+
+#: Chunked-vs-one-shot logits agreement promised per dtype: only the summation order of
+#: attention and matrix products differs between the two, so float64 agrees to rounding.
+_TOLERANCE = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
+
+
+@attrs.frozen(eq=False)
+class ReferenceBackend:
+    """A Qwen3-style decoder in NumPy with a paged KV cache: the oracle for other backends.
+
+    Build one with :meth:`from_seed` or :meth:`from_checkpoint` (or, through discovery,
+    ``pypto_sched.load_backend("reference", **options)``; see :func:`create_backend`).
+    """
+
+    name: ClassVar[str] = "reference"
+
+    weights: Weights
+
+    @classmethod
+    def from_seed(
+        cls, config: ModelConfig | None = None, *, seed: int = 0, dtype: str = "float64"
+    ) -> ReferenceBackend:
+        """A model of ``config`` (default: a tiny one) with weights drawn from ``seed``."""
+        return cls(Weights.random(config or ModelConfig(), seed=seed, dtype=dtype))
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, *, dtype: str = "float64") -> ReferenceBackend:
+        """A Hugging Face Qwen3 checkpoint directory (``config.json`` + safetensors)."""
+        return cls(load_checkpoint(directory, dtype=dtype))
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.weights.config
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.weights.dtype
+
+    @property
+    def tolerance(self) -> float:
+        return _TOLERANCE[self.dtype]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> PagedKVCache:
+        return PagedKVCache.empty(
+            self.config, num_pages=num_pages, page_size=page_size, dtype=self.dtype
+        )
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
+        ids = np.asarray(token_ids)
+        self._check_token_ids(ids)
+        return self.weights.embed[ids]
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        self._check_cache(cache)
+        tokens = batch.arrays.num_tokens
+        ids = np.asarray(batch.token_ids)
+        if ids.shape != (tokens,):
+            raise InvalidModelError(f"'token_ids' must have shape ({tokens},): {ids.shape}")
+        if batch.input_embeddings is None:
+            x = self.embed(ids)
+        else:
+            x = np.asarray(batch.input_embeddings, dtype=self.dtype)
+            if x.shape != (tokens, self.hidden_size):
+                raise InvalidModelError(
+                    f"'input_embeddings' must have shape ({tokens}, {self.hidden_size}): {x.shape}"
+                )
+        hidden = final_hidden(self.weights, x, cache=cache, arrays=batch.arrays)
+        if not (batch.return_logits or batch.return_greedy):
+            return DispatchOutput()
+        logits = logits_of(self.weights, hidden)
+        return DispatchOutput(
+            logits=logits if batch.return_logits else None,
+            greedy_token_ids=np.argmax(logits, axis=-1).astype(np.int64)
+            if batch.return_greedy
+            else None,
+        )
+
+    def _check_token_ids(self, ids: npt.NDArray[Any]) -> None:
+        if ids.dtype.kind not in "iu" or (
+            ids.size and not 0 <= ids.min() <= ids.max() < self.vocab_size
+        ):
+            raise InvalidModelError(
+                f"'token_ids' must be ints in [0, {self.vocab_size}): dtype {ids.dtype}, "
+                f"range [{ids.min() if ids.size else None}, {ids.max() if ids.size else None}]"
+            )
+
+    def _check_cache(self, cache: object) -> None:
+        if not isinstance(cache, PagedKVCache):
+            raise CacheWriteError(
+                f"'cache' must be a PagedKVCache from new_cache(): {type(cache).__name__}"
+            )
+        expected = (
+            self.config.num_hidden_layers,
+            cache.num_slots,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+        )
+        if cache.keys.shape != expected or cache.keys.dtype != self.dtype:
+            raise CacheWriteError(
+                f"'cache' must be built by this backend: shape {cache.keys.shape}, dtype "
+                f"{cache.keys.dtype}; expected {expected}, {self.dtype}"
+            )
+
+
+def create_backend(
+    *,
+    checkpoint: str | Path | None = None,
+    seed: int = 0,
+    dtype: str = "float64",
+    **config: Any,
+) -> ReferenceBackend:
+    """The ``reference`` entry point: a model loaded from ``checkpoint``, or else one with
+    random weights from ``seed`` whose :class:`ModelConfig` fields are ``config``."""
+    if checkpoint is not None:
+        if config:
+            raise InvalidModelError(
+                f"model sizes come from the checkpoint; drop the options {sorted(config)}"
+            )
+        return ReferenceBackend.from_checkpoint(checkpoint, dtype=dtype)
+    known = {field.name for field in attrs.fields(ModelConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise InvalidModelError(f"unknown options {unknown}; model options: {sorted(known)}")
+    return ReferenceBackend.from_seed(ModelConfig(**config), seed=seed, dtype=dtype)

@@ -1,0 +1,340 @@
+"""The reference model: its arithmetic, its paged KV cache, its checkpoints and its options."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from pypto_sched import ExecutionError, PlannerConfig, dispatch_arrays, plan_pages, plan_prefill
+from pypto_sched.backends import DispatchInput
+from pypto_sched.execute import execute_schedule
+from pypto_sched.testing import check_backend
+from pypto_sched_reference import (
+    CacheWriteError,
+    CheckpointError,
+    InvalidModelError,
+    ModelConfig,
+    PagedKVCache,
+    ReferenceBackend,
+    Weights,
+    create_backend,
+    load_checkpoint,
+    read_safetensors,
+    save_checkpoint,
+    write_safetensors,
+)
+
+Array = npt.NDArray[np.floating[Any]]
+
+
+# -- an independent dense decoder: one head at a time, no cache ------------------------------
+
+
+def _norm(x: Array, gain: Array, eps: float) -> Array:
+    return x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps) * gain  # type: ignore[no-any-return]
+
+
+def _rope(x: Array, theta: float) -> Array:
+    n, dim = x.shape
+    frequencies = 1.0 / theta ** (np.arange(0, dim, 2) / dim)
+    angles = np.outer(np.arange(n), frequencies)
+    cos, sin = np.cos(np.hstack([angles, angles])), np.sin(np.hstack([angles, angles]))
+    rotated = np.hstack([-x[:, dim // 2 :], x[:, : dim // 2]])
+    return x * cos + rotated * sin  # type: ignore[no-any-return]
+
+
+def dense_last_logits(weights: Weights, prompt: npt.NDArray[np.int64]) -> Array:
+    """Logits of the prompt's last token, computed the textbook way."""
+    c = weights.config
+    d, eps, n = c.head_dim, c.rms_norm_eps, prompt.size
+    x = weights.embed[prompt].astype(np.float64)
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)
+    for w in weights.layers:
+        h = _norm(x, w.input_norm, eps)
+        outputs = []
+        for head in range(c.num_attention_heads):
+            kv = head // (c.num_attention_heads // c.num_key_value_heads)
+            q = _rope(_norm(h @ w.q_proj[head * d : (head + 1) * d].T, w.q_norm, eps), c.rope_theta)
+            k = _rope(_norm(h @ w.k_proj[kv * d : (kv + 1) * d].T, w.k_norm, eps), c.rope_theta)
+            v = h @ w.v_proj[kv * d : (kv + 1) * d].T
+            scores = np.where(future, -np.inf, q @ k.T / np.sqrt(d))
+            p = np.exp(scores - scores.max(axis=1, keepdims=True))
+            outputs.append(p / p.sum(axis=1, keepdims=True) @ v)
+        x = x + np.hstack(outputs) @ w.o_proj.T
+        h = _norm(x, w.post_norm, eps)
+        gate = h @ w.gate_proj.T
+        x = x + (gate / (1.0 + np.exp(-gate)) * (h @ w.up_proj.T)) @ w.down_proj.T
+    return _norm(x[-1], weights.norm, eps) @ weights.output_embedding.T
+
+
+CONFIGS = {
+    "gqa": ModelConfig(),
+    "mha-tied": ModelConfig(num_key_value_heads=4, tie_word_embeddings=True),
+    "one-kv-head": ModelConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=16),
+}
+
+
+def prompts_of(lengths: list[int], vocab_size: int, seed: int = 0) -> list[npt.NDArray[np.int64]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, size=n) for n in lengths]
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+@pytest.mark.parametrize("budget", [1000, 7])
+def test_the_paged_model_matches_a_plain_dense_decoder(config: ModelConfig, budget: int) -> None:
+    backend = ReferenceBackend.from_seed(config, seed=5)
+    lengths = [17, 1, 30]
+    prompts = prompts_of(lengths, config.vocab_size)
+    schedule = plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=budget, policy="packed"))
+    result = execute_schedule(schedule, backend, prompts, page_size=4)
+    assert result.logits is not None
+    for r, prompt in enumerate(prompts):
+        np.testing.assert_allclose(
+            result.logits[r], dense_last_logits(backend.weights, prompt), rtol=0, atol=1e-10
+        )
+
+
+def test_tied_embeddings_use_the_token_embedding_as_lm_head() -> None:
+    weights = Weights.random(ModelConfig(tie_word_embeddings=True), seed=0)
+    assert weights.lm_head is None
+    assert weights.output_embedding is weights.embed
+
+
+def test_float32_weights_compute_in_float32() -> None:
+    backend = ReferenceBackend.from_seed(seed=0, dtype="float32")
+    prompts = prompts_of([5], backend.vocab_size)
+    result = execute_schedule(
+        plan_prefill([5], PlannerConfig(max_num_batched_tokens=8)), backend, prompts
+    )
+    assert result.logits is not None
+    assert result.logits.dtype == np.float32
+    assert backend.tolerance == 1e-4
+
+
+# -- the paged KV cache --------------------------------------------------------------------
+
+
+def test_kv_is_written_only_to_the_slots_of_the_prompts_positions() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    lengths = [6, 9]
+    tables = plan_pages(lengths, page_size=4, num_pages=6)  # pages 0-1 and 2-4; page 5 spare
+    result = execute_schedule(
+        plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=5)),
+        backend,
+        prompts_of(lengths, backend.vocab_size),
+        block_tables=tables,
+    )
+    cache: PagedKVCache = result.cache
+    expected = np.zeros(cache.num_slots, dtype=bool)
+    expected[[0, 1, 2, 3, 4, 5]] = True  # request 0: positions 0-5 in pages 0, 1
+    expected[8:17] = True  # request 1: positions 0-8 in pages 2, 3, 4
+    np.testing.assert_array_equal(cache.written, expected)
+    assert not cache.keys[:, ~expected].any()
+    assert not cache.values[:, ~expected].any()
+    assert cache.keys[:, expected].all()
+
+
+def _first_batch(backend: ReferenceBackend, **changes: Any) -> tuple[DispatchInput, PagedKVCache]:
+    lengths = [6, 9]
+    tables = plan_pages(lengths, page_size=4, num_pages=6)
+    schedule = plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=100))
+    arrays = attrs.evolve(dispatch_arrays(schedule.dispatch(0), tables), **changes)
+    batch = DispatchInput(
+        arrays=arrays,
+        token_ids=np.zeros(arrays.num_tokens, dtype=np.int64),
+        input_embeddings=None,
+        return_logits=True,
+        return_greedy=False,
+    )
+    return batch, backend.new_cache(num_pages=6, page_size=4)
+
+
+def test_writing_outside_a_requests_pages_is_an_error() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    batch, _ = _first_batch(backend)
+    slots = batch.arrays.slot_mapping.copy()
+    slots[7] = 21  # request 1's position 1 sent to the spare page 5
+    bad, cache = _first_batch(backend, slot_mapping=slots)
+    with pytest.raises(CacheWriteError, match="write position 1 of request 1 to slot 21"):
+        backend.run_dispatch(bad, cache)
+    assert not cache.written.any()
+
+
+def test_a_block_table_pointing_outside_the_cache_is_an_error() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    batch, _ = _first_batch(backend)
+    tables = batch.arrays.block_tables.copy()
+    tables[0, 1] = 99
+    bad, cache = _first_batch(backend, block_tables=tables)
+    with pytest.raises(CacheWriteError, match=r"row 0 \(request 0\) needs 2 valid pages"):
+        backend.run_dispatch(bad, cache)
+
+
+def test_reading_a_prefix_no_dispatch_wrote_is_an_error() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    lengths = [6, 9]
+    schedule = plan_prefill(
+        lengths, PlannerConfig(max_num_batched_tokens=100), num_computed_tokens=[0, 3]
+    )
+    with pytest.raises(ExecutionError, match="reads position 0 of request 1") as info:
+        execute_schedule(schedule, backend, prompts_of(lengths, backend.vocab_size))
+    assert isinstance(info.value.__cause__, CacheWriteError)
+
+
+def test_a_cache_must_come_from_a_matching_backend_and_page_size() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    batch, _ = _first_batch(backend)
+    other = ReferenceBackend.from_seed(ModelConfig(num_hidden_layers=3), seed=0)
+    with pytest.raises(CacheWriteError, match="must be built by this backend"):
+        backend.run_dispatch(batch, other.new_cache(num_pages=6, page_size=4))
+    with pytest.raises(CacheWriteError, match="page_size must match the cache's 8: 4"):
+        backend.run_dispatch(batch, backend.new_cache(num_pages=6, page_size=8))
+    with pytest.raises(CacheWriteError, match="must be a PagedKVCache"):
+        backend.run_dispatch(batch, {})
+
+
+def test_host_embeddings_must_match_the_tokens_and_hidden_size() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    batch, cache = _first_batch(backend)
+    wrong = attrs.evolve(batch, input_embeddings=np.zeros((batch.arrays.num_tokens, 3)))
+    with pytest.raises(InvalidModelError, match=r"'input_embeddings' must have shape \(15, 32\)"):
+        backend.run_dispatch(wrong, cache)
+
+
+def test_embed_rejects_ids_outside_the_vocabulary() -> None:
+    backend = ReferenceBackend.from_seed(seed=0)
+    with pytest.raises(InvalidModelError, match=r"must be ints in \[0, 64\)"):
+        backend.embed(np.array([3, 64]))
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+
+def _same_weights(a: Weights, b: Weights) -> bool:
+    ta, tb = a.to_tensors(), b.to_tensors()
+    return ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.mark.parametrize("max_shard_tensors", [None, 7], ids=["single-file", "sharded"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_saved_checkpoint_loads_back_identically(
+    tmp_path: Path, max_shard_tensors: int | None, tied: bool
+) -> None:
+    weights = Weights.random(ModelConfig(tie_word_embeddings=tied), seed=2)
+    save_checkpoint(weights, tmp_path, max_shard_tensors=max_shard_tensors)
+    assert (tmp_path / "model.safetensors.index.json").exists() == (max_shard_tensors is not None)
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == weights.config
+    assert _same_weights(loaded, weights)
+    backend = ReferenceBackend.from_checkpoint(tmp_path, dtype="float32")
+    assert backend.dtype == np.float32
+
+
+def test_a_tied_checkpoint_that_still_stores_lm_head_uses_the_embedding(tmp_path: Path) -> None:
+    weights = Weights.random(ModelConfig(tie_word_embeddings=True), seed=2)
+    save_checkpoint(weights, tmp_path)
+    tensors = read_safetensors(tmp_path / "model.safetensors")
+    tensors["lm_head.weight"] = np.zeros_like(tensors["model.embed_tokens.weight"])
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    assert load_checkpoint(tmp_path).lm_head is None
+
+
+def _bf16_file(path: Path, name: str, values: npt.NDArray[np.float32]) -> None:
+    """A safetensors file holding one bfloat16 tensor, written byte by byte."""
+    words = (values.astype("<f4").view("<u4") >> 16).astype("<u2")
+    header = json.dumps(
+        {name: {"dtype": "BF16", "shape": list(values.shape), "data_offsets": [0, words.nbytes]}}
+    ).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + words.tobytes())
+
+
+def test_bfloat16_tensors_are_widened_exactly(tmp_path: Path) -> None:
+    values = np.array([[1.0, -2.5], [0.15625, 3.0e38]], dtype=np.float32)  # exact in bf16
+    _bf16_file(tmp_path / "x.safetensors", "x", values)
+    loaded = read_safetensors(tmp_path / "x.safetensors")["x"]
+    assert loaded.dtype == np.float32
+    np.testing.assert_array_equal(loaded, (values.view("<u4") >> 16 << 16).view("<f4"))
+
+
+def test_a_checkpoint_missing_a_tensor_names_it(tmp_path: Path) -> None:
+    weights = Weights.random(ModelConfig(), seed=2)
+    tensors = weights.to_tensors()
+    del tensors["model.layers.1.self_attn.k_norm.weight"]
+    (tmp_path / "config.json").write_text(json.dumps(weights.config.to_hf_config()))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match=r"lacks tensor 'model\.layers\.1\.self_attn\.k_norm"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_tensor_of_the_wrong_shape_is_rejected(tmp_path: Path) -> None:
+    weights = Weights.random(ModelConfig(), seed=2)
+    tensors = weights.to_tensors()
+    tensors["model.norm.weight"] = np.ones(31)
+    (tmp_path / "config.json").write_text(json.dumps(weights.config.to_hf_config()))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight' must have shape \[32\]"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_directory_without_weights_is_a_checkpoint_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(ModelConfig().to_hf_config()))
+    with pytest.raises(CheckpointError, match=r"must hold 'model\.safetensors' or"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_checkpoint(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "'rope_scaling' is not supported"),
+        ({"attention_bias": True}, "'attention_bias' is not supported"),
+        ({"model_type": "llama"}, "'model_type' must be 'qwen3': 'llama'"),
+        ({"num_key_value_heads": 3}, "must be a multiple of 'num_key_value_heads'"),
+        ({"hidden_size": 0}, "'hidden_size' must be an int >= 1: 0"),
+    ],
+)
+def test_configs_the_model_does_not_implement_are_refused(
+    change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        ModelConfig.from_hf_config({**ModelConfig().to_hf_config(), **change})
+
+
+def test_a_hugging_face_config_without_head_dim_derives_it() -> None:
+    data = ModelConfig().to_hf_config()
+    del data["head_dim"]
+    assert ModelConfig.from_hf_config(data).head_dim == 32 // 4
+
+
+# -- options through the entry point ---------------------------------------------------------
+
+
+def test_create_backend_takes_model_sizes_seed_and_dtype() -> None:
+    backend = create_backend(seed=4, dtype="float32", hidden_size=16, num_hidden_layers=1)
+    assert backend.config == ModelConfig(hidden_size=16, num_hidden_layers=1)
+    assert backend.dtype == np.float32
+
+
+def test_create_backend_rejects_unknown_or_conflicting_options(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelError, match=r"unknown options \['hiden_size'\]"):
+        create_backend(hiden_size=16)
+    with pytest.raises(InvalidModelError, match="model sizes come from the checkpoint"):
+        create_backend(checkpoint=tmp_path, hidden_size=16)
+    with pytest.raises(InvalidModelError, match="'dtype' must be one of"):
+        create_backend(dtype="float16")
+
+
+# -- conformance -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_reference_backend_passes_the_conformance_check(dtype: str) -> None:
+    check_backend(ReferenceBackend.from_seed(seed=7, dtype=dtype), max_examples=12, seed=3)

@@ -1,0 +1,607 @@
+"""Planning prefill one step at a time, for a server whose requests come and go.
+
+Theory of operation
+===================
+
+A server keeps a :class:`PrefillState`: the requests whose prefill is not finished, keyed by
+the server's own hashable ids, each with its prompt length and the tokens computed so far
+(prefix-cache hits plus the chunks already run). Before every device call it asks
+:func:`plan_step` for the next dispatch; the answer holds the rows to run, keyed by request
+id, and the state after them. States are immutable: :meth:`PrefillState.add`,
+:meth:`PrefillState.remove` and :func:`plan_step` return new states and leave the old one
+valid, so a dispatch that fails can simply be planned again from the state before it.
+
+A step's *room* is the dispatch budget and row limit less what the caller reserves for the
+decode tokens it runs in the same dispatch (decode first, as in Sarathi-Serve's stall-free
+batching): ``config.effective_budget - reserved_tokens`` tokens and ``max_batch_size -
+reserved_rows`` rows. A step with no room is an empty dispatch, not an error. Chunk sizes,
+the chunk cap, page alignment and ``max_num_partial_prefills`` follow ``_policies.py``
+exactly; only the room differs.
+
+The policies, step by step
+--------------------------
+``packed`` keeps the *started* requests (part-way through their prefill) in arrival order and
+the *waiting* ones in a FIFO queue. A step serves the started requests first, in arrival
+order, skipping one that cannot run a token in the room left; then it admits waiting requests
+in arrival order, stopping at the first that cannot run a token or that would be left
+part-way while ``max_num_partial_prefills`` requests already are.
+
+``round_robin`` keeps every request in one FIFO queue of turns. A step runs one chunk of the
+request at the head of the queue, ``min(remaining, room)`` tokens (page-aligned if not final);
+if it is unfinished it goes back to the tail. New requests join at the tail. If the head
+cannot run a token in the room left (only possible with ``page_size`` and reservations), the
+step is empty and the head keeps its turn. The seed's whole-batch rule -- "if everything fits,
+one dispatch of all" -- applies when a *run* begins: when no step has had to split since
+the state was last empty (``state.policy is None``) and every request in the state fits the
+room, in tokens and rows, the step runs them all, whole. Once a step has split, the state
+round-robins one request per dispatch until it drains, even if what is left would fit: that
+is what ``plan_prefill`` does with a batch.
+
+Equivalence: with no arrivals, removals or reservations, stepping a state until it is empty
+gives exactly the dispatches of ``plan_prefill`` for the same prompts, under both policies.
+
+A run's policy is fixed: stepping a state that is part-way through a run with a config of the
+other policy raises ``InvalidInputError``. The run ends, and any policy may start the next,
+when the state drains.
+
+Fairness
+--------
+Counted in dispatches that carry rows (an empty step moves no request ahead of another):
+
+* ``round_robin``: a request waits at most ``k`` dispatches before its next chunk, where ``k``
+  is the number of other requests in the state when it was queued (when it arrived or ran its
+  last chunk). Requests that arrive later queue behind it and cannot delay it.
+* ``packed``: a started request ``r`` yields only to started requests older than it. In a
+  dispatch that skips it, those older requests fill every free row, or take more than
+  ``R - p`` of the ``R`` tokens of room (``p`` is ``page_size``, or 1 without pages); newer
+  requests and arrivals never displace it. With the same config and room in every dispatch:
+
+  - without ``page_size``, ``r`` runs in every dispatch until it finishes. (In the dispatch
+    where ``r`` last ran, every older request ran a whole ``min(remaining, chunk_cap)``
+    chunk and left room for ``r``; from then on each of them runs at most that.)
+  - with ``page_size``, ``r`` is skipped at most ``T // min(M, R - p + 1)`` times, ``T``
+    being the tokens the older started requests had left when ``r`` started and ``M`` the
+    rows of room. (A prefix hit can give an older request a short first chunk, and room left
+    over may be less than a page.)
+
+  Waiting requests are admitted strictly in arrival order.
+
+How a step stays cheap
+----------------------
+A step touches only the started requests, the requests it takes from the head of the queue
+and the few it puts back; the new state shares everything else with the old one
+(``_persistent.py``). The queue is a persistent FIFO of two linked lists. The only work that
+grows with the number of waiting requests is turning its back list into its front, done by
+the step that takes the last request of the front, and kept in the state it returns: O(1)
+amortized per request, and a step that takes no one from the queue never does it. The
+requests in the queue are also in a persistent map from id to record, which makes ``add``,
+``remove`` and ``in`` cost ``O(log32 n)`` (plus a scan of ``packed``'s started requests,
+which live in a small tuple that each step rewrites). A removed request's queue entry is left
+in place and skipped when it reaches the head: an entry is live only while the map holds that
+very record.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ._config import PlannerConfig, Policy
+from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestError
+from ._persistent import PersistentMap, PersistentQueue
+from ._validate import MAX_TOKENS, as_count_array, check_int
+
+__all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
+
+RequestId = TypeVar("RequestId", bound=Hashable)
+
+
+class _Request(NamedTuple):
+    """One request's progress. Records are never changed; progress makes a new one."""
+
+    id: Any
+    prompt_length: int
+    #: Tokens computed so far: prefix-cache hits plus the chunks already run.
+    position: int
+    #: Whether it has run a chunk.
+    started: bool
+
+
+@attrs.frozen
+class PrefillRequest:
+    """A request's prefill progress, as ``state[request_id]`` reports it."""
+
+    prompt_length: int
+    #: Tokens already in the KV cache: prefix-cache hits plus the chunks already run.
+    num_computed_tokens: int
+    #: Whether it has run a chunk (a prefix-cache hit alone does not start it).
+    is_started: bool
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        return self.prompt_length - self.num_computed_tokens
+
+
+@attrs.frozen
+class StepChunk:
+    """One row of a planned step: positions ``start:start + length`` of a request's prompt."""
+
+    start: int
+    length: int
+    #: Whether it is the request's final chunk (the only one whose logits are sampled).
+    is_final: bool
+
+    @property
+    def end(self) -> int:
+        """One past the chunk's last position; the request's context length after it."""
+        return self.start + self.length
+
+
+class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
+    """The requests whose prefill is not finished, keyed by the server's request ids.
+
+    ``PrefillState()`` is empty. A state is an immutable mapping from request id to
+    :class:`PrefillRequest`, iterated in the order the planner considers the requests
+    (``packed``'s started requests, then the queue). Two states are equal when they hold the
+    same requests with the same progress, in the same order, in the same run; like other
+    mappings, states are not hashable.
+    """
+
+    __slots__ = ("_num_tokens", "_policy", "_queue", "_requests", "_started")
+
+    #: Every request in the queue, by id. An entry of the queue is live only while this
+    #: map holds that very record.
+    _requests: PersistentMap[RequestId, _Request]
+    #: Waiting requests (and under ``round_robin`` every request) in turn order.
+    _queue: PersistentQueue[_Request]
+    #: ``packed``: the started, unfinished requests in arrival order (not in the queue).
+    _started: tuple[_Request, ...]
+    #: Tokens still to prefill, over every request.
+    _num_tokens: int
+    #: The policy of the run in progress (see :attr:`policy`).
+    _policy: Policy | None
+
+    def __init__(self: PrefillState[Any]) -> None:
+        # `self: PrefillState[Any]` types a bare `PrefillState()` as taking any ids; annotate
+        # the variable (`state: PrefillState[str] = PrefillState()`) to narrow them.
+        self._init(PersistentMap(), PersistentQueue(), (), 0, None)
+
+    def _init(
+        self,
+        requests: PersistentMap[RequestId, _Request],
+        queue: PersistentQueue[_Request],
+        started: tuple[_Request, ...],
+        num_tokens: int,
+        policy: Policy | None,
+    ) -> None:
+        if not requests and not started:  # drained: the run is over
+            queue, policy = PersistentQueue(), None
+        set_ = object.__setattr__
+        set_(self, "_requests", requests)
+        set_(self, "_queue", queue)
+        set_(self, "_started", started)
+        set_(self, "_num_tokens", num_tokens)
+        set_(self, "_policy", policy)
+
+    def _evolve(
+        self,
+        requests: PersistentMap[RequestId, _Request],
+        queue: PersistentQueue[_Request],
+        started: tuple[_Request, ...],
+        num_tokens: int,
+        policy: Policy | None,
+    ) -> PrefillState[RequestId]:
+        """A new state made of these parts (this one is not changed)."""
+        new: PrefillState[RequestId] = object.__new__(PrefillState)
+        new._init(requests, queue, started, num_tokens, policy)
+        return new
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"PrefillState is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"PrefillState is immutable: cannot delete {name!r}")
+
+    # -- named constructor -------------------------------------------------------------------
+
+    @classmethod
+    def from_prompt_lengths(
+        cls,
+        prompt_lengths: Sequence[int] | npt.NDArray[np.integer],
+        *,
+        num_computed_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+    ) -> PrefillState[int]:
+        """A state holding request ``i`` for every ``prompt_lengths[i]``, arrived in order.
+
+        Takes the arguments of :func:`pypto_sched.plan_prefill` (but may be empty); stepped
+        until it drains, it gives the dispatches of that schedule.
+        """
+        lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1, allow_empty=True)
+        if num_computed_tokens is None:
+            computed = np.zeros_like(lengths)
+        else:
+            computed = as_count_array(
+                "num_computed_tokens", num_computed_tokens, min_value=0, allow_empty=True
+            )
+            if computed.size != lengths.size:
+                raise InvalidInputError(
+                    f"'num_computed_tokens' must have one entry per prompt ({lengths.size}): "
+                    f"{computed.size} entries"
+                )
+        state: PrefillState[int] = PrefillState()
+        for index, (length, cached) in enumerate(
+            zip(lengths.tolist(), computed.tolist(), strict=True)
+        ):
+            state = state.add(index, length, num_computed_tokens=cached)
+        return state
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def add(
+        self, request_id: RequestId, prompt_length: int, *, num_computed_tokens: int = 0
+    ) -> PrefillState[RequestId]:
+        """A state that also holds ``request_id``, arrived after every request here.
+
+        ``num_computed_tokens`` (``0 <= c < prompt_length``) tokens are already in the KV
+        cache, a prefix-cache hit; the prefill runs positions ``c .. prompt_length - 1``.
+        Raises :class:`DuplicateRequestError` if the id is already here.
+        """
+        length = check_int("prompt_length", prompt_length, min_value=1)
+        cached = check_int("num_computed_tokens", num_computed_tokens, min_value=0)
+        if cached >= length:
+            raise InvalidInputError(
+                f"'num_computed_tokens' must be < 'prompt_length' ({length}), leaving at least "
+                f"one token to prefill: {cached}"
+            )
+        _check_hashable(request_id)
+        if self._find(request_id) is not None:
+            raise DuplicateRequestError(
+                f"'request_id' must not be in the state already: {request_id!r} is"
+            )
+        record = _Request(request_id, length, cached, False)
+        return self._evolve(
+            self._requests.set(request_id, record),
+            self._queue.push(record),
+            self._started,
+            self._num_tokens + length - cached,
+            self._policy,
+        )
+
+    def remove(self, request_id: RequestId) -> PrefillState[RequestId]:
+        """A state without ``request_id``: an aborted request.
+
+        Raises :class:`UnknownRequestError` if it is not here: never added, already removed,
+        or finished (a request leaves the state with the step that runs its final chunk).
+        """
+        record = self._record(request_id)
+        requests = self._requests
+        started = tuple(r for r in self._started if r is not record)
+        if len(started) == len(self._started):  # it is in the queue, whose entry now dies
+            requests = requests.delete(request_id)
+        return self._evolve(
+            requests,
+            self._queue,
+            started,
+            self._num_tokens - (record.prompt_length - record.position),
+            self._policy,
+        )
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _find(self, request_id: RequestId) -> _Request | None:
+        record = self._requests.get(request_id)
+        if record is None:
+            for candidate in self._started:
+                if candidate.id is request_id or candidate.id == request_id:
+                    return candidate
+        return record
+
+    def _record(self, request_id: RequestId) -> _Request:
+        _check_hashable(request_id)
+        record = self._find(request_id)
+        if record is None:
+            raise UnknownRequestError(
+                f"'request_id' must be a request in the state (not finished or removed): "
+                f"{request_id!r}"
+            )
+        return record
+
+    def __getitem__(self, request_id: RequestId) -> PrefillRequest:
+        record = self._record(request_id)
+        return PrefillRequest(
+            prompt_length=record.prompt_length,
+            num_computed_tokens=record.position,
+            is_started=record.started,
+        )
+
+    def __contains__(self, request_id: object) -> bool:
+        try:
+            return self._find(request_id) is not None  # type: ignore[arg-type]
+        except TypeError:  # unhashable
+            return False
+
+    def __len__(self) -> int:
+        return len(self._requests) + len(self._started)
+
+    def __iter__(self) -> Iterator[RequestId]:
+        for record in self._in_order():
+            yield record.id
+
+    def _in_order(self) -> Iterator[_Request]:
+        """Every request: ``packed``'s started ones, then the live entries of the queue."""
+        yield from self._started
+        requests = self._requests
+        for record in self._queue:
+            if requests.get(record.id) is record:
+                yield record
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens still to prefill, over every request."""
+        return self._num_tokens
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy of the run in progress, which every step must use until the state
+        drains; ``None`` if no run is in progress (no ``packed`` step, and no
+        ``round_robin`` step that had to split, since the state was last empty)."""
+        return self._policy
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PrefillState):
+            return NotImplemented
+        if (len(self), self._num_tokens, self._policy) != (
+            len(other),
+            other._num_tokens,
+            other._policy,
+        ):
+            return False
+        return all(
+            (a.id, a.prompt_length, a.position, a.started)
+            == (b.id, b.prompt_length, b.position, b.started)
+            for a, b in zip(self._in_order(), other._in_order(), strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The default would restore the slots with setattr, which an immutable state refuses.
+        return _restore, (
+            self._started,
+            tuple(self._in_order())[len(self._started) :],
+            self._num_tokens,
+            self._policy,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefillState(requests={len(self)}, tokens={self._num_tokens}, "
+            f"policy={self._policy!r})"
+        )
+
+
+def _restore(
+    started: tuple[_Request, ...],
+    queued: tuple[_Request, ...],
+    num_tokens: int,
+    policy: Policy | None,
+) -> PrefillState[Any]:
+    requests: PersistentMap[Any, _Request] = PersistentMap()
+    queue: PersistentQueue[_Request] = PersistentQueue()
+    for record in queued:
+        requests = requests.set(record.id, record)
+        queue = queue.push(record)
+    return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
+
+
+def _check_hashable(request_id: object) -> None:
+    try:
+        hash(request_id)
+    except TypeError:
+        raise InvalidInputError(
+            f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
+        ) from None
+
+
+@attrs.frozen(kw_only=True)
+class StepPlan(Generic[RequestId]):
+    """One planned dispatch and the state after it.
+
+    ``rows`` maps each request id in the dispatch to its chunk, in the order the rows run
+    (arrival order); it is read-only. ``state`` is the state once the dispatch has run:
+    requests whose final chunk is here have left it.
+    """
+
+    rows: Mapping[RequestId, StepChunk]
+    state: PrefillState[RequestId]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prefill tokens in the dispatch (reserved decode tokens not included)."""
+        return sum(chunk.length for chunk in self.rows.values())
+
+    @property
+    def finished(self) -> tuple[RequestId, ...]:
+        """The requests whose final chunk runs here, in row order."""
+        return tuple(rid for rid, chunk in self.rows.items() if chunk.is_final)
+
+
+def plan_step(
+    state: PrefillState[RequestId],
+    config: PlannerConfig,
+    *,
+    reserved_tokens: int = 0,
+    reserved_rows: int = 0,
+) -> StepPlan[RequestId]:
+    """Plan the next prefill dispatch from ``state`` under ``config``.
+
+    ``reserved_tokens`` and ``reserved_rows`` keep that much of the dispatch budget
+    (``config.effective_budget``) and of ``config.max_batch_size`` for the caller's decode
+    tokens. With no room left, or nothing that fits it, the plan has no rows and its state is
+    ``state``.
+    """
+    if not isinstance(state, PrefillState):
+        raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    room_tokens, room_rows = _room(config, reserved_tokens, reserved_rows)
+    if state._policy is not None and state._policy != config.policy:
+        raise InvalidInputError(
+            f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
+            f"until the state drains: {config.policy!r}"
+        )
+    if not state or room_tokens == 0 or room_rows == 0:
+        return StepPlan(rows=_NO_ROWS, state=state)
+    if config.policy == "round_robin":
+        return _RoundRobinStep(state, config, room_tokens, room_rows).plan()
+    return _PackedStep(state, config, room_tokens, room_rows).plan()
+
+
+_NO_ROWS: Mapping[Any, StepChunk] = types.MappingProxyType({})
+
+
+def _room(config: PlannerConfig, reserved_tokens: object, reserved_rows: object) -> tuple[int, int]:
+    """Tokens and rows left for prefill (``MAX_TOKENS`` rows when rows are not limited)."""
+    budget = config.effective_budget
+    tokens = _count("reserved_tokens", reserved_tokens)
+    if tokens > budget:
+        raise InvalidInputError(
+            f"'reserved_tokens' must be <= the dispatch budget, config.effective_budget = "
+            f"{budget}: {tokens}"
+        )
+    rows = _count("reserved_rows", reserved_rows)
+    limit = config.max_batch_size
+    if limit is not None and rows > limit:
+        raise InvalidInputError(
+            f"'reserved_rows' must be <= config.max_batch_size = {limit}: {rows}"
+        )
+    return budget - tokens, MAX_TOKENS if limit is None else limit - rows
+
+
+def _count(name: str, value: object) -> int:
+    if type(value) is int and value >= 0:  # the common case, checked cheaply on every step
+        return value
+    return check_int(name, value, min_value=0)
+
+
+class _Step(Generic[RequestId]):
+    """One step being planned: its rows and the state's parts as the step changes them."""
+
+    def __init__(
+        self, state: PrefillState[RequestId], config: PlannerConfig, tokens: int, rows: int
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.page = config.page_size or 1
+        self.room_tokens = tokens
+        self.tokens_left = tokens
+        self.rows_left = rows
+        self.requests = state._requests
+        self.queue = state._queue
+        self.rows: dict[RequestId, StepChunk] = {}
+
+    def chunk(self, record: _Request, limit: int) -> int:
+        """Tokens ``record`` may run with ``limit`` tokens allowed (0: none)."""
+        remaining = record.prompt_length - record.position
+        if remaining <= limit:
+            return remaining
+        end = (record.position + limit) // self.page * self.page
+        return max(end - record.position, 0)
+
+    def run(self, record: _Request, size: int) -> _Request | None:
+        """Add ``record``'s chunk of ``size`` tokens; return its new record, or ``None`` if
+        the chunk is final."""
+        position = record.position + size
+        final = position == record.prompt_length
+        self.rows[record.id] = StepChunk(start=record.position, length=size, is_final=final)
+        self.tokens_left -= size
+        self.rows_left -= 1
+        return None if final else _Request(record.id, record.prompt_length, position, True)
+
+    def next_in_queue(self) -> _Request | None:
+        """The first live record of the queue, left in place; dead entries before it are
+        dropped from ``self.queue``."""
+        while self.queue:
+            record = self.queue.peek()
+            if self.requests.get(record.id) is record:
+                return record
+            self.queue = self.queue.pop()
+        return None
+
+    def plan(self) -> StepPlan[RequestId]:
+        raise NotImplementedError
+
+    def finish(self, started: tuple[_Request, ...], policy: Policy) -> StepPlan[RequestId]:
+        """The plan of the rows added so far; with none, the state is left as it was."""
+        if not self.rows:
+            return StepPlan(rows=_NO_ROWS, state=self.state)
+        tokens_run = self.room_tokens - self.tokens_left
+        next_state = self.state._evolve(
+            self.requests, self.queue, started, self.state._num_tokens - tokens_run, policy
+        )
+        return StepPlan(rows=types.MappingProxyType(self.rows), state=next_state)
+
+
+class _RoundRobinStep(_Step[RequestId]):
+    def plan(self) -> StepPlan[RequestId]:
+        state = self.state
+        if (
+            state._policy is None
+            and state._num_tokens <= self.tokens_left
+            and len(state) <= self.rows_left
+        ):
+            return self.plan_whole_batch()
+        record = self.next_in_queue()
+        assert record is not None, "a non-empty round_robin state has a live queue entry"
+        size = self.chunk(record, self.tokens_left)
+        if size == 0:  # the head keeps its turn
+            return StepPlan(rows=_NO_ROWS, state=state)
+        self.queue = self.queue.pop()
+        after = self.run(record, size)
+        if after is None:
+            self.requests = self.requests.delete(record.id)
+        else:  # back to the tail of the queue
+            self.requests = self.requests.set(record.id, after)
+            self.queue = self.queue.push(after)
+        return self.finish((), "round_robin")
+
+    def plan_whole_batch(self) -> StepPlan[RequestId]:
+        for record in self.state._in_order():
+            self.run(record, record.prompt_length - record.position)
+        self.requests = PersistentMap()
+        return self.finish((), "round_robin")
+
+
+class _PackedStep(_Step[RequestId]):
+    def plan(self) -> StepPlan[RequestId]:
+        cap = self.config.chunk_cap
+        started: list[_Request] = []
+        for record in self.state._started:
+            size = self.chunk(record, min(cap, self.tokens_left)) if self.rows_left else 0
+            after = self.run(record, size) if size else record
+            if after is not None:
+                started.append(after)
+        max_partial = self.config.max_num_partial_prefills or MAX_TOKENS
+        while self.rows_left and self.tokens_left:
+            head = self.next_in_queue()
+            if head is None:
+                break
+            size = self.chunk(head, min(cap, self.tokens_left))
+            final = size == head.prompt_length - head.position
+            if size == 0 or (not final and len(started) >= max_partial):
+                break
+            self.queue = self.queue.pop()
+            self.requests = self.requests.delete(head.id)  # it leaves the queue
+            after = self.run(head, size)
+            if after is not None:
+                started.append(after)
+        return self.finish(tuple(started), "packed")

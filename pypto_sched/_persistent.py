@@ -1,0 +1,252 @@
+"""Persistent (immutable, structure-sharing) containers for ``PrefillState``.
+
+``PrefillState`` must hand back a new state from every add, remove and planned step while
+the old state stays valid, and a step must cost the same with ten waiting requests as with
+ten thousand. Copying a dict or tuple of every request per step would make each step linear
+in the number of requests, so the state is built from these two containers instead.
+
+:class:`PersistentQueue` is a FIFO made of two immutable linked lists (Okasaki's banker's
+queue): items are taken from the front list and pushed onto the back list, newest first; when
+the front runs out, the back list reversed becomes the new front. Each item is moved once, so
+a push or a pop costs O(1) amortized, and nothing is copied.
+
+:class:`PersistentMap` is a hash array mapped trie whose nodes are small dicts keyed by 5-bit
+slices of the key's hash. An update copies only the nodes on one root-to-leaf path (about
+``log32(n)`` dicts of at most 32 entries); every other node is shared with the old map.
+
+Nodes are plain ``dict[int, node | leaf]``. A leaf is ``(hash, ((key, value), ...))``: all
+its keys share the full hash, so a leaf holds more than one pair only on a hash collision.
+Python hashes fit in 64 bits, so two different hashes differ in some 5-bit slice within 13
+levels and inserting always terminates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from typing import Any, Generic, TypeVar, cast
+
+# No ``__all__``: these containers are internal to ``PrefillState``, not public API.
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+T = TypeVar("T")
+
+# A linked list: ``(first item, rest of the list)``, or ``None`` when empty.
+_Link = tuple[Any, Any] | None
+
+
+class PersistentQueue(Generic[T]):
+    """An immutable FIFO whose push and pop return a new queue and cost O(1) amortized.
+
+    Invariant: the front list is empty only when the whole queue is, so :meth:`peek` never
+    has to reverse anything; the reversal happens in the :meth:`pop` that takes the last item
+    of the front, and the queue it returns keeps the result.
+    """
+
+    __slots__ = ("_back", "_front")
+
+    _front: _Link  # oldest item first
+    _back: _Link  # newest item first
+
+    def __init__(self) -> None:
+        self._front = None
+        self._back = None
+
+    @staticmethod
+    def _make(front: _Link, back: _Link) -> PersistentQueue[T]:
+        new: PersistentQueue[T] = object.__new__(PersistentQueue)
+        new._front = front
+        new._back = back
+        return new
+
+    def __bool__(self) -> bool:
+        return self._front is not None
+
+    def push(self, item: T) -> PersistentQueue[T]:
+        """A queue with ``item`` added at the back."""
+        if self._front is None:
+            return self._make((item, None), None)
+        return self._make(self._front, (item, self._back))
+
+    def peek(self) -> T:
+        """The item at the front; ``IndexError`` if the queue is empty."""
+        if self._front is None:
+            raise IndexError("peek at an empty PersistentQueue")
+        return cast(T, self._front[0])
+
+    def pop(self) -> PersistentQueue[T]:
+        """The queue without its front item; ``IndexError`` if it is empty."""
+        if self._front is None:
+            raise IndexError("pop from an empty PersistentQueue")
+        front, back = self._front[1], self._back
+        if front is None:  # the front ran out: the back list, reversed, becomes the front
+            while back is not None:
+                item, back = back
+                front = (item, front)
+        return self._make(front, back)
+
+    def __iter__(self) -> Iterator[T]:
+        """The items, oldest first."""
+        link = self._front
+        while link is not None:
+            item, link = link
+            yield item
+        newest_first = []
+        link = self._back
+        while link is not None:
+            item, link = link
+            newest_first.append(item)
+        yield from reversed(newest_first)
+
+
+_BITS = 5
+_MASK = (1 << _BITS) - 1
+
+# A node maps a hash slice to a child node or a leaf; typed loosely to stay readable.
+_Node = dict[int, Any]
+_Leaf = tuple[int, tuple[tuple[Any, Any], ...]]
+
+
+class PersistentMap(Generic[K, V]):
+    """An immutable mapping whose updates return a new map sharing most of the old one."""
+
+    __slots__ = ("_root", "_size")
+
+    _root: _Node
+    _size: int
+
+    def __init__(self) -> None:
+        self._root = {}
+        self._size = 0
+
+    @staticmethod
+    def _make(root: _Node, size: int) -> PersistentMap[K, V]:
+        new: PersistentMap[K, V] = object.__new__(PersistentMap)
+        new._root = root
+        new._size = size
+        return new
+
+    def __len__(self) -> int:
+        return self._size
+
+    def get(self, key: K, default: V | None = None) -> V | None:
+        """The value of ``key``, or ``default`` if it is absent."""
+        h = hash(key)
+        node = self._root
+        shift = 0
+        while True:
+            child = node.get((h >> shift) & _MASK)
+            if child is None:
+                return default
+            if type(child) is dict:
+                node = child
+                shift += _BITS
+                continue
+            if child[0] == h:
+                for k, v in child[1]:
+                    if k is key or k == key:
+                        return cast(V, v)
+            return default
+
+    def set(self, key: K, value: V) -> PersistentMap[K, V]:
+        """A map equal to this one with ``key`` bound to ``value``."""
+        h = hash(key)
+        root, added = _assoc(self._root, 0, h, key, value)
+        return self._make(root, self._size + added)
+
+    def delete(self, key: K) -> PersistentMap[K, V]:
+        """A map equal to this one without ``key``; ``KeyError`` if it is absent."""
+        h = hash(key)
+        root = _dissoc(self._root, 0, h, key)
+        if root is _ABSENT:
+            raise KeyError(key)
+        if root is None:
+            return self._make({}, 0)
+        if type(root) is not dict:  # the trie collapsed to a lone leaf
+            leaf = cast(_Leaf, root)
+            return self._make({leaf[0] & _MASK: leaf}, self._size - 1)
+        return self._make(root, self._size - 1)
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """Every ``(key, value)`` pair, in no particular order."""
+        stack = [self._root]
+        while stack:
+            for child in stack.pop().values():
+                if type(child) is dict:
+                    stack.append(child)
+                else:
+                    yield from child[1]
+
+
+def _assoc(node: _Node, shift: int, h: int, key: Any, value: Any) -> tuple[_Node, bool]:
+    """``node`` with ``key`` bound; also whether the key was new."""
+    fragment = (h >> shift) & _MASK
+    child = node.get(fragment)
+    new = node.copy()
+    if child is None:
+        new[fragment] = (h, ((key, value),))
+        return new, True
+    if type(child) is dict:
+        new[fragment], added = _assoc(child, shift + _BITS, h, key, value)
+        return new, added
+    if child[0] == h:
+        kept = _without_key(child[1], key)
+        new[fragment] = (h, (*kept, (key, value)))
+        return new, len(kept) == len(child[1])
+    new[fragment] = _split(child, (h, ((key, value),)), shift + _BITS)
+    return new, True
+
+
+def _split(a: _Leaf, b: _Leaf, shift: int) -> _Node:
+    """The smallest subtrie holding two leaves of different hashes."""
+    fa, fb = (a[0] >> shift) & _MASK, (b[0] >> shift) & _MASK
+    if fa == fb:
+        return {fa: _split(a, b, shift + _BITS)}
+    return {fa: a, fb: b}
+
+
+def _without_key(pairs: tuple[tuple[Any, Any], ...], key: Any) -> tuple[tuple[Any, Any], ...]:
+    if len(pairs) == 1:  # the usual leaf: no hash collision
+        k = pairs[0][0]
+        return () if k is key or k == key else pairs
+    return tuple(pair for pair in pairs if not (pair[0] is key or pair[0] == key))
+
+
+class _Absent:
+    """Returned by ``_dissoc`` when the key is not in the subtrie."""
+
+
+_ABSENT = _Absent()
+
+
+def _dissoc(node: _Node, shift: int, h: int, key: Any) -> _Node | _Leaf | _Absent | None:
+    """``node`` without ``key``: a node, a lone leaf that may replace it, ``None`` if nothing
+    is left, or ``_ABSENT`` if the key is not there."""
+    fragment = (h >> shift) & _MASK
+    child = node.get(fragment)
+    if child is None:
+        return _ABSENT
+    replacement: _Node | _Leaf | _Absent | None
+    if type(child) is dict:
+        replacement = _dissoc(child, shift + _BITS, h, key)
+    elif child[0] != h:
+        return _ABSENT
+    else:
+        pairs = _without_key(child[1], key)
+        if len(pairs) == len(child[1]):
+            return _ABSENT
+        replacement = (h, pairs) if pairs else None
+    if replacement is _ABSENT:
+        return _ABSENT
+    new = node.copy()
+    if replacement is None:
+        del new[fragment]
+    else:
+        new[fragment] = replacement
+    if not new:
+        return None
+    if len(new) == 1:
+        (only,) = new.values()
+        if type(only) is not dict:
+            return cast(_Leaf, only)  # a lone leaf moves up; lookups compare full hashes
+    return new

@@ -1,0 +1,305 @@
+"""The driver: run every dispatch of a schedule through a backend, in order.
+
+The driver owns no device state. It derives each dispatch's kernel arrays with
+:func:`~pypto_sched.dispatch_arrays`, gathers the dispatch's token ids (and host embeddings,
+when the caller gave them), calls :meth:`Backend.run_dispatch`, and files the final rows'
+outputs under their requests. Intermediate chunks are never asked for logits, and only what
+the caller asked for is returned by the backend.
+
+A failure inside the backend stops the run with an :class:`~pypto_sched.ExecutionError`
+naming the dispatch; the outputs collected so far are dropped with the call frame, so a
+failed run never yields something that looks like a complete result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ._dispatch import DispatchArrays, dispatch_arrays
+from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
+from ._pages import BlockTables, plan_pages
+from ._schedule import Dispatch, Schedule
+from ._validate import check_int, read_only
+from .backends import Backend, DispatchInput, DispatchOutput
+
+__all__ = ["DEFAULT_PAGE_SIZE", "ExecutionResult", "execute_schedule"]
+
+#: KV page size used when neither block tables nor the schedule's config name one.
+DEFAULT_PAGE_SIZE = 16
+
+TokenIds = Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]] | npt.NDArray[np.integer[Any]]
+Embeddings = Sequence[npt.NDArray[np.floating[Any]]] | npt.NDArray[np.floating[Any]]
+
+
+@attrs.frozen(eq=False)
+class ExecutionResult:
+    """The outcome of a complete run, in request order."""
+
+    #: ``[num_requests, vocab_size]`` final logits (read-only), or ``None`` if not asked for.
+    logits: npt.NDArray[np.floating[Any]] | None
+    #: ``[num_requests]`` greedy token ids (read-only), or ``None`` if not asked for.
+    greedy_token_ids: npt.NDArray[np.int64] | None
+    #: The block tables the run used (planned by the driver unless the caller gave them).
+    block_tables: BlockTables
+    #: The KV cache, holding every request's prompt (ready for decoding).
+    cache: Any = attrs.field(repr=False)
+
+
+def execute_schedule(
+    schedule: Schedule,
+    backend: Backend,
+    token_ids: TokenIds,
+    *,
+    input_embeddings: Embeddings | None = None,
+    return_logits: bool = True,
+    return_greedy: bool = False,
+    block_tables: BlockTables | None = None,
+    page_size: int | None = None,
+    cache: Any = None,
+) -> ExecutionResult:
+    """Run every dispatch of ``schedule`` on ``backend`` and collect each request's final
+    logits (and greedy token id when ``return_greedy``).
+
+    ``token_ids[r]`` is request ``r``'s whole prompt (``schedule.prompt_lengths[r]`` ids,
+    cached prefix included); ``input_embeddings[r]``, when given, its ``[length,
+    hidden_size]`` host embeddings, in which case the backend does no lookup. Without
+    ``block_tables`` the driver plans one with :func:`~pypto_sched.plan_pages` at
+    ``page_size`` (default: the schedule's ``config.page_size``, else
+    :data:`DEFAULT_PAGE_SIZE`). Without ``cache`` it asks the backend for an empty one; pass
+    one that already holds the prefixes when the schedule has ``num_computed_tokens``.
+    """
+    if not isinstance(schedule, Schedule):
+        raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
+    if not isinstance(backend, Backend):
+        raise InvalidInputError(
+            f"'backend' must implement the Backend protocol: {type(backend).__name__}"
+        )
+    schedule.validate()
+    prompts = _token_ids(token_ids, schedule, vocab_size=backend.vocab_size)
+    embeddings = (
+        None
+        if input_embeddings is None
+        else _embeddings(input_embeddings, schedule, hidden_size=backend.hidden_size)
+    )
+    tables = _block_tables(schedule, block_tables, page_size)
+    if cache is None:
+        cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
+    logits, greedy = _Collector(schedule.num_requests), _Collector(schedule.num_requests)
+    for dispatch in schedule.dispatches:
+        arrays = dispatch_arrays(dispatch, tables)
+        # Outputs (and device sampling) are only ever asked of a dispatch holding a final
+        # chunk; a dispatch of intermediate chunks only fills the cache.
+        has_final = bool(arrays.is_final.any())
+        batch = DispatchInput(
+            arrays=arrays,
+            token_ids=_gather(prompts, arrays),
+            input_embeddings=None if embeddings is None else _gather(embeddings, arrays),
+            return_logits=return_logits and has_final,
+            return_greedy=return_greedy and has_final,
+        )
+        output = _run(backend, batch, cache, dispatch, schedule.num_dispatches)
+        if batch.return_logits:
+            logits.put(arrays.final_requests, output.logits)
+        if batch.return_greedy:
+            greedy.put(arrays.final_requests, output.greedy_token_ids)
+    return ExecutionResult(
+        logits=logits.result() if return_logits else None,
+        greedy_token_ids=greedy.result(np.int64) if return_greedy else None,
+        block_tables=tables,
+        cache=cache,
+    )
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+def _token_ids(
+    token_ids: object, schedule: Schedule, *, vocab_size: int
+) -> list[npt.NDArray[np.int64]]:
+    prompts = _per_request("token_ids", token_ids, schedule)
+    checked = []
+    for r, prompt in enumerate(prompts):
+        array = np.asarray(prompt)
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise InvalidInputError(
+                f"'token_ids[{r}]' must be a 1-D sequence of ints: shape {array.shape}, "
+                f"dtype {array.dtype}"
+            )
+        _check_length(f"token_ids[{r}]", array, int(schedule.prompt_lengths[r]))
+        outside = (array < 0) | (array >= vocab_size)
+        if outside.any():
+            raise InvalidInputError(
+                f"'token_ids[{r}]' values must be in [0, {vocab_size}), the backend's "
+                f"vocabulary: {int(array[outside][0])}"
+            )
+        checked.append(read_only(array.astype(np.int64)))
+    return checked
+
+
+def _embeddings(
+    input_embeddings: object, schedule: Schedule, *, hidden_size: int
+) -> list[npt.NDArray[np.floating[Any]]]:
+    prompts = _per_request("input_embeddings", input_embeddings, schedule)
+    checked = []
+    for r, prompt in enumerate(prompts):
+        array = np.asarray(prompt)
+        if array.ndim != 2 or array.shape[1] != hidden_size or array.dtype.kind != "f":
+            raise InvalidInputError(
+                f"'input_embeddings[{r}]' must be a float array [length, {hidden_size}]: "
+                f"shape {array.shape}, dtype {array.dtype}"
+            )
+        _check_length(f"input_embeddings[{r}]", array, int(schedule.prompt_lengths[r]))
+        checked.append(array)
+    return checked
+
+
+def _per_request(name: str, values: object, schedule: Schedule) -> Sequence[Any] | npt.NDArray[Any]:
+    if not isinstance(values, Sequence | np.ndarray) or isinstance(values, str | bytes):
+        raise InvalidInputError(
+            f"{name!r} must hold one entry per request: {type(values).__name__}"
+        )
+    if len(values) != schedule.num_requests:
+        raise InvalidInputError(
+            f"{name!r} must hold one entry per request ({schedule.num_requests}): "
+            f"{len(values)} entries"
+        )
+    return values
+
+
+def _check_length(name: str, array: npt.NDArray[Any], length: int) -> None:
+    if array.shape[0] != length:
+        raise InvalidInputError(
+            f"{name!r} must cover the whole prompt, {length} tokens: {array.shape[0]}"
+        )
+
+
+def _block_tables(
+    schedule: Schedule, block_tables: BlockTables | None, page_size: int | None
+) -> BlockTables:
+    if block_tables is None:
+        if page_size is None:
+            page_size = schedule.config.page_size or DEFAULT_PAGE_SIZE
+        page_size = check_int("page_size", page_size, min_value=1)
+        pages = int((-(-schedule.prompt_lengths // page_size)).sum())
+        return plan_pages(schedule.prompt_lengths, page_size=page_size, num_pages=pages)
+    if not isinstance(block_tables, BlockTables):
+        raise InvalidInputError(
+            f"'block_tables' must be BlockTables: {type(block_tables).__name__}"
+        )
+    if page_size is not None and page_size != block_tables.page_size:
+        raise InvalidInputError(
+            f"'page_size' must match the block tables' page size {block_tables.page_size}: "
+            f"{page_size}"
+        )
+    if block_tables.num_requests != schedule.num_requests:
+        raise InvalidInputError(
+            f"'block_tables' must hold one table per request ({schedule.num_requests}): "
+            f"{block_tables.num_requests}"
+        )
+    short = block_tables.capacity < schedule.prompt_lengths
+    if short.any():
+        r = int(np.flatnonzero(short)[0])
+        raise CacheTooSmallError(
+            f"'block_tables' must hold every prompt: request {r} has "
+            f"{int(schedule.prompt_lengths[r])} tokens, its pages hold "
+            f"{int(block_tables.capacity[r])}"
+        )
+    return block_tables
+
+
+def _gather(per_request: Sequence[npt.NDArray[Any]], arrays: DispatchArrays) -> npt.NDArray[Any]:
+    """The dispatch's flat token-level slice of per-request arrays, rows concatenated."""
+    parts = [
+        per_request[r][start:end]
+        for r, start, end in zip(
+            arrays.requests.tolist(),
+            arrays.token_starts.tolist(),
+            arrays.token_ends.tolist(),
+            strict=True,
+        )
+    ]
+    return read_only(np.concatenate(parts))
+
+
+# -- running and collecting ------------------------------------------------------------------
+
+
+def _run(
+    backend: Backend, batch: DispatchInput, cache: Any, dispatch: Dispatch, count: int
+) -> DispatchOutput:
+    where = f"dispatch {dispatch.index} of {count} ({_describe(dispatch)})"
+    try:
+        output = backend.run_dispatch(batch, cache)
+    except Exception as error:
+        raise ExecutionError(
+            f"backend {backend.name!r} failed on {where}: {type(error).__name__}: {error}",
+            dispatch=dispatch.index,
+        ) from error
+    problem = _output_problem(batch, output, backend.vocab_size)
+    if problem is not None:
+        raise ExecutionError(
+            f"backend {backend.name!r} returned a malformed output for {where}: {problem}",
+            dispatch=dispatch.index,
+        )
+    return output
+
+
+def _output_problem(batch: DispatchInput, output: object, vocab_size: int) -> str | None:
+    """Why ``output`` breaks the contract for ``batch``, or ``None`` when it keeps it."""
+    if not isinstance(output, DispatchOutput):
+        return f"expected a DispatchOutput, got {type(output).__name__}"
+    rows = batch.num_final_rows
+    return _array_problem(
+        "logits", output.logits, (rows, vocab_size), "f", asked=batch.return_logits
+    ) or _array_problem(
+        "greedy_token_ids", output.greedy_token_ids, (rows,), "iu", asked=batch.return_greedy
+    )
+
+
+def _array_problem(
+    name: str, value: object, shape: tuple[int, ...], kinds: str, *, asked: bool
+) -> str | None:
+    if not asked:
+        return None if value is None else f"{name} must be None when not asked for"
+    if isinstance(value, np.ndarray) and value.shape == shape and value.dtype.kind in kinds:
+        return None
+    got = (
+        f"shape {value.shape}, dtype {value.dtype}"
+        if isinstance(value, np.ndarray)
+        else type(value).__name__
+    )
+    return f"{name} must be a host array of shape {shape}, one row per final row: {got}"
+
+
+def _describe(dispatch: Dispatch, *, limit: int = 3) -> str:
+    rows = [f"request {c.request} tokens {c.start}:{c.end}" for c in dispatch.rows[:limit]]
+    if dispatch.num_rows > limit:
+        rows.append(f"{dispatch.num_rows - limit} more rows")
+    return ", ".join(rows)
+
+
+class _Collector:
+    """Per-request rows filled dispatch by dispatch; the array is allocated on first use so
+    it takes the backend's dtype."""
+
+    def __init__(self, num_requests: int) -> None:
+        self._num_requests = num_requests
+        self._array: npt.NDArray[Any] | None = None
+
+    def put(self, requests: npt.NDArray[np.int32], values: object) -> None:
+        rows = np.asarray(values)
+        if self._array is None:
+            self._array = np.empty((self._num_requests, *rows.shape[1:]), dtype=rows.dtype)
+        self._array[requests] = rows
+
+    def result(self, dtype: type[np.generic] | None = None) -> npt.NDArray[Any]:
+        # A validated schedule gives every request exactly one final row, so every row of
+        # the array has been written by the time the last dispatch returns.
+        assert self._array is not None
+        array = self._array if dtype is None else self._array.astype(dtype)
+        return read_only(array)

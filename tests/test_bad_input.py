@@ -1,0 +1,329 @@
+"""Bad input raises the library's own error, naming the parameter, at every public entry point.
+
+``pytest.raises`` with the library's error class also proves nothing else escaped: a
+``TypeError`` or ``OverflowError`` from deep inside NumPy would fail these tests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pypto_sched import (
+    BlockTables,
+    CacheTooSmallError,
+    InvalidConfigError,
+    InvalidInputError,
+    InvalidScheduleError,
+    PlannerConfig,
+    PyptoSchedError,
+    dispatch_arrays,
+    plan_pages,
+    plan_prefill,
+    plan_warmup,
+)
+
+CONFIG = PlannerConfig(max_num_batched_tokens=64)
+
+
+def _cases(values: dict[str, Any]) -> list[Any]:
+    return [pytest.param(value, id=name) for name, value in values.items()]
+
+
+# Not a count >= 1 (for counts >= 0 the zero case is left out).
+NOT_POSITIVE_COUNTS = {
+    "zero": 0,
+    "negative": -1,
+    "True": True,
+    "False": False,
+    "numpy bool": np.bool_(True),
+    "float": 8.0,
+    "numpy float": np.float64(8),
+    "nan": math.nan,
+    "inf": math.inf,
+    "str": "8",
+    "list": [8],
+    "dict": {"value": 8},
+    "set": {8},
+    "above int32": 2**31,
+    "above uint64": 2**64,
+    "huge negative": -(2**70),
+}
+NOT_COUNTS = {k: v for k, v in NOT_POSITIVE_COUNTS.items() if k != "zero"}
+
+# Not a non-empty 1-D sequence of lengths >= 1 (or an integer array of them).
+BAD_LENGTHS = {
+    "empty list": [],
+    "empty array": np.array([], dtype=np.int64),
+    "zero": [4, 0],
+    "negative": [4, -1],
+    "bool": [4, True],
+    "float": [4, 2.0],
+    "nan": [4, math.nan],
+    "None item": [4, None],
+    "nested list": [[4, 4]],
+    "above int32": [4, 2**31],
+    "above int64": [4, 2**63],
+    "above uint64": [4, 2**64],
+    "huge numpy int": [np.int64(2**40)],
+    "str": "44",
+    "bytes": b"44",
+    "dict": {0: 4, 1: 4},
+    "set": {4, 5},
+    "None": None,
+    "int": 4,
+    "generator": (n for n in [4, 4]),
+    "2-D array": np.full((2, 2), 4),
+    "0-D array": np.array(4),
+    "float array": np.array([4.0, 4.0]),
+    "bool array": np.array([True, True]),
+    "str array": np.array(["4"]),
+    "object array": np.array([4, 4], dtype=object),
+    "zero in array": np.array([4, 0]),
+    "negative in array": np.array([4, -4], dtype=np.int8),
+    "above int32 in int64 array": np.array([4, 2**31]),
+    "above int64 in uint64 array": np.array([4, 2**63], dtype=np.uint64),
+}
+
+
+@pytest.mark.parametrize("lengths", _cases(BAD_LENGTHS))
+def test_plan_prefill_rejects_bad_prompt_lengths(lengths: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'prompt_lengths'"):
+        plan_prefill(lengths, CONFIG)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_validate.as_count_array excludes str and bytes but reads a bytearray or a "
+    "memoryview as a sequence of byte values: bytearray(b'ab') plans lengths [97, 98]",
+)
+@pytest.mark.parametrize(
+    "lengths", [bytearray(b"ab"), memoryview(b"ab")], ids=["bytearray", "memoryview"]
+)
+def test_plan_prefill_rejects_bytes_like_prompt_lengths(lengths: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'prompt_lengths'"):
+        plan_prefill(lengths, CONFIG)
+
+
+BAD_COMPUTED = {
+    "negative": [-1, 0],
+    "bool": [True, 0],
+    "float": [1.0, 0],
+    "nan": [math.nan, 0],
+    "above uint64": [2**64, 0],
+    "str": "00",
+    "dict": {0: 0, 1: 0},
+    "set": {0, 1},
+    "int": 0,
+    "2-D array": np.zeros((2, 1), dtype=np.int64),
+    "float array": np.zeros(2),
+    "bool array": np.zeros(2, dtype=np.bool_),
+    "too few": [0],
+    "too many": [0, 0, 0],
+    "empty": [],
+    "equal to the length": [0, 4],
+    "beyond the length": [5, 0],
+    "equal to the length in an array": np.array([4, 0]),
+}
+
+
+@pytest.mark.parametrize("computed", _cases(BAD_COMPUTED))
+def test_plan_prefill_rejects_bad_num_computed_tokens(computed: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'num_computed_tokens'"):
+        plan_prefill([4, 4], CONFIG, num_computed_tokens=computed)
+
+
+def test_computed_tokens_must_leave_one_token_naming_the_request() -> None:
+    with pytest.raises(InvalidInputError, match="item 1 is 7 for length 7"):
+        plan_prefill([4, 7], CONFIG, num_computed_tokens=[3, 7])
+
+
+@pytest.mark.parametrize(
+    "config", [None, {"max_num_batched_tokens": 64}, 64, "round_robin"], ids=repr
+)
+def test_plan_prefill_rejects_a_config_that_is_not_a_planner_config(config: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'config' must be a PlannerConfig"):
+        plan_prefill([4], config)
+
+
+# -- PlannerConfig -----------------------------------------------------------------------------
+
+COUNT_FIELDS = [
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "max_batch_size",
+    "page_size",
+    "max_num_partial_prefills",
+]
+
+
+def _config(**changes: Any) -> PlannerConfig:
+    fields: dict[str, Any] = {
+        "max_num_batched_tokens": 64,
+        "long_prefill_token_threshold": 32,
+        "page_size": 16,
+        "policy": "packed",
+    }
+    fields.update(changes)
+    return PlannerConfig(**fields)
+
+
+@pytest.mark.parametrize("field", COUNT_FIELDS)
+@pytest.mark.parametrize("value", _cases(NOT_POSITIVE_COUNTS))
+def test_config_rejects_a_count_field_that_is_not_an_int_of_at_least_1(
+    field: str, value: Any
+) -> None:
+    with pytest.raises(InvalidConfigError, match=f"'{field}'"):
+        _config(**{field: value})
+
+
+def test_config_requires_max_num_batched_tokens() -> None:
+    with pytest.raises(TypeError):
+        PlannerConfig()  # type: ignore[call-arg]
+    nothing: Any = None
+    with pytest.raises(InvalidConfigError, match="'max_num_batched_tokens' must be an int"):
+        PlannerConfig(max_num_batched_tokens=nothing)
+
+
+def test_config_message_reads_name_rule_value() -> None:
+    with pytest.raises(InvalidConfigError) as info:
+        PlannerConfig(max_num_batched_tokens=0)
+    assert str(info.value) == "'max_num_batched_tokens' must be >= 1: 0"
+
+
+@pytest.mark.parametrize("policy", ["fifo", "Packed", "", None, 0, ["packed"]], ids=repr)
+def test_config_rejects_an_unknown_policy(policy: Any) -> None:
+    with pytest.raises(InvalidConfigError, match="'policy' must be one of"):
+        PlannerConfig(max_num_batched_tokens=64, policy=policy)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("max_num_batched_tokens", 0),
+        ("max_num_batched_tokens", True),
+        ("max_num_batched_tokens", 2**64),
+        ("long_prefill_token_threshold", -1),
+        ("long_prefill_token_threshold", None),
+        ("long_prefill_token_threshold", 1.5),
+        ("long_prefill_token_threshold", True),
+        ("max_num_seqs", 0),
+        ("max_num_seqs", 4.0),
+        ("page_size", 0),
+        ("policy", "fifo"),
+        ("max_num_partial_prefills", -2),
+    ],
+)
+def test_from_engine_args_names_the_engine_argument(argument: str, value: Any) -> None:
+    arguments: dict[str, Any] = {"max_num_batched_tokens": 64, "policy": "packed"}
+    arguments[argument] = value
+    with pytest.raises(InvalidConfigError, match=f"'{argument}'"):
+        PlannerConfig.from_engine_args(**arguments)
+
+
+# -- plan_pages --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lengths", _cases(BAD_LENGTHS))
+def test_plan_pages_rejects_bad_prompt_lengths(lengths: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'prompt_lengths'"):
+        plan_pages(lengths, page_size=16, num_pages=100)
+
+
+@pytest.mark.parametrize("argument", ["page_size", "num_pages"])
+@pytest.mark.parametrize("value", _cases(NOT_POSITIVE_COUNTS))
+def test_plan_pages_rejects_bad_page_counts(argument: str, value: Any) -> None:
+    arguments: dict[str, Any] = {"page_size": 16, "num_pages": 100}
+    arguments[argument] = value
+    with pytest.raises(InvalidInputError, match=f"'{argument}'"):
+        plan_pages([4, 4], **arguments)
+
+
+@pytest.mark.parametrize("value", _cases(NOT_COUNTS))
+def test_plan_pages_rejects_bad_max_new_tokens(value: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'max_new_tokens'"):
+        plan_pages([4, 4], page_size=16, num_pages=100, max_new_tokens=value)
+
+
+def test_plan_pages_rejects_a_prompt_plus_new_tokens_beyond_int32() -> None:
+    with pytest.raises(InvalidInputError, match="'max_new_tokens'"):
+        plan_pages([2**31 - 1], page_size=2**20, num_pages=2**20, max_new_tokens=1)
+
+
+def test_plan_pages_raises_cache_too_small_naming_num_pages() -> None:
+    with pytest.raises(CacheTooSmallError, match="'num_pages' must be >= 2"):
+        plan_pages([4, 4], page_size=16, num_pages=1)
+
+
+@pytest.mark.parametrize("argument", ["page_size", "num_pages"])
+@pytest.mark.parametrize("value", _cases(NOT_POSITIVE_COUNTS))
+def test_block_tables_from_lists_rejects_bad_page_counts(argument: str, value: Any) -> None:
+    arguments: dict[str, Any] = {"page_size": 16, "num_pages": 100}
+    arguments[argument] = value
+    with pytest.raises(InvalidInputError, match=f"'{argument}'"):
+        BlockTables.from_lists([[0], [1]], **arguments)
+
+
+# -- plan_warmup -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argument", ["batch_size", "max_seq_len"])
+@pytest.mark.parametrize("value", _cases(NOT_POSITIVE_COUNTS))
+def test_plan_warmup_rejects_bad_sizes(argument: str, value: Any) -> None:
+    arguments: dict[str, Any] = {"batch_size": 4, "max_seq_len": 4096}
+    arguments[argument] = value
+    with pytest.raises(InvalidInputError, match=f"'{argument}'"):
+        plan_warmup(CONFIG, **arguments)
+
+
+@pytest.mark.parametrize("config", [None, {"max_num_batched_tokens": 64}, 64], ids=repr)
+def test_plan_warmup_rejects_a_config_that_is_not_a_planner_config(config: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'config' must be a PlannerConfig"):
+        plan_warmup(config, batch_size=4, max_seq_len=4096)
+
+
+# -- dispatch_arrays ---------------------------------------------------------------------------
+
+SCHEDULE = plan_prefill([4, 4], PlannerConfig(max_num_batched_tokens=4))
+TABLES = plan_pages([4, 4], page_size=4, num_pages=2)
+
+
+@pytest.mark.parametrize(
+    "dispatch",
+    [None, 0, SCHEDULE, SCHEDULE.dispatch(0).rows[0], SCHEDULE.dispatch(0).rows, [[0, 0, 4]]],
+    ids=["None", "int", "Schedule", "Chunk", "tuple of Chunks", "list"],
+)
+def test_dispatch_arrays_rejects_what_is_not_a_dispatch(dispatch: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'dispatch' must be a Dispatch"):
+        dispatch_arrays(dispatch, TABLES)
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [None, [[0], [1]], {0: [0]}, TABLES.padded(), SCHEDULE],
+    ids=["None", "lists", "dict", "padded array", "Schedule"],
+)
+def test_dispatch_arrays_rejects_what_is_not_block_tables(tables: Any) -> None:
+    with pytest.raises(InvalidInputError, match="'block_tables' must be BlockTables"):
+        dispatch_arrays(SCHEDULE.dispatch(0), tables)
+
+
+# -- the hierarchy -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [InvalidConfigError, InvalidInputError, InvalidScheduleError, CacheTooSmallError],
+)
+def test_every_input_error_is_a_pypto_sched_error_and_a_value_error(
+    error: type[Exception],
+) -> None:
+    assert issubclass(error, PyptoSchedError)
+    assert issubclass(error, ValueError)
+
+
+def test_cache_too_small_is_an_invalid_input() -> None:
+    assert issubclass(CacheTooSmallError, InvalidInputError)

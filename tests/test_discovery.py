@@ -1,0 +1,201 @@
+"""Backend discovery through the ``pypto_sched.backends`` entry-point group.
+
+Entry points are built by hand and point into a module written to a temporary directory, so
+the tests do not depend on what is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pypto_sched import BackendError, BackendNotFoundError, backends
+from pypto_sched.backends import (
+    ENTRY_POINT_GROUP,
+    Backend,
+    build_backends,
+    list_backends,
+    load_backend,
+    refresh_backends,
+)
+
+PLUGINS = """
+from typing import ClassVar
+
+import numpy as np
+
+from pypto_sched.backends import DispatchOutput
+
+
+class FakeBackend:
+    name: ClassVar[str] = "fake"
+    tolerance = 0.0
+    vocab_size = 4
+    hidden_size = 2
+
+    def __init__(self, **options):
+        self.options = options
+
+    def new_cache(self, *, num_pages, page_size):
+        return None
+
+    def embed(self, token_ids):
+        return np.zeros((len(token_ids), 2))
+
+    def run_dispatch(self, batch, cache):
+        return DispatchOutput()
+
+
+NOT_CALLABLE = 42
+
+
+def not_a_backend(**options):
+    return object()
+"""
+
+BROKEN = "raise ImportError('libhccl.so: cannot open shared object file')\n"
+
+
+@pytest.fixture(autouse=True)
+def plugin_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    (tmp_path / "fake_plugins.py").write_text(textwrap.dedent(PLUGINS))
+    (tmp_path / "broken_plugin.py").write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    refresh_backends()
+    yield
+    refresh_backends()
+
+
+def entry_point(name: str, value: str) -> EntryPoint:
+    return EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
+
+
+FAKE = entry_point("fake", "fake_plugins:FakeBackend")
+BROKEN_EP = entry_point("npu", "broken_plugin:Backend")
+
+
+def test_build_backends_maps_each_name_to_its_factory_sorted_by_name() -> None:
+    other = entry_point("another", "fake_plugins:FakeBackend")
+    found = build_backends([FAKE, other])
+    assert list(found) == ["another", "fake"]
+    assert found["fake"] is FAKE.load()
+
+
+def test_a_backend_that_fails_to_import_is_a_warning_and_the_others_still_load() -> None:
+    with pytest.warns(
+        RuntimeWarning, match=r"'npu' .* failed to load: ImportError: libhccl.*skipped"
+    ):
+        found = build_backends([BROKEN_EP, FAKE])
+    assert list(found) == ["fake"]
+
+
+def test_an_entry_point_naming_something_not_callable_is_skipped_with_a_warning() -> None:
+    with pytest.warns(RuntimeWarning, match="must name a callable"):
+        found = build_backends([entry_point("odd", "fake_plugins:NOT_CALLABLE"), FAKE])
+    assert list(found) == ["fake"]
+
+
+def test_a_name_registered_twice_keeps_the_first_with_a_warning() -> None:
+    twin = entry_point("fake", "fake_plugins:not_a_backend")
+    with pytest.warns(RuntimeWarning, match="registered more than once"):
+        found = build_backends([FAKE, twin])
+    assert found["fake"] is FAKE.load()
+
+
+def test_the_same_entry_point_seen_twice_is_not_a_conflict() -> None:
+    assert list(build_backends([FAKE, FAKE])) == ["fake"]
+
+
+# -- the cached, installed view ---------------------------------------------------------------
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Pretend FAKE is the only installed backend; count the discovery calls."""
+    calls: list[int] = []
+
+    def fake_entry_points(*, group: str) -> list[EntryPoint]:
+        assert group == ENTRY_POINT_GROUP
+        calls.append(1)
+        return [FAKE]
+
+    monkeypatch.setattr(backends, "entry_points", fake_entry_points)
+    refresh_backends()
+    return calls
+
+
+def test_discovery_is_cached_until_refreshed(installed: list[int]) -> None:
+    assert list(list_backends()) == ["fake"]
+    assert list(list_backends()) == ["fake"]
+    assert len(installed) == 1
+    refresh_backends()
+    list_backends()
+    assert len(installed) == 2
+
+
+def test_the_installed_backends_cannot_be_changed_by_callers(installed: list[int]) -> None:
+    found: Any = list_backends()
+    with pytest.raises(TypeError):
+        found["other"] = FAKE.load()
+
+
+def test_load_backend_builds_the_named_backend_with_its_options(installed: list[int]) -> None:
+    backend = load_backend("fake", seed=3)
+    assert isinstance(backend, Backend)
+    assert backend.options == {"seed": 3}  # type: ignore[attr-defined]
+
+
+def test_an_unknown_name_is_an_error_listing_the_installed_backends(installed: list[int]) -> None:
+    with pytest.raises(BackendNotFoundError, match=r"installed: 'fake'\): 'nope'"):
+        load_backend("nope")
+    assert issubclass(BackendNotFoundError, ValueError)
+
+
+def test_an_unknown_name_with_nothing_installed_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: [])
+    refresh_backends()
+    with pytest.raises(BackendNotFoundError, match=r"installed: none"):
+        load_backend("reference")
+
+
+def test_a_factory_returning_something_else_is_a_backend_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    odd = entry_point("odd", "fake_plugins:not_a_backend")
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: [odd])
+    refresh_backends()
+    with pytest.raises(BackendError, match="does not implement the Backend protocol"):
+        load_backend("odd")
+
+
+def test_load_backend_imports_only_the_backend_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The broken plugin would warn (an error under this suite's filters) if it were imported.
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: [BROKEN_EP, FAKE])
+    refresh_backends()
+    assert load_backend("fake").name == "fake"
+
+
+def test_loading_a_broken_backend_by_name_is_an_error_carrying_its_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: [BROKEN_EP, FAKE])
+    refresh_backends()
+    with pytest.raises(BackendError, match=r"'npu' .* failed to load: ImportError") as info:
+        load_backend("npu")
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pypto_sched_reference") is None,
+    reason="the reference backend distribution is not installed",
+)
+def test_the_reference_backend_is_registered() -> None:
+    backend = load_backend("reference", seed=1, hidden_size=16)
+    assert backend.name == "reference"
+    assert backend.hidden_size == 16

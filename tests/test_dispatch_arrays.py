@@ -1,0 +1,191 @@
+"""``dispatch_arrays``: every kernel array, recomputed token by token in plain Python."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_planner import Case, cases
+
+from pypto_sched import (
+    BlockTables,
+    CacheTooSmallError,
+    DispatchArrays,
+    InvalidInputError,
+    PlannerConfig,
+    dispatch_arrays,
+    plan_pages,
+    plan_prefill,
+)
+
+
+@st.composite
+def planned_with_tables(draw: st.DrawFn) -> tuple[Case, BlockTables]:
+    """A planner case and block tables covering every prompt: scattered pages from a shuffled
+    cache (so slots cannot be right by accident), or ``plan_pages``' contiguous ones."""
+    case = draw(cases(max_requests=5, max_length=120))
+    page = draw(st.integers(1, 40))
+    counts = [-(-length // page) + draw(st.integers(0, 2)) for length in case.lengths]
+    if draw(st.booleans()):
+        num_pages = sum(counts) + draw(st.integers(0, 5))
+        order = draw(st.permutations(range(num_pages)))
+        tables, used = [], 0
+        for count in counts:
+            tables.append(list(order[used : used + count]))
+            used += count
+        blocks = BlockTables.from_lists(tables, page_size=page, num_pages=num_pages)
+    else:
+        blocks = plan_pages(case.lengths, page_size=page, num_pages=sum(counts))
+    return case, blocks
+
+
+def check_against_tokens(
+    arrays: DispatchArrays, rows: list[tuple[int, int, int, bool]], blocks: BlockTables
+) -> None:
+    """Compare ``arrays`` with what ``rows`` (request, start, length, is_final) imply."""
+    page = blocks.page_size
+    positions = [p for _, start, length, _ in rows for p in range(start, start + length)]
+    width = max(length for _, _, length, _ in rows)
+    cu = [0]
+    for _, _, length, _ in rows:
+        cu.append(cu[-1] + length)
+    slots = []
+    for request, start, length, _ in rows:
+        table = blocks.table(request).tolist()
+        slots += [table[p // page] * page + p % page for p in range(start, start + length)]
+    pages_needed = [-(-(start + length) // page) for _, start, length, _ in rows]
+    table_width = max(pages_needed)
+
+    assert arrays.requests.tolist() == [r for r, _, _, _ in rows]
+    assert arrays.token_starts.tolist() == [s for _, s, _, _ in rows]
+    assert arrays.token_ends.tolist() == [s + n for _, s, n, _ in rows]
+    assert arrays.positions.tolist() == positions
+    assert arrays.padded_positions.tolist() == [
+        list(range(s, s + n)) + [-1] * (width - n) for _, s, n, _ in rows
+    ]
+    assert arrays.cu_seqlens.tolist() == cu
+    assert arrays.query_lens.tolist() == [n for _, _, n, _ in rows]
+    assert arrays.context_lens.tolist() == [s + n for _, s, n, _ in rows]
+    assert arrays.slot_mapping.tolist() == slots
+    assert arrays.block_tables.tolist() == [
+        blocks.table(r).tolist()[:needed] + [-1] * (table_width - needed)
+        for (r, _, _, _), needed in zip(rows, pages_needed, strict=True)
+    ]
+    assert arrays.is_final.tolist() == [f for _, _, _, f in rows]
+    assert arrays.logits_indices.tolist() == [
+        cu[i + 1] - 1 for i, (_, _, _, f) in enumerate(rows) if f
+    ]
+    assert arrays.final_requests.tolist() == [r for r, _, _, f in rows if f]
+    assert arrays.page_size == page
+    assert arrays.num_rows == len(rows)
+    assert arrays.num_tokens == len(positions)
+
+
+@given(planned_with_tables())
+def test_every_array_matches_the_per_token_definition(
+    planned: tuple[Case, BlockTables],
+) -> None:
+    case, blocks = planned
+    schedule = case.plan()
+    for dispatch in schedule.dispatches:
+        rows = [(c.request, c.start, c.length, c.is_final) for c in dispatch.rows]
+        arrays = dispatch_arrays(dispatch, blocks)
+        assert arrays.index == dispatch.index
+        check_against_tokens(arrays, rows, blocks)
+
+
+@given(planned_with_tables())
+def test_arrays_have_kernel_dtypes_and_are_read_only(planned: tuple[Case, BlockTables]) -> None:
+    case, blocks = planned
+    arrays = dispatch_arrays(case.plan().dispatch(0), blocks)
+    dtypes = {
+        "requests": np.int32,
+        "token_starts": np.int32,
+        "token_ends": np.int32,
+        "positions": np.int32,
+        "padded_positions": np.int32,
+        "cu_seqlens": np.int32,
+        "context_lens": np.int32,
+        "slot_mapping": np.int64,
+        "block_tables": np.int32,
+        "is_final": np.bool_,
+        "logits_indices": np.int64,
+    }
+    for name, dtype in dtypes.items():
+        array = getattr(arrays, name)
+        assert array.dtype == dtype, name
+        assert not array.flags.writeable, name
+    assert arrays.padded_positions.ndim == arrays.block_tables.ndim == 2
+
+
+@given(planned_with_tables())
+def test_slots_of_one_dispatch_are_distinct_and_never_shared_across_requests(
+    planned: tuple[Case, BlockTables],
+) -> None:
+    case, blocks = planned
+    owner: dict[int, int] = {}
+    for dispatch in case.plan().dispatches:
+        arrays = dispatch_arrays(dispatch, blocks)
+        slots = arrays.slot_mapping.tolist()
+        assert len(slots) == len(set(slots))
+        token_requests = np.repeat(arrays.requests, arrays.query_lens).tolist()
+        for slot, request in zip(slots, token_requests, strict=True):
+            assert owner.setdefault(slot, request) == request
+
+
+def test_the_seed_second_dispatch_of_request_9() -> None:
+    config = PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256)
+    schedule = plan_prefill([3338] * 16, config)
+    blocks = plan_pages([3338] * 16, page_size=128, num_pages=16 * 27)
+    arrays = dispatch_arrays(schedule.dispatch(41), blocks)
+    assert arrays.positions.tolist() == list(range(512, 768))
+    assert arrays.cu_seqlens.tolist() == [0, 256]
+    assert arrays.context_lens.tolist() == [768]
+    # Request 9 owns pages 9 * 27 .. 9 * 27 + 26; positions 512..767 are its pages 4 and 5.
+    assert arrays.slot_mapping.tolist() == list(range((9 * 27 + 4) * 128, (9 * 27 + 6) * 128))
+    assert arrays.block_tables.tolist() == [list(range(9 * 27, 9 * 27 + 6))]
+    assert arrays.logits_indices.tolist() == []
+    last = dispatch_arrays(schedule.dispatch(223), blocks)
+    assert last.final_requests.tolist() == [15]
+    assert last.logits_indices.tolist() == [9]
+
+
+def test_packed_dispatch_has_one_logit_per_final_row_at_its_last_token() -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=10, long_prefill_token_threshold=6, policy="packed"
+    )
+    schedule = plan_prefill([8, 3, 9], config)
+    blocks = plan_pages([8, 3, 9], page_size=4, num_pages=8)
+    arrays = dispatch_arrays(schedule.dispatch(0), blocks)
+    # Rows: request 0 tokens 0..5, request 1 tokens 0..2 (final), request 2 token 0.
+    assert arrays.cu_seqlens.tolist() == [0, 6, 9, 10]
+    assert arrays.logits_indices.tolist() == [8]
+    assert arrays.padded_positions.tolist() == [
+        [0, 1, 2, 3, 4, 5],
+        [0, 1, 2, -1, -1, -1],
+        [0, -1, -1, -1, -1, -1],
+    ]
+    assert arrays.block_tables.tolist() == [[0, 1], [2, -1], [3, -1]]
+
+
+def test_a_table_covering_only_the_context_so_far_is_enough() -> None:
+    schedule = plan_prefill([10], PlannerConfig(max_num_batched_tokens=4))
+    blocks = BlockTables.from_lists([[7]], page_size=4, num_pages=8)
+    arrays = dispatch_arrays(schedule.dispatch(0), blocks)
+    assert arrays.slot_mapping.tolist() == [28, 29, 30, 31]
+
+
+def test_a_table_too_short_for_the_context_raises_cache_too_small() -> None:
+    schedule = plan_prefill([10], PlannerConfig(max_num_batched_tokens=4))
+    blocks = BlockTables.from_lists([[7]], page_size=4, num_pages=8)
+    with pytest.raises(CacheTooSmallError, match="request 0 needs 2 pages"):
+        dispatch_arrays(schedule.dispatch(1), blocks)
+
+
+def test_tables_for_fewer_requests_than_the_dispatch_names_are_rejected() -> None:
+    schedule = plan_prefill([4, 4], PlannerConfig(max_num_batched_tokens=4))
+    blocks = plan_pages([4], page_size=4, num_pages=1)
+    dispatch_arrays(schedule.dispatch(0), blocks)
+    with pytest.raises(InvalidInputError, match="'block_tables' must cover request 1"):
+        dispatch_arrays(schedule.dispatch(1), blocks)

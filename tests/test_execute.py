@@ -1,0 +1,337 @@
+"""The driver: execute_schedule runs every dispatch in order and keeps the backend contract.
+
+The backend here is a stand-in whose "logits" are a position-weighted count of the tokens a
+row's whole context holds, read back from its cache through the block tables: any mistake in
+slots, tables, positions or gathering changes them, yet they do not depend on how the prompt
+was chunked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from pypto_sched import (
+    CacheTooSmallError,
+    ExecutionError,
+    InvalidInputError,
+    PlannerConfig,
+    plan_pages,
+    plan_prefill,
+)
+from pypto_sched.backends import Backend, DispatchInput, DispatchOutput
+from pypto_sched.execute import DEFAULT_PAGE_SIZE, ExecutionResult, execute_schedule
+
+VOCAB = 11
+
+
+class CountingBackend:
+    """Caches token ids; a final row's logits weigh each context token by its position + 1."""
+
+    name: ClassVar[str] = "counting"
+    tolerance = 0.0
+    vocab_size = VOCAB
+    hidden_size = VOCAB
+
+    def __init__(self) -> None:
+        self.batches: list[DispatchInput] = []
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> npt.NDArray[np.int64]:
+        return np.full(num_pages * page_size, -1, dtype=np.int64)
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        return np.eye(VOCAB)[token_ids]
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        self.batches.append(batch)
+        arrays = batch.arrays
+        ids = (
+            batch.token_ids
+            if batch.input_embeddings is None
+            else np.argmax(batch.input_embeddings, axis=1)
+        )
+        cache[arrays.slot_mapping] = ids
+        final_rows = np.flatnonzero(arrays.is_final)
+        logits = np.array([self._row_logits(arrays, int(r), cache) for r in final_rows])
+        logits = logits.reshape(final_rows.size, VOCAB)
+        return DispatchOutput(
+            logits=logits if batch.return_logits else None,
+            greedy_token_ids=np.argmax(logits, axis=1) if batch.return_greedy else None,
+        )
+
+    @staticmethod
+    def _row_logits(arrays: Any, row: int, cache: npt.NDArray[np.int64]) -> Any:
+        context = int(arrays.context_lens[row])
+        page = arrays.page_size
+        positions = np.arange(context)
+        tokens = cache[arrays.block_tables[row][positions // page] * page + positions % page]
+        assert (tokens >= 0).all(), "read a slot no dispatch wrote"
+        return np.bincount(tokens, weights=positions + 1.0, minlength=VOCAB)
+
+
+def expected_logits(prompt: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    counts = np.bincount(prompt, weights=np.arange(prompt.size) + 1.0, minlength=VOCAB)
+    return counts.astype(np.float64)
+
+
+def prompts_of(lengths: list[int], seed: int = 0) -> list[npt.NDArray[np.int64]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, size=n) for n in lengths]
+
+
+LENGTHS = [9, 3, 14, 6]
+CHUNKED = PlannerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=4)
+PACKED = PlannerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=4, policy="packed")
+
+
+def test_the_stand_in_backend_implements_the_protocol() -> None:
+    assert isinstance(CountingBackend(), Backend)
+
+
+@pytest.mark.parametrize("config", [CHUNKED, PACKED], ids=["round_robin", "packed"])
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_final_logits_come_back_in_request_order(config: PlannerConfig, page_size: int) -> None:
+    prompts = prompts_of(LENGTHS)
+    result = execute_schedule(
+        plan_prefill(LENGTHS, config), CountingBackend(), prompts, page_size=page_size
+    )
+    assert result.logits is not None
+    np.testing.assert_array_equal(result.logits, [expected_logits(p) for p in prompts])
+
+
+def test_every_dispatch_runs_once_in_order_with_its_own_tokens() -> None:
+    backend, prompts = CountingBackend(), prompts_of(LENGTHS)
+    schedule = plan_prefill(LENGTHS, CHUNKED)
+    execute_schedule(schedule, backend, prompts)
+    assert [b.arrays.index for b in backend.batches] == list(range(schedule.num_dispatches))
+    for batch in backend.batches:
+        arrays = batch.arrays
+        expected = np.concatenate(
+            [
+                prompts[r][s:e]
+                for r, s, e in zip(
+                    arrays.requests, arrays.token_starts, arrays.token_ends, strict=True
+                )
+            ]
+        )
+        np.testing.assert_array_equal(batch.token_ids, expected)
+        assert batch.input_embeddings is None
+
+
+def test_only_dispatches_holding_a_final_chunk_are_asked_for_output() -> None:
+    backend = CountingBackend()
+    execute_schedule(
+        plan_prefill(LENGTHS, CHUNKED), backend, prompts_of(LENGTHS), return_greedy=True
+    )
+    for batch in backend.batches:
+        has_final = bool(batch.arrays.is_final.any())
+        assert batch.return_logits is has_final
+        assert batch.return_greedy is has_final
+    assert any(not b.arrays.is_final.any() for b in backend.batches)
+
+
+def test_greedy_ids_only_when_asked() -> None:
+    prompts = prompts_of(LENGTHS)
+    schedule = plan_prefill(LENGTHS, PACKED)
+    plain = execute_schedule(schedule, CountingBackend(), prompts)
+    assert plain.greedy_token_ids is None
+    greedy = execute_schedule(schedule, CountingBackend(), prompts, return_greedy=True)
+    assert greedy.greedy_token_ids is not None
+    assert greedy.greedy_token_ids.dtype == np.int64
+    np.testing.assert_array_equal(
+        greedy.greedy_token_ids, [np.argmax(expected_logits(p)) for p in prompts]
+    )
+
+
+def test_without_return_logits_no_logits_are_asked_for() -> None:
+    backend = CountingBackend()
+    result = execute_schedule(
+        plan_prefill(LENGTHS, CHUNKED),
+        backend,
+        prompts_of(LENGTHS),
+        return_logits=False,
+        return_greedy=True,
+    )
+    assert result.logits is None
+    assert result.greedy_token_ids is not None
+    assert not any(b.return_logits for b in backend.batches)
+
+
+def test_host_embeddings_reach_the_backend_with_the_token_ids() -> None:
+    backend, prompts = CountingBackend(), prompts_of(LENGTHS)
+    embeddings = [backend.embed(p) for p in prompts]
+    result = execute_schedule(
+        plan_prefill(LENGTHS, PACKED), backend, prompts, input_embeddings=embeddings
+    )
+    assert result.logits is not None
+    np.testing.assert_array_equal(result.logits, [expected_logits(p) for p in prompts])
+    for batch in backend.batches:
+        assert batch.input_embeddings is not None
+        np.testing.assert_array_equal(np.argmax(batch.input_embeddings, axis=1), batch.token_ids)
+
+
+def test_prefix_hits_run_only_the_uncached_tokens_against_a_filled_cache() -> None:
+    backend, prompts = CountingBackend(), prompts_of(LENGTHS)
+    computed = [4, 0, 13, 5]
+    tables = plan_pages(LENGTHS, page_size=4, num_pages=20)
+    cache = backend.new_cache(num_pages=20, page_size=4)
+    for r, prompt in enumerate(prompts):  # what a prefix cache would hold
+        positions = np.arange(computed[r])
+        cache[tables.table(r)[positions // 4] * 4 + positions % 4] = prompt[: computed[r]]
+    schedule = plan_prefill(LENGTHS, CHUNKED, num_computed_tokens=computed)
+    result = execute_schedule(schedule, backend, prompts, block_tables=tables, cache=cache)
+    assert result.logits is not None
+    np.testing.assert_array_equal(result.logits, [expected_logits(p) for p in prompts])
+    assert sum(b.arrays.num_tokens for b in backend.batches) == sum(LENGTHS) - sum(computed)
+    assert result.cache is cache
+    assert result.block_tables is tables
+
+
+def test_results_are_read_only() -> None:
+    result = execute_schedule(
+        plan_prefill(LENGTHS, CHUNKED), CountingBackend(), prompts_of(LENGTHS), return_greedy=True
+    )
+    assert isinstance(result, ExecutionResult)
+    assert result.logits is not None
+    assert result.greedy_token_ids is not None
+    assert not result.logits.flags.writeable
+    assert not result.greedy_token_ids.flags.writeable
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+def test_pages_are_planned_at_the_config_page_size_else_the_default() -> None:
+    aligned = PlannerConfig(max_num_batched_tokens=8, page_size=4)
+    prompts = prompts_of(LENGTHS)
+    assert (
+        execute_schedule(
+            plan_prefill(LENGTHS, aligned), CountingBackend(), prompts
+        ).block_tables.page_size
+        == 4
+    )
+    assert (
+        execute_schedule(
+            plan_prefill(LENGTHS, CHUNKED), CountingBackend(), prompts
+        ).block_tables.page_size
+        == DEFAULT_PAGE_SIZE
+    )
+
+
+def test_a_page_size_contradicting_the_block_tables_is_rejected() -> None:
+    tables = plan_pages(LENGTHS, page_size=4, num_pages=20)
+    with pytest.raises(InvalidInputError, match="'page_size' must match"):
+        execute_schedule(
+            plan_prefill(LENGTHS, CHUNKED),
+            CountingBackend(),
+            prompts_of(LENGTHS),
+            block_tables=tables,
+            page_size=8,
+        )
+
+
+def test_block_tables_too_small_for_a_prompt_fail_before_any_dispatch() -> None:
+    backend = CountingBackend()
+    tables = plan_pages([9, 3, 12, 6], page_size=4, num_pages=20)
+    with pytest.raises(CacheTooSmallError, match="request 2 has 14 tokens"):
+        execute_schedule(
+            plan_prefill(LENGTHS, CHUNKED), backend, prompts_of(LENGTHS), block_tables=tables
+        )
+    assert backend.batches == []
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+class FailingBackend(CountingBackend):
+    """Fails on one dispatch."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if batch.arrays.index == self.fail_at:
+            raise RuntimeError("device lost")
+        return super().run_dispatch(batch, cache)
+
+
+def test_a_backend_failure_names_the_dispatch_and_yields_no_result() -> None:
+    schedule = plan_prefill(LENGTHS, CHUNKED)
+    backend = FailingBackend(fail_at=5)
+    with pytest.raises(ExecutionError, match=r"dispatch 5 of \d+ \(request \d+ tokens") as info:
+        execute_schedule(schedule, backend, prompts_of(LENGTHS))
+    assert info.value.dispatch == 5
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "RuntimeError: device lost" in str(info.value)
+    assert len(backend.batches) == 5  # nothing ran after the failure
+
+
+class AllRowsBackend(CountingBackend):
+    """Breaks the contract: returns logits for every row, not only the final ones."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        super().run_dispatch(batch, cache)
+        return DispatchOutput(logits=np.zeros((batch.arrays.num_rows, VOCAB)))
+
+
+class UnaskedGreedyBackend(CountingBackend):
+    """Breaks the contract: returns greedy ids nobody asked for."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        rows = batch.num_final_rows
+        return DispatchOutput(logits=output.logits, greedy_token_ids=np.zeros(rows, np.int64))
+
+
+@pytest.mark.parametrize(
+    ("backend", "problem"),
+    [
+        (AllRowsBackend(), "logits must be a host array of shape"),
+        (UnaskedGreedyBackend(), "greedy_token_ids must be None when not asked for"),
+    ],
+)
+def test_an_output_breaking_the_contract_is_an_execution_error(
+    backend: CountingBackend, problem: str
+) -> None:
+    # Packed rows mix final and intermediate chunks in one dispatch.
+    with pytest.raises(ExecutionError, match=problem):
+        execute_schedule(plan_prefill(LENGTHS, PACKED), backend, prompts_of(LENGTHS))
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "message"),
+    [
+        ([[1, 2]], r"'token_ids' must hold one entry per request \(4\): 1 entries"),
+        ([[1] * 9, [1] * 3, [1] * 13, [1] * 6], r"'token_ids\[2\]' must cover the whole prompt"),
+        ([[1] * 9, [1] * 3, [VOCAB] * 14, [1] * 6], r"values must be in \[0, 11\).*: 11"),
+        ([[1.5] * 9, [1] * 3, [1] * 14, [1] * 6], r"'token_ids\[0\]' must be a 1-D sequence"),
+        ("abcd", "'token_ids' must hold one entry per request"),
+    ],
+)
+def test_bad_token_ids_are_rejected(token_ids: Any, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        execute_schedule(plan_prefill(LENGTHS, CHUNKED), CountingBackend(), token_ids)
+
+
+def test_bad_embeddings_are_rejected() -> None:
+    prompts = prompts_of(LENGTHS)
+    embeddings = [np.zeros((n, VOCAB - 1)) for n in LENGTHS]
+    with pytest.raises(InvalidInputError, match=r"'input_embeddings\[0\]' must be a float"):
+        execute_schedule(
+            plan_prefill(LENGTHS, CHUNKED), CountingBackend(), prompts, input_embeddings=embeddings
+        )
+
+
+def test_the_schedule_and_backend_are_checked() -> None:
+    schedule = plan_prefill(LENGTHS, CHUNKED)
+    with pytest.raises(InvalidInputError, match="'schedule' must be a Schedule"):
+        execute_schedule(schedule.to_dict(), CountingBackend(), prompts_of(LENGTHS))  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="'backend' must implement the Backend"):
+        execute_schedule(schedule, object(), prompts_of(LENGTHS))  # type: ignore[arg-type]

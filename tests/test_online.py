@@ -1,0 +1,626 @@
+"""``PrefillState`` and ``plan_step``: the contract of ``pypto_sched/_online.py``.
+
+The properties drive a state through random histories of arrivals, removals and steps with
+random reservations, keep a plain model of every request on the side, and check each step
+against it: the limits, the tiling of each prompt, the fairness bounds stated in the module
+header and the immutability of every state along the way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import re
+import tracemalloc
+from collections.abc import Hashable
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from pypto_sched import (
+    DuplicateRequestError,
+    InvalidInputError,
+    PlannerConfig,
+    PrefillRequest,
+    PrefillState,
+    Schedule,
+    StepChunk,
+    StepPlan,
+    UnknownRequestError,
+    plan_prefill,
+    plan_step,
+)
+from pypto_sched.testing import planner_configs, prefill_states, schedules
+
+RR = PlannerConfig(max_num_batched_tokens=256)
+PACKED = PlannerConfig(max_num_batched_tokens=256, policy="packed")
+PACKED_64 = PlannerConfig(max_num_batched_tokens=64, policy="packed")
+
+# A dispatch as plain rows: (request, start, length, is_final).
+Rows = list[tuple[Hashable, int, int, bool]]
+
+
+def drain(state: PrefillState[Any], config: PlannerConfig) -> list[Rows]:
+    """Step ``state`` until it is empty; every dispatch's rows."""
+    dispatches = []
+    while state:
+        plan = plan_step(state, config)
+        assert plan.rows, "a step with room and requests must make progress"
+        dispatches.append([(r, c.start, c.length, c.is_final) for r, c in plan.rows.items()])
+        state = plan.state
+    return dispatches
+
+
+def schedule_rows(schedule: Schedule) -> list[Rows]:
+    return [
+        [(c.request, c.start, c.length, c.is_final) for c in dispatch.rows]
+        for dispatch in schedule.dispatches
+    ]
+
+
+def snapshot(state: PrefillState[Any]) -> tuple[object, ...]:
+    return (tuple(state.items()), state.policy, state.num_tokens, len(state))
+
+
+# -- equivalence with plan_prefill ----------------------------------------------------------
+
+
+@given(schedules())
+@example(
+    plan_prefill(
+        [3338] * 16, PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256)
+    )
+)
+@example(
+    plan_prefill(
+        [3338] * 16,
+        PlannerConfig(
+            max_num_batched_tokens=8192,
+            long_prefill_token_threshold=256,
+            max_batch_size=16,
+            policy="packed",
+        ),
+    )
+)
+def test_stepping_until_empty_gives_the_schedule_of_plan_prefill(schedule: Schedule) -> None:
+    state = PrefillState.from_prompt_lengths(
+        schedule.prompt_lengths, num_computed_tokens=schedule.num_computed_tokens
+    )
+    assert drain(state, schedule.config) == schedule_rows(schedule)
+
+
+def test_the_seed_case_steps_through_224_dispatches_and_packed_through_14() -> None:
+    state = PrefillState.from_prompt_lengths([3338] * 16)
+    seed = PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256)
+    packed = attrs.evolve(seed, max_batch_size=16, policy="packed")
+    assert len(drain(state, seed)) == 224
+    assert len(drain(state, packed)) == 14
+
+
+# -- random histories: limits, tiling, fairness, immutability -------------------------------
+
+
+@attrs.define
+class Model:
+    """What the test knows of one request, kept independently of the state."""
+
+    arrival: int
+    length: int
+    position: int
+    started: bool = False
+    #: round_robin: other requests in the state when it was last queued, and the dispatches
+    #: with rows it has waited since.
+    queued_behind: int = 0
+    waited: int = 0
+    #: packed: tokens the older started requests had left when it started, and the
+    #: dispatches that skipped it since.
+    older_tokens: int = 0
+    skipped: int = 0
+
+
+@attrs.define
+class History:
+    config: PlannerConfig
+    #: Whether steps may reserve room (the packed skip count is bounded only without).
+    reserve: bool
+    state: PrefillState[int] = attrs.field(factory=PrefillState)
+    model: dict[int, Model] = attrs.field(factory=dict)
+    arrivals: int = 0
+    snapshots: list[tuple[PrefillState[int], tuple[object, ...]]] = attrs.field(factory=list)
+
+    def remember(self) -> None:
+        self.snapshots.append((self.state, snapshot(self.state)))
+
+    def add(self, length: int, cached: int) -> None:
+        request_id = self.arrivals
+        self.state = self.state.add(request_id, length, num_computed_tokens=cached)
+        self.model[request_id] = Model(
+            arrival=self.arrivals, length=length, position=cached, queued_behind=len(self.model)
+        )
+        self.arrivals += 1
+
+    def remove(self, request_id: int) -> None:
+        self.state = self.state.remove(request_id)
+        del self.model[request_id]
+
+    def step(self, reserved_tokens: int, reserved_rows: int) -> StepPlan[int]:
+        config = self.config
+        before = self.state
+        plan = plan_step(
+            before, config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
+        )
+        room_tokens = config.effective_budget - reserved_tokens
+        room_rows = None if config.max_batch_size is None else config.max_batch_size - reserved_rows
+        self.check_rows(plan, room_tokens, room_rows)
+        if config.policy == "packed":
+            self.check_packed_skips(plan, room_tokens, room_rows)
+        for request_id, chunk in plan.rows.items():
+            model = self.model[request_id]
+            model.position = chunk.end
+            if chunk.is_final:
+                del self.model[request_id]
+        self.state = plan.state
+        if plan.rows:
+            self.count_waits(plan)
+        self.check_state()
+        return plan
+
+    def check_rows(self, plan: StepPlan[int], room_tokens: int, room_rows: int | None) -> None:
+        config = self.config
+        assert plan.num_tokens <= room_tokens
+        assert room_rows is None or plan.num_rows <= room_rows
+        arrivals = [self.model[r].arrival for r in plan.rows]
+        assert arrivals == sorted(arrivals), "rows run in arrival order"
+        for request_id, chunk in plan.rows.items():
+            model = self.model[request_id]
+            assert chunk.start == model.position, "chunks tile the prompt"
+            assert 1 <= chunk.length <= config.chunk_cap
+            assert chunk.is_final == (chunk.end == model.length)
+            if config.page_size is not None and not chunk.is_final:
+                assert chunk.end % config.page_size == 0
+        if not plan.rows:
+            assert plan.state is self.state
+
+    def check_packed_skips(
+        self, plan: StepPlan[int], room_tokens: int, room_rows: int | None
+    ) -> None:
+        """A started request yields only to older started requests, which fill every free
+        row or take more than ``room - page`` tokens."""
+        page = self.config.page_size or 1
+        started = sorted((m.arrival, r) for r, m in self.model.items() if m.started)
+        for index, (_, request_id) in enumerate(started):
+            if request_id in plan.rows:
+                continue
+            older = [r for _, r in started[:index] if r in plan.rows]
+            older_tokens = sum(plan.rows[r].length for r in older)
+            assert (
+                room_rows == 0
+                or (room_rows is not None and len(older) == room_rows)
+                or older_tokens > room_tokens - page
+            ), f"request {request_id} skipped without older started requests filling the step"
+
+    def count_waits(self, plan: StepPlan[int]) -> None:
+        if self.config.policy == "round_robin":
+            for request_id, model in self.model.items():
+                if request_id in plan.rows:
+                    model.queued_behind, model.waited = len(self.model) - 1, 0
+                else:
+                    model.waited += 1
+                    assert model.waited <= model.queued_behind, (
+                        f"request {request_id} waited {model.waited} dispatches behind "
+                        f"{model.queued_behind} requests"
+                    )
+            return
+        for request_id, model in self.model.items():
+            if request_id not in plan.rows:
+                model.skipped += model.started
+                if model.started and not self.reserve:
+                    bound = packed_skip_bound(self.config, model.older_tokens)
+                    if self.config.page_size is None:
+                        bound = 0  # the stronger claim: never skipped
+                    assert model.skipped <= bound, (
+                        f"request {request_id} skipped {model.skipped} times; older started "
+                        f"requests had {model.older_tokens} tokens left"
+                    )
+            elif not model.started:
+                model.started = True
+                model.older_tokens = sum(
+                    m.length - m.position
+                    for m in self.model.values()
+                    if m.started and m.arrival < model.arrival
+                )
+
+    def check_state(self) -> None:
+        state = self.state
+        assert len(state) == len(self.model)
+        assert state.num_tokens == sum(m.length - m.position for m in self.model.values())
+        for request_id, model in self.model.items():
+            assert state[request_id].num_computed_tokens == model.position
+        if self.config.max_num_partial_prefills is not None:
+            started = sum(request.is_started for request in state.values())
+            assert started <= self.config.max_num_partial_prefills
+
+
+def run_history(data: st.DataObject, config: PlannerConfig, *, reserve: bool) -> History:
+    history = History(config, reserve)
+    longest = 4 * config.chunk_cap
+    for _ in range(data.draw(st.integers(min_value=0, max_value=40), label="actions")):
+        action = data.draw(st.sampled_from(["add", "add", "remove", "step", "step", "step"]))
+        if action == "add":
+            length = data.draw(st.integers(min_value=1, max_value=longest))
+            history.add(length, data.draw(st.integers(min_value=0, max_value=length - 1)))
+        elif action == "remove" and history.model:
+            history.remove(data.draw(st.sampled_from(sorted(history.model))))
+        elif action == "step":
+            tokens = rows = 0
+            if reserve:
+                tokens = data.draw(st.integers(min_value=0, max_value=config.effective_budget))
+                rows = data.draw(st.integers(min_value=0, max_value=config.max_batch_size or 2))
+            history.step(tokens, rows)
+        history.remember()
+    return history
+
+
+@given(planner_configs(), st.data())
+def test_every_step_keeps_the_limits_tiles_prompts_and_bounds_waits(
+    config: PlannerConfig, data: st.DataObject
+) -> None:
+    history = run_history(data, config, reserve=True)
+    while history.state:  # drain without reservations: everything finishes
+        assert history.step(0, 0).rows
+    assert not history.model
+
+
+@given(planner_configs(), st.data())
+def test_no_state_along_a_history_ever_changes(config: PlannerConfig, data: st.DataObject) -> None:
+    history = run_history(data, config, reserve=True)
+    for state, seen in history.snapshots:
+        assert snapshot(state) == seen
+
+
+@given(planner_configs(), st.data())
+def test_without_reservations_waits_stay_within_the_stated_bounds(
+    config: PlannerConfig, data: st.DataObject
+) -> None:
+    history = run_history(data, config, reserve=False)
+    while history.state:
+        history.step(0, 0)
+
+
+def packed_skip_bound(config: PlannerConfig, older_tokens: int) -> int:
+    """``T // min(M, R - p + 1)``: the packed bound of the module header, with no
+    reservations (``R`` is the budget, ``M`` the row limit, ``p`` the page size or 1)."""
+    per_skip = config.max_num_batched_tokens - (config.page_size or 1) + 1
+    if config.max_batch_size is not None:
+        per_skip = min(per_skip, config.max_batch_size)
+    return older_tokens // per_skip
+
+
+# -- fairness, by example -------------------------------------------------------------------
+
+
+def test_a_stream_of_arrivals_does_not_starve_a_started_request() -> None:
+    # One 60-token request arrives before every step, as many as a step can serve.
+    def turns_of_the_long_request(config: PlannerConfig) -> list[int]:
+        state: PrefillState[str] = PrefillState().add("long", 1000)
+        turns = []
+        for step in range(1, 1000):
+            state = state.add(f"short-{step}", 60)
+            plan = plan_step(state, config)
+            state = plan.state
+            if "long" in plan.rows:
+                turns.append(step)
+            if "long" in plan.finished:
+                return turns
+        raise AssertionError("the long request starved")
+
+    # packed: started first, it runs 64 tokens in every step.
+    assert turns_of_the_long_request(PACKED_64) == list(range(1, 17))
+    # round_robin: it waits only for the requests queued before it. The queue grows by one
+    # each time it runs (arrivals match the service rate), so its waits grow 1, 2, 3, ...
+    turns = turns_of_the_long_request(PlannerConfig(max_num_batched_tokens=64))
+    assert [later - turn for turn, later in itertools.pairwise(turns)] == list(range(2, 17))
+
+
+def test_packed_skips_a_started_request_only_while_older_ones_fill_the_room() -> None:
+    # A's prefix hit gives it a short first chunk, leaving B room to start; from then on A
+    # runs a whole 16-token chunk per step and B waits, 5 times, within 84 // (16 - 8 + 1).
+    config = PlannerConfig(max_num_batched_tokens=16, page_size=8, policy="packed")
+    state = PrefillState().add("A", 100, num_computed_tokens=4)
+    state = state.add("B", 100, num_computed_tokens=5)
+    runs = []
+    while "A" in state:
+        plan = plan_step(state, config)
+        runs.append("".join(plan.rows))
+        state = plan.state
+    assert runs == ["AB", "A", "A", "A", "A", "A", "AB"]
+    assert packed_skip_bound(config, older_tokens=100 - 16) == 9
+
+
+def test_packed_serves_started_requests_first_then_admits_in_arrival_order() -> None:
+    config = PlannerConfig(max_num_batched_tokens=100, policy="packed")
+    state = PrefillState.from_prompt_lengths([150, 30, 30])
+    plan = plan_step(state, config)
+    assert plan.rows == {0: StepChunk(start=0, length=100, is_final=False)}
+    plan = plan_step(plan.state.add(3, 5), config)
+    assert list(plan.rows) == [0, 1, 2]  # started 0 first, then the oldest waiting
+    assert plan.rows[0] == StepChunk(start=100, length=50, is_final=True)
+    assert plan.rows[2] == StepChunk(start=0, length=20, is_final=False)
+    assert list(plan.state) == [2, 3]  # started 2 is planned before waiting 3
+
+
+def test_round_robin_arrivals_queue_behind_the_requests_already_there() -> None:
+    config = PlannerConfig(max_num_batched_tokens=10)
+    plan = plan_step(PrefillState.from_prompt_lengths([25, 25]), config)
+    order = [list(plan.rows)]  # 0 ran and went behind 1
+    state = plan.state.add(2, 5)  # 2 queues behind 0
+    for _ in range(3):
+        plan = plan_step(state, config)
+        order.append(list(plan.rows))
+        state = plan.state
+    assert order == [[0], [1], [0], [2]]
+
+
+# -- the whole-batch rule online --------------------------------------------------------------
+
+
+def test_round_robin_runs_everything_at_once_only_when_a_run_begins() -> None:
+    config = PlannerConfig(max_num_batched_tokens=256)
+    state = PrefillState.from_prompt_lengths([100, 100, 100])  # 300 tokens: must split
+    assert state.policy is None
+    plan = plan_step(state, config)
+    assert list(plan.rows) == [0]
+    assert plan.state.policy == "round_robin"
+    # 200 tokens left would fit, but the run keeps going one request per dispatch.
+    plan = plan_step(plan.state, config)
+    assert list(plan.rows) == [1]
+    plan = plan_step(plan.state, config)
+    assert list(plan.rows) == [2]
+    assert not plan.state
+    assert plan.state.policy is None
+    plan = plan_step(plan.state.add(3, 100).add(4, 100), config)
+    assert list(plan.rows) == [3, 4]
+    assert not plan.state
+
+
+def test_round_robin_whole_batch_counts_the_reserved_room() -> None:
+    config = PlannerConfig(max_num_batched_tokens=256, max_batch_size=4)
+    state = PrefillState.from_prompt_lengths([100, 100])
+    assert list(plan_step(state, config, reserved_tokens=56).rows) == [0, 1]
+    assert list(plan_step(state, config, reserved_tokens=57).rows) == [0]
+    assert list(plan_step(state, config, reserved_rows=3).rows) == [0]
+
+
+# -- reservations -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", [RR, PACKED])
+def test_a_step_with_no_room_is_empty_and_keeps_the_state(config: PlannerConfig) -> None:
+    state = PrefillState.from_prompt_lengths([10, 20])
+    plan = plan_step(state, config, reserved_tokens=config.effective_budget)
+    assert plan.rows == {}
+    assert plan.num_rows == 0
+    assert plan.num_tokens == 0
+    assert plan.state is state
+    rows_config = attrs.evolve(config, max_batch_size=2)
+    assert plan_step(state, rows_config, reserved_rows=2).state is state
+
+
+def test_an_empty_state_plans_an_empty_step() -> None:
+    state: PrefillState[int] = PrefillState()
+    plan = plan_step(state, PACKED)
+    assert plan.rows == {}
+    assert plan.state is state
+    assert plan.finished == ()
+
+
+def test_round_robin_head_keeps_its_turn_when_no_page_fits_the_room() -> None:
+    config = PlannerConfig(max_num_batched_tokens=64, page_size=16)
+    state = plan_step(PrefillState.from_prompt_lengths([100, 3]), config).state
+    assert list(state) == [1, 0]  # 0 ran first and went behind 1
+    state = plan_step(state, config).state  # 1 finishes
+    plan = plan_step(state.add(2, 3), config, reserved_tokens=60)  # 4 tokens: no page of 0
+    assert plan.rows == {}
+    assert list(plan_step(state.add(2, 3), config).rows) == [0]
+
+
+def test_reserved_rows_need_no_row_limit() -> None:
+    plan = plan_step(PrefillState.from_prompt_lengths([4, 4]), PACKED, reserved_rows=1000)
+    assert plan.num_rows == 2
+
+
+def peak_bytes_of_one_step(state: PrefillState[Any], config: PlannerConfig, **reserved: int) -> int:
+    tracemalloc.start()
+    try:
+        plan_step(state, config, **reserved)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    ("config", "reserved"),
+    [
+        # packed: "long" is part-way and the partial limit keeps the next request waiting.
+        (
+            PlannerConfig(
+                max_num_batched_tokens=512,
+                long_prefill_token_threshold=256,
+                max_num_partial_prefills=1,
+                policy="packed",
+            ),
+            {},
+        ),
+        # round_robin: "long" is at the head and no page of it fits the room left.
+        (PlannerConfig(max_num_batched_tokens=512, page_size=64), {"reserved_tokens": 500}),
+    ],
+    ids=["packed-admission-blocked", "round-robin-head-keeps-its-turn"],
+)
+def test_a_step_that_takes_no_one_from_the_queue_never_walks_it(
+    config: PlannerConfig, reserved: dict[str, int]
+) -> None:
+    # Memory, not time, so that a busy machine cannot make it flaky: a walk over the
+    # waiting requests would allocate for each of them.
+    peaks = []
+    for waiting in (10, 10_000):
+        state: PrefillState[Any] = PrefillState().add("long", 10**6)
+        if config.policy == "packed":
+            state = plan_step(state, config).state  # "long" starts
+        for request_id in range(waiting):
+            state = state.add(request_id, 4096)
+        peaks.append(peak_bytes_of_one_step(state, config, **reserved))
+    assert peaks[1] < peaks[0] + 4096, peaks
+
+
+# -- errors, and states never half-changed ----------------------------------------------------
+
+
+def test_adding_an_id_twice_raises_and_leaves_the_state_as_it_was() -> None:
+    state = PrefillState().add("a", 10)
+    seen = snapshot(state)
+    with pytest.raises(DuplicateRequestError, match="'a'"):
+        state.add("a", 5)
+    assert snapshot(state) == seen
+
+
+def test_removing_an_unknown_id_raises_a_key_error_naming_it() -> None:
+    state = PrefillState().add("a", 10)
+    with pytest.raises(UnknownRequestError) as raised:
+        state.remove("b")
+    assert isinstance(raised.value, KeyError)
+    assert isinstance(raised.value, InvalidInputError)
+    assert str(raised.value).startswith("'request_id' must be a request in the state")
+    assert "'b'" in str(raised.value)
+    assert state.get("b") is None
+    assert "b" not in state
+    with pytest.raises(UnknownRequestError):
+        _ = state["b"]
+
+
+@pytest.mark.parametrize("config", [RR, PACKED])
+def test_a_finished_request_has_left_the_state(config: PlannerConfig) -> None:
+    plan = plan_step(PrefillState().add("a", 10), config)
+    assert plan.finished == ("a",)
+    with pytest.raises(UnknownRequestError):
+        plan.state.remove("a")
+    assert plan.state.add("a", 4)["a"] == PrefillRequest(
+        prompt_length=4, num_computed_tokens=0, is_started=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("reserved", "message"),
+    [
+        ({"reserved_tokens": 257}, "'reserved_tokens' must be <= the dispatch budget"),
+        ({"reserved_tokens": -1}, "'reserved_tokens' must be >= 0: -1"),
+        ({"reserved_tokens": True}, "'reserved_tokens' must be an int"),
+        ({"reserved_tokens": 1.0}, "'reserved_tokens' must be an int"),
+        ({"reserved_rows": 5}, "'reserved_rows' must be <= config.max_batch_size = 4: 5"),
+        ({"reserved_rows": -2}, "'reserved_rows' must be >= 0: -2"),
+    ],
+)
+def test_bad_reservations_raise_naming_the_argument(reserved: dict[str, Any], message: str) -> None:
+    config = PlannerConfig(max_num_batched_tokens=256, max_batch_size=4)
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        plan_step(PrefillState().add(1, 10), config, **reserved)
+
+
+def test_round_robin_reservations_are_checked_against_the_reduced_budget() -> None:
+    config = PlannerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=256)
+    with pytest.raises(InvalidInputError, match="effective_budget = 256: 300"):
+        plan_step(PrefillState().add(1, 10), config, reserved_tokens=300)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ((1, 0), "'prompt_length' must be >= 1: 0"),
+        ((1, 10, 10), "'num_computed_tokens' must be < 'prompt_length' \\(10\\)"),
+        ((1, 10, -1), "'num_computed_tokens' must be >= 0: -1"),
+        ((1, "10"), "'prompt_length' must be an int"),
+        (([1], 10), "'request_id' must be hashable"),
+    ],
+)
+def test_bad_additions_raise_naming_the_argument(arguments: tuple[Any, ...], message: str) -> None:
+    request_id, length, *cached = arguments
+    with pytest.raises(InvalidInputError, match=message):
+        PrefillState().add(request_id, length, num_computed_tokens=cached[0] if cached else 0)
+
+
+def test_bad_arguments_to_plan_step_and_from_prompt_lengths_raise() -> None:
+    with pytest.raises(InvalidInputError, match="'state' must be a PrefillState: dict"):
+        plan_step({}, RR)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="'config' must be a PlannerConfig: dict"):
+        plan_step(PrefillState(), {})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="one entry per prompt \\(2\\): 1 entries"):
+        PrefillState.from_prompt_lengths([3, 4], num_computed_tokens=[0])
+    with pytest.raises(InvalidInputError, match="'num_computed_tokens' must be < 'prompt_length'"):
+        PrefillState.from_prompt_lengths([3], num_computed_tokens=[3])
+    assert not PrefillState.from_prompt_lengths([])
+
+
+def test_a_run_keeps_its_policy_until_the_state_drains() -> None:
+    state = plan_step(PrefillState.from_prompt_lengths([300, 10]), PACKED).state
+    assert state.policy == "packed"
+    with pytest.raises(InvalidInputError, match=r"'config\.policy' must be 'packed'"):
+        plan_step(state, RR)
+    state = plan_step(state, PACKED).state
+    assert not state
+    assert state.policy is None
+    assert plan_step(state.add(0, 10), RR).finished == (0,)
+
+
+# -- the mapping, immutability and copies -------------------------------------------------------
+
+
+def test_a_state_is_a_read_only_mapping_in_planning_order() -> None:
+    state = PrefillState().add("x", 10, num_computed_tokens=4).add("y", 7)
+    assert len(state) == 2
+    assert list(state) == ["x", "y"]
+    assert "x" in state
+    assert state["x"] == PrefillRequest(prompt_length=10, num_computed_tokens=4, is_started=False)
+    assert state["x"].num_remaining_tokens == 6
+    assert state.num_tokens == 13
+    assert [] not in state  # an unhashable key is simply absent
+    with pytest.raises(AttributeError, match="immutable"):
+        state._policy = "packed"
+    with pytest.raises(TypeError):
+        hash(state)
+    assert repr(state) == "PrefillState(requests=2, tokens=13, policy=None)"
+
+
+def test_branches_from_one_state_do_not_see_each_other() -> None:
+    base = plan_step(PrefillState.from_prompt_lengths([300, 100]), PACKED).state
+    left = base.add(2, 5)
+    right = base.remove(0).add(3, 6)
+    assert list(left) == [0, 1, 2]
+    assert list(right) == [1, 3]
+    assert list(plan_step(left, PACKED).rows) == [0, 1, 2]
+    assert list(plan_step(right, PACKED).rows) == [1, 3]
+    assert list(base) == [0, 1]
+
+
+def test_states_compare_by_content_order_and_run() -> None:
+    a = PrefillState().add(1, 5).add(2, 5)
+    assert a == PrefillState().add(1, 5).add(2, 5)
+    assert a != PrefillState().add(2, 5).add(1, 5)
+    assert a != a.remove(2).add(2, 6)
+    assert a.remove(1).add(1, 5) == PrefillState().add(2, 5).add(1, 5)
+
+
+@given(prefill_states(configs=planner_configs()))
+def test_a_state_survives_pickling(state: PrefillState[Any]) -> None:
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy == state
+    assert list(copy.items()) == list(state.items())
+
+
+def test_plan_rows_are_read_only() -> None:
+    plan = plan_step(PrefillState().add(1, 5), PACKED)
+    with pytest.raises(TypeError):
+        plan.rows[2] = StepChunk(start=0, length=1, is_final=True)  # type: ignore[index]
+    assert plan.rows[1].end == 5
+    assert plan.num_tokens == 5

@@ -1,0 +1,88 @@
+"""The persistent containers behind ``PrefillState`` agree with a dict and a list, and no
+update changes a map or queue that already exists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pypto_sched._persistent import PersistentMap, PersistentQueue
+
+
+class Collides:
+    """A key whose hash is chosen, to force collisions and shared hash prefixes."""
+
+    def __init__(self, name: int, hash_value: int) -> None:
+        self.name = name
+        self.hash_value = hash_value
+
+    def __hash__(self) -> int:
+        return self.hash_value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Collides) and other.name == self.name
+
+    def __repr__(self) -> str:
+        return f"Collides({self.name}, {self.hash_value})"
+
+
+KEYS = st.one_of(
+    st.integers(min_value=-40, max_value=40),
+    st.builds(Collides, st.integers(0, 20), st.sampled_from([0, 1, 32, 1024, -1, 2**40])),
+    st.text(max_size=2),
+)
+MAP_ACTIONS = st.lists(st.tuples(st.booleans(), KEYS, st.integers()), max_size=60)
+
+
+@given(MAP_ACTIONS)
+def test_a_persistent_map_agrees_with_a_dict_and_never_changes(
+    actions: list[tuple[bool, Any, int]],
+) -> None:
+    model: dict[Any, int] = {}
+    pmap: PersistentMap[Any, int] = PersistentMap()
+    history = [(pmap, dict(model))]
+    for is_set, key, value in actions:
+        if is_set:
+            pmap, model[key] = pmap.set(key, value), value
+        elif key in model:
+            pmap = pmap.delete(key)
+            del model[key]
+        else:
+            try:
+                pmap.delete(key)
+            except KeyError:
+                pass
+            else:
+                raise AssertionError(f"deleting absent {key!r} did not raise")
+        history.append((pmap, dict(model)))
+    for old, seen in history:
+        assert len(old) == len(seen)
+        assert dict(old.items()) == seen
+        assert all(old.get(key) == value for key, value in seen.items())
+
+
+QUEUE_ACTIONS = st.lists(st.one_of(st.integers(), st.none()), max_size=60)  # None: pop
+
+
+@given(QUEUE_ACTIONS)
+def test_a_persistent_queue_is_a_fifo_whose_front_is_never_empty_while_it_is_not(
+    actions: list[int | None],
+) -> None:
+    model: list[int] = []
+    queue: PersistentQueue[int] = PersistentQueue()
+    history = [(queue, list(model))]
+    for action in actions:
+        if action is not None:
+            queue = queue.push(action)
+            model.append(action)
+        elif model:
+            assert queue.peek() == model[0]
+            queue = queue.pop()
+            model.pop(0)
+        history.append((queue, list(model)))
+        # peek never has to reverse the back list: the front holds an item when any is held
+        assert bool(queue) == bool(model) == (queue._front is not None)
+    for old, seen in history:
+        assert list(old) == seen

@@ -1,0 +1,477 @@
+"""The Schedule API, its JSON round trip, and tampered JSON that loading must reject."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from test_planner import Case, cases, rows_of
+
+from pypto_sched import (
+    FORMAT_VERSION,
+    Chunk,
+    Dispatch,
+    InvalidScheduleError,
+    PlannerConfig,
+    Schedule,
+    plan_prefill,
+)
+
+# -- the API -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def seed() -> Schedule:
+    config = PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256)
+    return plan_prefill([3338] * 16, config)
+
+
+def test_sizes_of_the_seed_schedule(seed: Schedule) -> None:
+    assert seed.num_requests == 16
+    assert seed.num_dispatches == 224
+    assert seed.num_chunks == 224
+    assert seed.num_tokens == 16 * 3338
+    assert seed.lower_bound == 14
+
+
+def test_num_tokens_leaves_out_computed_tokens() -> None:
+    schedule = plan_prefill(
+        [10, 20], PlannerConfig(max_num_batched_tokens=8), num_computed_tokens=[3, 19]
+    )
+    assert schedule.num_tokens == 7 + 1
+
+
+def test_dispatch_indexing_counts_negative_indices_from_the_end(seed: Schedule) -> None:
+    assert seed.dispatch(-1).index == 223
+    assert seed.dispatch(-224).index == 0
+    assert seed.dispatch(-1).rows == (Chunk(request=15, start=3328, length=10, is_final=True),)
+    for index in (224, -225, 10**6):
+        with pytest.raises(IndexError, match=str(index)):
+            seed.dispatch(index)
+
+
+def test_dispatches_is_a_sequence_of_every_dispatch_in_order(seed: Schedule) -> None:
+    dispatches = seed.dispatches
+    assert len(dispatches) == 224
+    assert [d.index for d in dispatches] == list(range(224))
+    assert [d.index for d in dispatches[220:]] == [220, 221, 222, 223]
+    assert [d.index for d in dispatches[::100]] == [0, 100, 200]
+    assert dispatches[-1].index == 223
+    assert isinstance(dispatches[3], Dispatch)
+
+
+def test_a_dispatch_is_a_read_only_view_of_its_rows() -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=10, long_prefill_token_threshold=6, policy="packed"
+    )
+    schedule = plan_prefill([8, 3, 9], config)
+    first = schedule.dispatch(0)
+    assert first.rows == (
+        Chunk(request=0, start=0, length=6, is_final=False),
+        Chunk(request=1, start=0, length=3, is_final=True),
+        Chunk(request=2, start=0, length=1, is_final=False),
+    )
+    assert first.num_rows == 3
+    assert first.num_tokens == 10
+    assert [c.end for c in first.rows] == [6, 3, 1]
+    for array in (first.requests, first.starts, first.lengths, first.is_final):
+        assert not array.flags.writeable
+
+
+@given(cases())
+def test_derived_figures_agree_with_the_rows(case: Case) -> None:
+    schedule = case.plan()
+    dispatches = rows_of(schedule)
+    assert schedule.tokens_per_dispatch.tolist() == [
+        sum(length for _, _, length, _ in d) for d in dispatches
+    ]
+    assert schedule.rows_per_dispatch.tolist() == [len(d) for d in dispatches]
+    assert schedule.row_dispatch.tolist() == [k for k, d in enumerate(dispatches) for _ in d]
+    np.testing.assert_allclose(
+        schedule.utilisation,
+        [sum(row[2] for row in d) / case.config.max_num_batched_tokens for d in dispatches],
+    )
+    finish = {r: k for k, d in enumerate(dispatches) for r, _, _, final in d if final}
+    assert schedule.finish_dispatch.tolist() == [finish[r] for r in range(len(case.lengths))]
+    assert [d.rows for d in schedule.dispatches] == [
+        tuple(Chunk(request=r, start=s, length=n, is_final=f) for r, s, n, f in d)
+        for d in dispatches
+    ]
+
+
+@given(cases())
+def test_lower_bound_is_the_largest_of_the_token_cap_and_row_bounds(case: Case) -> None:
+    config = case.config
+    remaining = [
+        length - start for length, start in zip(case.lengths, case.start_positions, strict=True)
+    ]
+    bounds = [
+        -(-sum(remaining) // config.max_num_batched_tokens),
+        max(-(-r // config.chunk_cap) for r in remaining),
+    ]
+    if config.max_batch_size is not None:
+        bounds.append(-(-len(remaining) // config.max_batch_size))
+    assert case.plan().lower_bound == max(bounds)
+
+
+def test_equal_schedules_are_equal_and_hash_alike_and_differ_from_other_things() -> None:
+    config = PlannerConfig(max_num_batched_tokens=4)
+    first = plan_prefill([5, 6], config)
+    second = plan_prefill(np.array([5, 6]), config)
+    assert first == second
+    assert hash(first) == hash(second)
+    assert len({first, second}) == 1
+    assert first != plan_prefill([5, 7], config)
+    assert first != plan_prefill([5, 6], PlannerConfig(max_num_batched_tokens=5))
+    assert first != plan_prefill([5, 6], config, num_computed_tokens=[1, 0])
+    assert first != "a schedule"
+
+
+def test_repr_names_policy_and_sizes(seed: Schedule) -> None:
+    assert repr(seed) == (
+        "Schedule(policy='round_robin', requests=16, dispatches=224, lower_bound=14, chunks=224)"
+    )
+
+
+def test_from_dispatches_takes_chunks_or_lists_and_validates() -> None:
+    config = PlannerConfig(max_num_batched_tokens=4)
+    from_lists = Schedule.from_dispatches(
+        config, [5, 3], [[[0, 0, 4, False]], [[1, 0, 3, True]], [[0, 4, 1, True]]]
+    )
+    from_chunks = Schedule.from_dispatches(
+        config,
+        [5, 3],
+        [
+            [Chunk(request=0, start=0, length=4, is_final=False)],
+            [Chunk(request=1, start=0, length=3, is_final=True)],
+            [Chunk(request=0, start=4, length=1, is_final=True)],
+        ],
+    )
+    assert from_lists == from_chunks == plan_prefill([5, 3], config)
+
+
+def test_validate_rejects_a_schedule_built_directly_from_bad_arrays() -> None:
+    good = plan_prefill([5, 3], PlannerConfig(max_num_batched_tokens=4))
+    starts = good.starts.copy()
+    starts[-1] += 1
+    bad = Schedule(
+        config=good.config,
+        prompt_lengths=good.prompt_lengths,
+        num_computed_tokens=good.num_computed_tokens,
+        dispatch_offsets=good.dispatch_offsets,
+        requests=good.requests,
+        starts=starts,
+        lengths=good.lengths,
+        is_final=good.is_final,
+    )
+    good.validate()
+    with pytest.raises(InvalidScheduleError):
+        bad.validate()
+
+
+# -- JSON round trip ---------------------------------------------------------------------------
+
+
+@given(cases())
+def test_json_round_trip_gives_an_equal_schedule_with_an_equal_hash(case: Case) -> None:
+    schedule = case.plan()
+    for text in (schedule.to_json(), schedule.to_json(indent=2), schedule.to_json().encode()):
+        loaded = Schedule.from_json(text)
+        assert loaded == schedule
+        assert hash(loaded) == hash(schedule)
+    from_dict = Schedule.from_dict(schedule.to_dict())
+    assert from_dict == schedule
+    assert hash(from_dict) == hash(schedule)
+
+
+@given(cases())
+def test_loaded_schedules_keep_dtypes_and_are_read_only(case: Case) -> None:
+    schedule = case.plan()
+    loaded = Schedule.from_json(schedule.to_json())
+    for name in ("prompt_lengths", "num_computed_tokens", "dispatch_offsets", "requests"):
+        assert getattr(loaded, name).dtype == getattr(schedule, name).dtype
+        assert not getattr(loaded, name).flags.writeable
+
+
+@given(cases())
+def test_to_dict_holds_only_json_types_and_the_oracle_row_format(case: Case) -> None:
+    schedule = case.plan()
+    data = schedule.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert data["format"] == "pypto-sched.schedule"
+    assert data["version"] == FORMAT_VERSION
+    assert data["config"] == case.config.to_dict()
+    assert data["prompt_lengths"] == case.lengths
+    assert data["num_computed_tokens"] == case.start_positions
+    assert data["dispatches"] == [[list(row) for row in d] for d in rows_of(schedule)]
+
+
+def test_num_computed_tokens_may_be_left_out_of_the_json() -> None:
+    schedule = plan_prefill([5, 3], PlannerConfig(max_num_batched_tokens=4))
+    data = schedule.to_dict()
+    del data["num_computed_tokens"]
+    assert Schedule.from_dict(data) == schedule
+
+
+# -- tampered JSON -----------------------------------------------------------------------------
+
+BASES = {
+    # dispatches: [0,0,4,F] [1,0,4,F] [2,0,4,F] [0,4,4,T] [1,4,4,T] [2,4,1,T]
+    "round_robin": plan_prefill([8, 8, 5], PlannerConfig(max_num_batched_tokens=4)),
+    # dispatches: [0,0,3,F 1,0,3,F] [0,3,3,F 1,3,3,F] [0,6,3,F 1,6,3,F] [0,9,3,T 1,9,3,T]
+    "packed": plan_prefill(
+        [12, 12],
+        PlannerConfig(max_num_batched_tokens=6, long_prefill_token_threshold=3, policy="packed"),
+    ),
+    # dispatches: [0,0,4,F] [0,4,4,T 1,0,4,F] [1,4,4,T]
+    "partial": plan_prefill(
+        [8, 8],
+        PlannerConfig(
+            max_num_batched_tokens=8,
+            long_prefill_token_threshold=4,
+            policy="packed",
+            max_num_partial_prefills=1,
+        ),
+    ),
+    # dispatches: [0,0,4,F] [0,4,2,T]
+    "paged": plan_prefill([6], PlannerConfig(max_num_batched_tokens=4, page_size=2)),
+}
+
+Edit = Callable[[dict[str, Any]], object]
+
+
+def _set(*path: str | int, value: object) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        target: Any = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return edit
+
+
+def _delete(*path: str | int) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        target: Any = data
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+
+    return edit
+
+
+def _move_row(source: int, row: int, target: int) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        data["dispatches"][target].append(data["dispatches"][source].pop(row))
+
+    return edit
+
+
+def _dispatches(*dispatches: list[list[object]]) -> Edit:
+    return _set("dispatches", value=list(dispatches))
+
+
+TAMPERED: list[tuple[str, str, Edit, str]] = [
+    ("wrong format", "round_robin", _set("format", value="pypto-sched.plan"), "'format'"),
+    ("no format", "round_robin", _delete("format"), "'format'"),
+    ("newer version", "round_robin", _set("version", value=2), "'version'"),
+    ("version as str", "round_robin", _set("version", value="1"), "'version'"),
+    ("version as bool", "round_robin", _set("version", value=True), "'version'"),
+    ("version as float", "round_robin", _set("version", value=1.0), "'version'"),
+    ("no config", "round_robin", _delete("config"), "missing keys.*'config'"),
+    ("no lengths", "round_robin", _delete("prompt_lengths"), "missing keys.*'prompt_lengths'"),
+    ("no dispatches", "round_robin", _delete("dispatches"), "missing keys.*'dispatches'"),
+    (
+        "unknown config key",
+        "round_robin",
+        _set("config", "max_num_seqs", value=4),
+        "unknown config keys.*'max_num_seqs'",
+    ),
+    (
+        "config budget 0",
+        "round_robin",
+        _set("config", "max_num_batched_tokens", value=0),
+        "'max_num_batched_tokens' must be >= 1",
+    ),
+    (
+        "config budget as bool",
+        "round_robin",
+        _set("config", "max_num_batched_tokens", value=True),
+        "'max_num_batched_tokens' must be an int",
+    ),
+    ("config not an object", "round_robin", _set("config", value=[4]), "config"),
+    ("unknown policy", "round_robin", _set("config", "policy", value="fifo"), "'policy'"),
+    (
+        "row moved to another dispatch breaks contiguity",
+        "packed",
+        _move_row(source=1, row=0, target=2),
+        "contiguous",
+    ),
+    (
+        "row moved to an earlier dispatch runs chunks out of order",
+        "packed",
+        _move_row(source=2, row=0, target=0),
+        "contiguous",
+    ),
+    (
+        "dispatch over the budget",
+        "round_robin",
+        _dispatches(
+            [[0, 0, 4, False], [1, 0, 4, False]],
+            [[2, 0, 4, False]],
+            [[0, 4, 4, True]],
+            [[1, 4, 4, True]],
+            [[2, 4, 1, True]],
+        ),
+        "at most 4 tokens",
+    ),
+    (
+        "chunk over the cap",
+        "round_robin",
+        _dispatches([[0, 0, 8, True]], [[1, 0, 4, False]], [[1, 4, 4, True]], [[2, 0, 5, True]]),
+        "chunk cap",
+    ),
+    (
+        "final flag on a non-final chunk",
+        "round_robin",
+        _set("dispatches", 0, 0, 3, value=True),
+        "exactly one chunk per request",
+    ),
+    (
+        "last chunk not final",
+        "round_robin",
+        _set("dispatches", 5, 0, 3, value=False),
+        "exactly one chunk per request",
+    ),
+    ("request as bool", "round_robin", _set("dispatches", 1, 0, 0, value=True), "request"),
+    ("length as bool", "round_robin", _set("dispatches", 5, 0, 2, value=True), "length"),
+    ("is_final as int", "round_robin", _set("dispatches", 5, 0, 3, value=1), "is_final"),
+    ("is_final as 0", "round_robin", _set("dispatches", 0, 0, 3, value=0), "is_final"),
+    ("prompt length as bool", "paged", _set("prompt_lengths", 0, value=True), "'prompt_lengths'"),
+    (
+        "computed as bool",
+        "round_robin",
+        _set("num_computed_tokens", 0, value=False),
+        "'num_computed_tokens'",
+    ),
+    ("negative request", "round_robin", _set("dispatches", 0, 0, 0, value=-1), "request"),
+    ("negative start", "round_robin", _set("dispatches", 0, 0, 1, value=-1), "start"),
+    ("negative length", "round_robin", _set("dispatches", 0, 0, 2, value=-4), "length"),
+    ("zero length", "round_robin", _set("dispatches", 0, 0, 2, value=0), "at least one token"),
+    ("negative prompt length", "paged", _set("prompt_lengths", 0, value=-6), "'prompt_lengths'"),
+    (
+        "negative computed",
+        "round_robin",
+        _set("num_computed_tokens", 1, value=-1),
+        "'num_computed_tokens'",
+    ),
+    ("float start", "round_robin", _set("dispatches", 3, 0, 1, value=4.0), "start"),
+    ("start beyond int32", "round_robin", _set("dispatches", 3, 0, 1, value=2**31), "start"),
+    ("length beyond uint64", "round_robin", _set("dispatches", 3, 0, 2, value=2**64), "length"),
+    ("empty dispatch", "round_robin", _set("dispatches", 2, value=[]), "at least one row"),
+    ("no dispatches at all", "round_robin", _set("dispatches", value=[]), "at least one"),
+    (
+        "request missing",
+        "round_robin",
+        _dispatches([[0, 0, 4, False]], [[1, 0, 4, False]], [[0, 4, 4, True]], [[1, 4, 4, True]]),
+        "every request must have at least one chunk",
+    ),
+    (
+        "request out of range",
+        "round_robin",
+        _set("dispatches", 5, 0, 0, value=3),
+        r"row requests must be in \[0, 3\)",
+    ),
+    (
+        "duplicate request in one dispatch",
+        "packed",
+        _set("dispatches", 0, value=[[0, 0, 1, False], [0, 1, 2, False], [1, 0, 3, False]]),
+        "at most once per dispatch",
+    ),
+    (
+        "unaligned non-final chunk",
+        "paged",
+        _dispatches([[0, 0, 3, False]], [[0, 3, 3, True]]),
+        "multiple of page_size 2",
+    ),
+    (
+        "partial limit broken",
+        "partial",
+        _dispatches(
+            [[0, 0, 4, False], [1, 0, 4, False]],
+            [[0, 4, 4, True], [1, 4, 4, True]],
+        ),
+        "part-way",
+    ),
+    (
+        "chunk past the prompt",
+        "paged",
+        _dispatches([[0, 0, 4, False]], [[0, 4, 3, True]]),
+        "within its prompt",
+    ),
+    (
+        "computed at the prompt length",
+        "paged",
+        _set("num_computed_tokens", value=[6]),
+        r"num_computed_tokens must be in \[0, prompt length\)",
+    ),
+    (
+        "computed for too few requests",
+        "round_robin",
+        _set("num_computed_tokens", value=[0, 0]),
+        "one entry per request",
+    ),
+    ("no requests", "paged", _set("prompt_lengths", value=[]), "at least one request"),
+    ("short row", "round_robin", _set("dispatches", 0, 0, value=[0, 0, 4]), "row 0"),
+    ("row as a string", "round_robin", _set("dispatches", 0, 0, value="0040"), "row 0"),
+    ("dispatch as an object", "round_robin", _set("dispatches", 0, value={}), "dispatch 0"),
+    ("dispatches as an object", "round_robin", _set("dispatches", value={}), "'dispatches'"),
+    ("lengths as a string", "paged", _set("prompt_lengths", value="6"), "'prompt_lengths'"),
+]
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_each_base_schedule_loads_untampered(base: str) -> None:
+    schedule = BASES[base]
+    assert Schedule.from_json(schedule.to_json()) == schedule
+
+
+@pytest.mark.parametrize(
+    ("base", "edit", "message"),
+    [pytest.param(base, edit, message, id=name) for name, base, edit, message in TAMPERED],
+)
+def test_tampered_json_is_rejected(base: str, edit: Edit, message: str) -> None:
+    data = copy.deepcopy(BASES[base].to_dict())
+    edit(data)
+    text = json.dumps(data)
+    with pytest.raises(InvalidScheduleError, match=message):
+        Schedule.from_json(text)
+    with pytest.raises(InvalidScheduleError, match=message):
+        Schedule.from_dict(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "{", "[1, 2]", '"a schedule"', "null", b"\xff\xfe", None, 42, {"format": "x"}],
+)
+def test_text_that_is_not_a_schedule_object_is_rejected(text: Any) -> None:
+    with pytest.raises(InvalidScheduleError):
+        Schedule.from_json(text)
+
+
+@pytest.mark.parametrize("data", [[], "schedule", None, 42])
+def test_from_dict_rejects_anything_but_a_dict(data: object) -> None:
+    with pytest.raises(InvalidScheduleError, match="JSON object"):
+        Schedule.from_dict(data)
+
+
+def test_errors_are_value_errors() -> None:
+    data = BASES["paged"].to_dict()
+    data["version"] = 0
+    with pytest.raises(ValueError, match="'version'"):
+        Schedule.from_dict(data)

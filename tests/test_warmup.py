@@ -1,0 +1,125 @@
+"""Warmup shapes stay inside the budget, as in the seed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pypto_sched import POLICIES, PlannerConfig, WarmupShape, plan_warmup
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> PlannerConfig:
+    budget = draw(st.integers(1, 20) | st.integers(1, 20000))
+    return PlannerConfig(
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=draw(st.none() | st.integers(1, 20000)),
+        max_batch_size=draw(st.none() | st.integers(1, 300)),
+        policy=draw(st.sampled_from(POLICIES)),
+    )
+
+
+batch_sizes = st.integers(1, 300)
+seq_lens = st.integers(1, 40000)
+
+
+@given(configs(), batch_sizes, seq_lens)
+def test_no_warmup_shape_exceeds_the_budget_the_batch_or_the_sequence_length(
+    config: PlannerConfig, batch: int, seq_len: int
+) -> None:
+    shapes = plan_warmup(config, batch_size=batch, max_seq_len=seq_len)
+    assert 1 <= len(shapes) <= 2
+    for shape in shapes:
+        assert shape.num_tokens == shape.num_rows * shape.tokens_per_row
+        assert 1 <= shape.num_tokens <= config.effective_budget
+        assert 1 <= shape.num_rows <= batch
+        assert shape.num_rows <= (config.max_batch_size or batch)
+        assert 1 <= shape.tokens_per_row <= min(seq_len, config.chunk_cap)
+
+
+@given(configs(), batch_sizes, seq_lens)
+def test_warmup_shapes_are_distinct_largest_row_count_first_ending_with_one_long_row(
+    config: PlannerConfig, batch: int, seq_len: int
+) -> None:
+    shapes = plan_warmup(config, batch_size=batch, max_seq_len=seq_len)
+    assert len(set(shapes)) == len(shapes)
+    assert [s.num_rows for s in shapes] == sorted((s.num_rows for s in shapes), reverse=True)
+    assert shapes[-1] == WarmupShape(num_rows=1, tokens_per_row=min(config.chunk_cap, seq_len))
+
+
+@given(st.integers(1, 300), st.integers(1, 20000))
+def test_seed_rule_batch_b_budget_e_warms_b_rows_of_e_div_b_or_e_rows_of_one(
+    batch: int, budget: int
+) -> None:
+    config = PlannerConfig(max_num_batched_tokens=budget)
+    batched = plan_warmup(config, batch_size=batch, max_seq_len=10**6)[0]
+    if budget >= batch:
+        assert batched == WarmupShape(num_rows=batch, tokens_per_row=budget // batch)
+    else:
+        assert batched == WarmupShape(num_rows=budget, tokens_per_row=1)
+
+
+@pytest.mark.parametrize(
+    ("config", "batch", "expected"),
+    [
+        (
+            PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256),
+            16,
+            (WarmupShape(16, 16), WarmupShape(1, 256)),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=2),
+            4,
+            (WarmupShape(2, 1), WarmupShape(1, 2)),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=4),
+            4,
+            (WarmupShape(4, 1), WarmupShape(1, 4)),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=8192),
+            16,
+            (WarmupShape(16, 512), WarmupShape(1, 8192)),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256),
+            1,
+            (WarmupShape(1, 256),),
+        ),
+        (
+            PlannerConfig(
+                max_num_batched_tokens=8192, long_prefill_token_threshold=256, policy="packed"
+            ),
+            16,
+            (WarmupShape(16, 256), WarmupShape(1, 256)),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=8192, max_batch_size=8),
+            16,
+            (WarmupShape(8, 1024), WarmupShape(1, 8192)),
+        ),
+    ],
+    ids=[
+        "seed threshold 256",
+        "batch 4 threshold 2",
+        "budget equals batch",
+        "no threshold",
+        "one row",
+        "packed keeps the full budget",
+        "row limit",
+    ],
+)
+def test_warmup_shapes_of_known_configs(
+    config: PlannerConfig, batch: int, expected: tuple[WarmupShape, ...]
+) -> None:
+    assert plan_warmup(config, batch_size=batch, max_seq_len=4096 * 4) == expected
+
+
+def test_max_seq_len_caps_tokens_per_row() -> None:
+    config = PlannerConfig(max_num_batched_tokens=8192)
+    assert plan_warmup(config, batch_size=2, max_seq_len=100) == (
+        WarmupShape(2, 100),
+        WarmupShape(1, 100),
+    )
