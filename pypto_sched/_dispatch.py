@@ -98,8 +98,9 @@ def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchAr
     if short.any():
         row = int(np.flatnonzero(short)[0])
         raise CacheTooSmallError(
-            f"request {int(requests[row])} needs {int(pages_needed[row])} pages for context "
-            f"{int(ends[row])} at page_size {page}: its table has {int(pages_held[row])}"
+            f"'block_tables' must cover every row's context: request {int(requests[row])} "
+            f"needs {int(pages_needed[row])} pages for context {int(ends[row])} at page_size "
+            f"{page}, its table has {int(pages_held[row])}"
         )
     cu = np.concatenate(([0], np.cumsum(sizes)))
     total = int(cu[-1])

@@ -36,7 +36,7 @@ class BlockTables:
     def table(self, request: int) -> npt.NDArray[np.int32]:
         """Request ``request``'s pages, in position order (a read-only view)."""
         if not 0 <= request < self.num_requests:
-            raise IndexError(f"request out of range [0, {self.num_requests}): {request}")
+            raise IndexError(f"'request' must be in [0, {self.num_requests}): {request}")
         return self.pages[self.offsets[request] : self.offsets[request + 1]]
 
     @property

@@ -161,7 +161,7 @@ class Schedule:
         """Dispatch ``index`` (negative indices count from the end)."""
         count = self.num_dispatches
         if not -count <= index < count:
-            raise IndexError(f"dispatch index out of range [0, {count}): {index}")
+            raise IndexError(f"'index' must be in [{-count}, {count}): {index}")
         index %= count
         lo, hi = int(self.dispatch_offsets[index]), int(self.dispatch_offsets[index + 1])
         return Dispatch(

@@ -33,6 +33,7 @@ class ScheduleStats:
 
     @classmethod
     def of(cls, schedule: Schedule) -> ScheduleStats:
+        """The figures of ``schedule`` (what :attr:`Schedule.stats` returns, cached)."""
         tokens = schedule.tokens_per_dispatch
         finish = schedule.finish_dispatch
         return cls(
@@ -50,4 +51,5 @@ class ScheduleStats:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The figures as a JSON-ready dict, keyed by attribute name."""
         return attrs.asdict(self)

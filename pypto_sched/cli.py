@@ -59,7 +59,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-_SEED = "--lengths 3338x16 --max-num-batched-tokens 8192 --long-prefill-token-threshold 256"
+#: Help text is filled to fit an 80-column terminal, as argparse fills its own.
+_HELP_WIDTH = 78
+_SEED = (
+    "--lengths 3338x16 --max-num-batched-tokens 8192 \\\n      --long-prefill-token-threshold 256"
+)
 _EXAMPLES = {
     "plan": [
         ("the seed's workload, 16 prompts of 3,338 tokens: 224 dispatches", f"plan {_SEED}"),
@@ -93,8 +97,7 @@ _EXAMPLES = {
     ],
     "run": [
         (
-            "the seed's shape at a quarter of its length on the NumPy reference backend, "
-            "checked against one-shot prefill",
+            "the seed's shape, a quarter as long, on the NumPy reference backend, verified",
             "run --backend reference --lengths 834x16 --max-num-batched-tokens 8192 \\\n"
             "      --long-prefill-token-threshold 256 --verify",
         ),
@@ -603,13 +606,11 @@ def _backend_rows(entry_points: Sequence[EntryPoint]) -> list[dict[str, Any]]:
     Each entry point is loaded on its own through the discovery function, so that one that
     fails to load is listed with the reason instead of being left out.
     """
-    from .backends import build_backends
+    from .backends import _first_per_name, build_backends
 
-    first: dict[str, EntryPoint] = {}
-    for entry_point in entry_points:
-        first.setdefault(entry_point.name, entry_point)
     rows = []
-    for name, entry_point in sorted(first.items()):
+    for entry_point in sorted(_first_per_name(entry_points), key=lambda ep: ep.name):
+        name = entry_point.name
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             factory = build_backends([entry_point]).get(name)
@@ -913,7 +914,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=textwrap.fill(
             "Plan chunked prefill: split prompts into dispatches within a token budget, "
             "compare settings, draw schedules and run them on a backend.",
-            width=88,
+            width=_HELP_WIDTH,
         ),
         epilog="Run 'pypto-sched COMMAND --help' for each command's options and examples.\n"
         "exit status: 0 success, 1 the work failed (e.g. --verify mismatch), 2 bad input\n\n"
@@ -928,7 +929,7 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(
             name,
             help=summary,
-            description=textwrap.fill(description, width=88),
+            description=textwrap.fill(description, width=_HELP_WIDTH),
             epilog=_epilog(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )

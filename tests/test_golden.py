@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
-from oracle import Row, oracle_plan
+from oracle import oracle_plan
+from test_planner import rows_of
 
 from pypto_sched import POLICIES, PlannerConfig, Policy, Schedule, plan_prefill
 
 SEED_LENGTHS = [3338] * 16
-
-
-def rows_of(schedule: Schedule) -> list[list[Row]]:
-    """The schedule as per-dispatch rows (request, start, length, is_final)."""
-    rows = list(
-        zip(
-            schedule.requests.tolist(),
-            schedule.starts.tolist(),
-            schedule.lengths.tolist(),
-            schedule.is_final.tolist(),
-            strict=True,
-        )
-    )
-    return [rows[lo:hi] for lo, hi in itertools.pairwise(schedule.dispatch_offsets.tolist())]
 
 
 # -- the seed ---------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_table_rejects_requests_out_of_range() -> None:
     blocks = plan_pages([3, 5], page_size=4, num_pages=3)
     assert blocks.table(1).tolist() == [1, 2]
     for request in (2, -1):
-        with pytest.raises(IndexError, match=str(request)):
+        with pytest.raises(IndexError, match=rf"^'request' must be in \[0, 2\): {request}$"):
             blocks.table(request)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import pypto_sched
+import pypto_sched.testing
 
 PUBLIC = list(pypto_sched.__all__)
 
@@ -105,6 +106,19 @@ def test_every_public_name_is_documented(name: str) -> None:
     package = Path(pypto_sched.__file__).parent
     sources = [path.read_text() for path in sorted(package.glob("_*.py"))]
     assert any(pattern.search(text) for text in sources), f"{name} has no #: doc comment"
+
+
+API_REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+
+
+@pytest.mark.parametrize(
+    "name", [*PUBLIC, *(f"testing.{name}" for name in pypto_sched.testing.__all__)]
+)
+def test_every_public_name_is_in_the_api_reference(name: str) -> None:
+    # Named in code spans as written: `plan_prefill(` or `Schedule` or `check_backend(`.
+    text = API_REFERENCE.read_text()
+    short = name.removeprefix("testing.")
+    assert re.search(rf"`{re.escape(short)}\b", text), f"docs/api.md does not describe {name}"
 
 
 def test_every_public_function_takes_options_by_keyword() -> None:

@@ -51,7 +51,7 @@ def test_dispatch_indexing_counts_negative_indices_from_the_end(seed: Schedule) 
     assert seed.dispatch(-224).index == 0
     assert seed.dispatch(-1).rows == (Chunk(request=15, start=3328, length=10, is_final=True),)
     for index in (224, -225, 10**6):
-        with pytest.raises(IndexError, match=str(index)):
+        with pytest.raises(IndexError, match=rf"^'index' must be in \[-224, 224\): {index}$"):
             seed.dispatch(index)
 
 

@@ -18,7 +18,8 @@ asks for no output. It asserts that
   that broke it);
 * chunked final logits equal the one-shot ones within ``backend.tolerance``;
 * every greedy id is an argmax of the logits returned with it, and of the one-shot logits up
-  to the tolerance (a near-tie may break either way).
+  to twice the tolerance (both logits it compares may be off by the tolerance, so a near-tie
+  may break either way).
 """
 
 from __future__ import annotations
