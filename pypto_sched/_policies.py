@@ -55,18 +55,25 @@ Because started requests come first, a started request waits for no newcomer, an
 new ones are admitted in order, requests start in request order. The dispatch count is then
 close to ``Schedule.lower_bound`` (the seed's case with budget 8192 and 16 rows takes 14).
 
-How ``packed`` is computed fast
--------------------------------
-Most rows of a packed schedule are a request running ``step = chunk_cap`` rounded down to a
-page multiple, dispatch after dispatch. ``_plan_packed`` keeps such requests as *steady*
-(first dispatch, first position) and writes their rows in bulk when the run ends, so its
-Python work is per dispatch and per request, not per row; rows whose size differs (first,
-last, or cut by the budget) are written one by one. ``tests/oracle.py`` states the same policy
-as a plain loop, and the tests check the two agree dispatch for dispatch.
+How the policies are computed fast
+----------------------------------
+``round_robin`` is computed whole in NumPy: each request's chunks follow from its own length,
+and a stable sort of all chunks by their index within their request gives round-robin order.
+
+Most rows of a ``packed`` schedule are a request running ``step = chunk_cap`` rounded down to
+a page multiple, dispatch after dispatch. ``_PackedPlanner`` keeps such requests as *steady*.
+A request joins right after a chunk, and while it stays steady its future is known: that
+chunk, ``step`` tokens per dispatch until what is left fits in one chunk, then that last
+chunk. So it records this *run* of rows once, on joining, and cuts the record short in the
+rare dispatch where the budget or the row limit pushes it out. The Python work is per
+dispatch and per request, not per row; NumPy expands the runs into rows and sorts them
+stably by dispatch. ``tests/oracle.py`` states both policies as plain loops, and the tests
+check that they agree dispatch for dispatch.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -109,9 +116,9 @@ def plan_prefill(
         prompt_lengths=lengths,
         num_computed_tokens=computed,
         dispatch_offsets=read_only(offsets),
-        requests=read_only(requests.astype(np.int32)),
-        starts=read_only(starts.astype(np.int32)),
-        lengths=read_only(sizes.astype(np.int32)),
+        requests=read_only(requests),
+        starts=read_only(starts),
+        lengths=read_only(sizes),
         is_final=read_only(final),
     )
 
@@ -136,8 +143,10 @@ def _computed_tokens(values: object, lengths: IntArray) -> IntArray:
     return computed
 
 
-# Each planner returns (dispatch_offsets, requests, starts, lengths, is_final).
-Rows = tuple[IntArray, IntArray, IntArray, IntArray, npt.NDArray[np.bool_]]
+# Each planner returns (dispatch_offsets, requests, starts, lengths, is_final), the row
+# arrays as int32 like the schedule's.
+Int32Array = npt.NDArray[np.int32]
+Rows = tuple[IntArray, Int32Array, Int32Array, Int32Array, npt.NDArray[np.bool_]]
 
 
 def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
@@ -146,52 +155,60 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
     n = lengths.size
     rows_fit = config.max_batch_size is None or n <= config.max_batch_size
     if rows_fit and int(remaining.sum()) <= budget:
-        requests = np.arange(n, dtype=np.int64)
         one_dispatch = np.array([0, n], dtype=np.int64)
-        return one_dispatch, requests, computed.copy(), remaining, np.ones(n, dtype=np.bool_)
-    requests, starts, sizes, final, round_index = _chunk_requests(lengths, computed, config)
-    # Rows are request-major; a stable sort by round gives round-robin order.
-    order = np.argsort(round_index, kind="stable")
-    offsets = np.arange(order.size + 1, dtype=np.int64)
-    return offsets, requests[order], starts[order], sizes[order], final[order]
-
-
-def _chunk_requests(
-    lengths: IntArray, computed: IntArray, config: PlannerConfig
-) -> tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_], IntArray]:
-    """Split every request alone into chunks of at most ``effective_budget`` tokens.
-
-    Returns rows in request-major order plus each row's index within its request. The first
-    chunk runs from ``c`` to the last page boundary in reach; every later non-final chunk is
-    ``step`` tokens, the budget rounded down to a page multiple; the final chunk is what is
-    left once it fits in the budget.
-    """
-    budget = config.effective_budget
+        return (
+            one_dispatch,
+            np.arange(n, dtype=np.int32),
+            computed.astype(np.int32),
+            remaining.astype(np.int32),
+            np.ones(n, dtype=np.bool_),
+        )
+    # Each request alone is split into chunks of at most `budget` tokens: the first runs from
+    # c to the last page boundary in reach, every later non-final one is `step` tokens (the
+    # budget rounded down to a page multiple), the final one is what is left once it fits.
     page = config.page_size or 1
     step = budget // page * page
-    remaining = lengths - computed
-    first_end = np.where(remaining <= budget, lengths, (computed + budget) // page * page)
-    after_first = lengths - first_end
-    full_steps = np.maximum(after_first - budget, 0)
-    counts = np.where(remaining <= budget, 1, 2 + -(-full_steps // step))
-    total = int(counts.sum())
-    requests = np.repeat(np.arange(lengths.size, dtype=np.int64), counts)
-    row_start = np.cumsum(counts) - counts
-    index = np.arange(total, dtype=np.int64) - np.repeat(row_start, counts)
-    starts = np.where(
-        index == 0, computed[requests], first_end[requests] + (index - 1) * step
+    fits = remaining <= budget
+    first_end = np.where(fits, lengths, (computed + budget) // page * page)
+    middle = -(-np.maximum(lengths - first_end - budget, 0) // step)
+    counts = np.where(fits, 1, 2 + middle)
+    # One row per dispatch: chunk k of request r, in round-robin order. Round 0, the first n
+    # rows, holds every request's first chunk; chunk k >= 1 starts k - 1 steps after it.
+    requests, k = _round_robin_order(counts)
+    starts = first_end[requests] + (k - 1) * step
+    starts[:n] = computed
+    is_last = k == counts[requests] - 1
+    ends = np.where(is_last, lengths[requests], starts + step)
+    ends[:n] = first_end
+    offsets = np.arange(requests.size + 1, dtype=np.int64)
+    sizes = ends - starts
+    return (
+        offsets,
+        requests.astype(np.int32),
+        starts.astype(np.int32),
+        sizes.astype(np.int32),
+        is_last,
     )
-    ends = np.empty(total, dtype=np.int64)
-    ends[:-1] = starts[1:]
-    is_last = index == counts[requests] - 1
-    ends[is_last] = lengths[requests[is_last]]
-    return requests, starts, ends - starts, is_last, index
+
+
+def _round_robin_order(counts: IntArray) -> tuple[IntArray, IntArray]:
+    """Every pair (request r, chunk index k < counts[r]), ordered by k, then by r.
+
+    Returns the requests and the chunk indices. A stable sort of the request-major pairs by
+    ``k`` keeps request order within each round.
+    """
+    total = int(counts.sum())
+    requests = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    k = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    order = _stable_argsort(k)
+    rows_per_round = np.bincount(k)
+    return requests[order], np.repeat(np.arange(rows_per_round.size), rows_per_round)
 
 
 def _plan_packed(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
     plan = _PackedPlanner(lengths.tolist(), computed.tolist(), config)
     plan.run()
-    return plan.rows()
+    return plan.rows(lengths)
 
 
 class _PackedPlanner:
@@ -199,9 +216,9 @@ class _PackedPlanner:
 
     The window of started, unfinished requests is ``steady + tail`` in request order:
 
-    * ``steady`` requests run ``step`` tokens in every dispatch from ``joined[r]`` on, until
-      the dispatch ``due[r]`` where what is left fits in one chunk; their position is stored
-      as of ``joined[r]``;
+    * a ``steady`` request runs ``step`` tokens per dispatch until the dispatch where what
+      is left fits in one chunk, and then that last chunk (``due_at`` lists steady requests
+      by that dispatch);
     * ``tail`` requests are served one by one; a tail request is promoted to steady once
       every request before it is steady.
 
@@ -209,11 +226,18 @@ class _PackedPlanner:
     due); if that breaks the budget or the row limit, steady requests are moved from the end
     of ``steady`` to the front of ``tail`` until it does not, which serves the tail exactly as
     a plain in-order loop would.
+
+    Rows are recorded as *runs*: ``count`` rows of one request in consecutive dispatches
+    from ``first``, running from position ``start``: ``head`` tokens, then ``step`` tokens
+    each, the last row ``last`` tokens (with one row, ``head == last``). A request joins
+    ``steady`` right after a chunk, and its whole future is then known: that chunk, the
+    steps, the last chunk. So it writes that run on joining; in the rare case it leaves
+    ``steady`` early, the run is cut short in place. Every other row is a run of one.
     """
 
     def __init__(self, lengths: list[int], computed: list[int], config: PlannerConfig) -> None:
         self.lengths = lengths
-        self.position = list(computed)
+        self.position = list(computed)  # up to date for requests not steady
         self.n = len(lengths)
         self.budget = config.max_num_batched_tokens
         self.cap = config.chunk_cap
@@ -221,55 +245,112 @@ class _PackedPlanner:
         self.step = self.cap // self.page * self.page
         self.max_rows = config.max_batch_size or self.n
         self.max_partial = config.max_num_partial_prefills or self.n
-        self.steady: list[int] = []
-        self.tail: list[int] = []
-        self.joined = [0] * self.n
-        self.due = [-1] * self.n
+        # Request -> where its run starts in `runs`, in request order: a dict drops any
+        # request in O(1) and popitem() takes the last.
+        self.steady: dict[int, int] = {}
+        # Per dispatch: the steady requests due, and what their last chunks add to a step
+        # each. (Plain dicts: a defaultdict's default factory would cost a call.)
         self.due_at: dict[int, list[int]] = {}
-        self.next_new = 0
-        self.dispatch = 0
-        # Rows written one by one: dispatch, request, start, length, final.
-        self.one_d: list[int] = []
-        self.one_r: list[int] = []
-        self.one_s: list[int] = []
-        self.one_n: list[int] = []
-        self.one_f: list[bool] = []
-        # Runs of `step`-token rows: first dispatch, count, request, first start.
-        self.run_d: list[int] = []
-        self.run_k: list[int] = []
-        self.run_r: list[int] = []
-        self.run_s: list[int] = []
+        self.extra_at: dict[int, int] = {}
+        self.tail: list[int] = []
+        self.num_dispatches = 0
+        # Runs, flattened: first, count, request, start, head, last; first, count, ...
+        self.runs: list[int] = []
 
     # -- the dispatch loop ------------------------------------------------------------------
 
     def run(self) -> None:
-        while self.steady or self.tail or self.next_new < self.n:
-            self._fill_dispatch()
-            self.dispatch += 1
+        """Fill dispatches in order until every request has run.
 
-    def _fill_dispatch(self) -> None:
-        finishing = self._take_due()
-        steady = self.steady
-        demand = self.step * (len(steady) - len(finishing))
-        demand += sum(self._remaining(r) for r in finishing)
-        # Keep the longest prefix of steady requests that fits; the rest join the tail.
+        This is the hot loop: its work is per dispatch and per request, never per steady
+        row. What runs once per request is inlined, with the state in local variables;
+        rarer paths (shrinking ``steady``, serving the tail) are methods.
+        """
+        lengths, position, runs = self.lengths, self.position, self.runs
+        steady, due_at, extra_at, tail = self.steady, self.due_at, self.extra_at, self.tail
+        budget, cap, page, step = self.budget, self.cap, self.page, self.step
+        max_rows, max_partial, n = self.max_rows, self.max_partial, self.n
+        write = runs.extend
+        d = 0  # the dispatch being filled
+        new = 0  # the first request not started
+        while steady or tail or new < n:
+            # Charge the steady requests: a step each, the last chunk for those due now.
+            finishing = due_at.pop(d, [])
+            demand = step * len(steady) + extra_at.pop(d, 0)
+            rows = len(steady)
+            if demand > budget or rows > max_rows:
+                demand = self._shrink_steady(d, finishing, demand)
+                rows = len(steady)
+            left = budget - demand
+            for r in finishing:  # their runs are written; they end here
+                del steady[r]
+            # The other started requests, in order.
+            all_steady = True
+            if tail:
+                all_steady, left, rows = self._serve_tail(d, left, rows)
+            # New requests, in order, while they fit.
+            r = new
+            while r < n and rows < max_rows and left > 0:
+                start = position[r]
+                remaining = lengths[r] - start
+                if remaining <= cap and remaining <= left:  # the whole prefill
+                    write((d, 1, r, start, remaining, remaining))
+                    left -= remaining
+                    rows += 1
+                    r += 1
+                    continue
+                # Cut by the cap or the budget, then down to a page boundary: not final.
+                # (Conditional expressions here, not min() and max(): calls cost more.)
+                size = (start + (cap if cap < left else left)) // page * page - start
+                if size <= 0 or len(steady) + len(tail) >= max_partial:
+                    break
+                left -= size
+                rows += 1
+                if all_steady:  # _join_steady, inlined
+                    over = remaining - size - cap
+                    steps = -(-over // step) if over > 0 else 0
+                    last = remaining - size - steps * step
+                    steady[r] = len(runs)
+                    write((d, steps + 2, r, start, size, last))
+                    due = d + 1 + steps
+                    due_at.setdefault(due, []).append(r)
+                    extra_at[due] = extra_at.get(due, 0) + last - step
+                else:
+                    write((d, 1, r, start, size, size))
+                    position[r] = start + size
+                    tail.append(r)
+                r += 1
+            new = r
+            d += 1
+        self.num_dispatches = d
+
+    def _shrink_steady(self, d: int, finishing: list[int], demand: int) -> int:
+        """Move steady requests from the end to the front of the tail until the rest fit
+        in dispatch ``d``; return the demand of the rest."""
+        steady, runs, step = self.steady, self.runs, self.step
         while steady and (demand > self.budget or len(steady) > self.max_rows):
-            r = steady.pop()
-            if r in finishing:
-                demand -= self._remaining(r)
-                finishing.discard(r)
+            r, at = steady.popitem()
+            first, count, _, start, head, last = runs[at : at + 6]
+            due = first + count - 1
+            if due == d:
+                finishing.remove(r)
+                demand -= last  # its charge: its last chunk
             else:
-                demand -= self.step
-                self._leave_steady(r)
+                self.due_at[due].remove(r)
+                self.extra_at[due] -= last - step
+                demand -= step  # its charge: a step
+            # Cut its run short: the head, then the steps up to the last dispatch.
+            count = d - first
+            runs[at + 1] = count
+            runs[at + 5] = step if count > 1 else head
+            self.position[r] = start + head + (count - 1) * step
             self.tail.insert(0, r)
-        left = self.budget - demand
-        rows = len(steady)
-        if finishing:
-            for r in steady:
-                if r in finishing:
-                    self._write(r, self._remaining(r), final=True)
-            self.steady = [r for r in steady if r not in finishing]
-        # Started requests left over, in order; each is promoted while all before it are steady.
+        return demand
+
+    def _serve_tail(self, d: int, left: int, rows: int) -> tuple[bool, int, int]:
+        """Serve the tail in order in dispatch ``d``, promoting each request while all before
+        it are steady; return whether all are, and the budget and rows left."""
+        lengths, position = self.lengths, self.position
         all_steady = True
         tail: list[int] = []
         for r in self.tail:
@@ -277,48 +358,23 @@ class _PackedPlanner:
             if size > 0:
                 left -= size
                 rows += 1
-                if not self._serve(r, size):
+                unfinished = position[r] + size < lengths[r]
+                if unfinished and all_steady:
+                    self._join_steady(r, d, size)
                     continue
-                if all_steady:
-                    self._join_steady(r)
+                self.runs.extend((d, 1, r, position[r], size, size))
+                position[r] += size
+                if not unfinished:
                     continue
             tail.append(r)
             all_steady = False
-        # New requests, in order, while they fit.
-        partial = len(self.steady) + len(tail)
-        while self.next_new < self.n and rows < self.max_rows and left > 0:
-            r = self.next_new
-            size = self._chunk(r, left)
-            if size == 0 or (size < self._remaining(r) and partial >= self.max_partial):
-                break
-            self.next_new += 1
-            left -= size
-            rows += 1
-            if self._serve(r, size):
-                partial += 1
-                if all_steady:
-                    self._join_steady(r)
-                else:
-                    tail.append(r)
-        self.tail = tail
-
-    def _take_due(self) -> set[int]:
-        """Steady requests whose last chunk runs in this dispatch, with positions brought
-        up to date (they stay in ``steady`` for this dispatch's ordering)."""
-        due_now: set[int] = set()
-        for r in self.due_at.pop(self.dispatch, ()):
-            if self.due[r] == self.dispatch:  # skip entries made stale by leaving steady
-                self._leave_steady(r)
-                due_now.add(r)
-        return due_now
+        self.tail[:] = tail  # in place: run() holds the list
+        return all_steady, left, rows
 
     # -- one request --------------------------------------------------------------------------
 
-    def _remaining(self, r: int) -> int:
-        return self.lengths[r] - self.position[r]
-
     def _chunk(self, r: int, left: int) -> int:
-        """Tokens ``r`` runs in this dispatch with ``left`` budget (0: none)."""
+        """Tokens ``r`` runs with ``left`` budget (0: none)."""
         start = self.position[r]
         remaining = self.lengths[r] - start
         if remaining <= self.cap and remaining <= left:
@@ -326,66 +382,69 @@ class _PackedPlanner:
         end = (start + min(self.cap, left)) // self.page * self.page
         return max(end - start, 0)
 
-    def _serve(self, r: int, size: int) -> bool:
-        """Write ``r``'s chunk of ``size`` tokens; return whether ``r`` is still unfinished."""
-        unfinished = size < self.lengths[r] - self.position[r]
-        self._write(r, size, final=not unfinished)
-        return unfinished
-
-    def _write(self, r: int, size: int, *, final: bool) -> None:
-        self.one_d.append(self.dispatch)
-        self.one_r.append(r)
-        self.one_s.append(self.position[r])
-        self.one_n.append(size)
-        self.one_f.append(final)
-        self.position[r] += size
-
-    def _join_steady(self, r: int) -> None:
-        """Make ``r`` run ``step`` tokens per dispatch from the next dispatch on."""
-        start = self.dispatch + 1
-        self.joined[r] = start
-        over = self.lengths[r] - self.position[r] - self.cap
-        due = start + max(0, -(-over // self.step))
-        self.due[r] = due
+    def _join_steady(self, r: int, d: int, size: int) -> None:
+        """Run a non-final chunk of ``size`` tokens of ``r`` in dispatch ``d`` and make ``r``
+        steady from the next dispatch on, recording its run from that chunk to its last."""
+        start, step = self.position[r], self.step
+        remaining = self.lengths[r] - start
+        over = remaining - size - self.cap
+        steps = -(-over // step) if over > 0 else 0
+        last = remaining - size - steps * step
+        self.steady[r] = len(self.runs)
+        self.runs.extend((d, steps + 2, r, start, size, last))
+        due = d + 1 + steps
         self.due_at.setdefault(due, []).append(r)
-        self.steady.append(r)
-
-    def _leave_steady(self, r: int) -> None:
-        """Write ``r``'s run of steady rows so far and bring its position up to date."""
-        count = self.dispatch - self.joined[r]
-        if count > 0:
-            self.run_d.append(self.joined[r])
-            self.run_k.append(count)
-            self.run_r.append(r)
-            self.run_s.append(self.position[r])
-            self.position[r] += count * self.step
-        self.joined[r] = self.dispatch
-        self.due[r] = -1
+        self.extra_at[due] = self.extra_at.get(due, 0) + last - step
 
     # -- output --------------------------------------------------------------------------------
 
-    def rows(self) -> Rows:
-        counts = np.array(self.run_k, dtype=np.int64)
-        run = np.repeat(np.arange(counts.size), counts)
-        offset = np.arange(run.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        dispatch = np.concatenate(
-            (np.array(self.one_d, dtype=np.int64), np.array(self.run_d, dtype=np.int64)[run] + offset)
-        )
-        requests = np.concatenate(
-            (np.array(self.one_r, dtype=np.int64), np.array(self.run_r, dtype=np.int64)[run])
-        )
-        starts = np.concatenate(
-            (
-                np.array(self.one_s, dtype=np.int64),
-                np.array(self.run_s, dtype=np.int64)[run] + offset * self.step,
-            )
-        )
-        sizes = np.concatenate(
-            (np.array(self.one_n, dtype=np.int64), np.full(run.size, self.step, dtype=np.int64))
-        )
-        final = np.concatenate((np.array(self.one_f, dtype=np.bool_), np.zeros(run.size, np.bool_)))
-        # Within a dispatch rows run in request order.
-        order = np.argsort(dispatch * self.n + requests)
-        per_dispatch = np.bincount(dispatch, minlength=self.dispatch)
-        offsets = np.concatenate(([0], np.cumsum(per_dispatch))).astype(np.int64)
-        return offsets, requests[order], starts[order], sizes[order], final[order]
+    def rows(self, lengths: IntArray) -> Rows:
+        """The rows in dispatch order and, within a dispatch, in request order.
+
+        Runs are recorded in order of their first row: by dispatch, then by request. Two
+        runs that share a dispatch are then in request order too (a request that starts a
+        run while another runs steady comes after it in the window), so sorting the rows
+        stably by dispatch puts each dispatch's rows in request order.
+        """
+        runs = np.frombuffer(array("q", self.runs), dtype=np.int64).reshape(-1, 6)
+        first, counts, requests, starts, heads, lasts = runs.astype(np.int32).T
+        step = self.step
+        ends = np.cumsum(counts, dtype=np.int32)
+        begins = ends - counts
+        total = int(ends[-1])
+        within = np.arange(total, dtype=np.int32) - np.repeat(begins, counts)
+        dispatch = np.repeat(first, counts) + within
+        order = _stable_argsort(dispatch)
+        # Past its head, a run advances by `step` per row. (Every term stays below 2**31.)
+        row_starts = np.repeat(starts + heads, counts) + (within - 1) * step
+        row_starts[begins] = starts
+        sizes = np.full(total, step, dtype=np.int32)
+        sizes[begins] = heads
+        sizes[ends - 1] = lasts
+        final = np.zeros(total, dtype=np.bool_)
+        final[ends - 1] = row_starts[ends - 1] + lasts == lengths[requests]
+        # A dispatch holds a row of every run begun and not yet ended by then.
+        num = self.num_dispatches
+        begun = np.bincount(first, minlength=num)
+        ended = np.bincount(first + counts, minlength=num + 1)[:num]
+        offsets = np.concatenate(([0], np.cumsum(np.cumsum(begun - ended)))).astype(np.int64)
+        requests = np.repeat(requests, counts)
+        return offsets, requests[order], row_starts[order], sizes[order], final[order]
+
+
+def _stable_argsort(keys: npt.NDArray[np.integer]) -> IntArray:
+    """The indices that sort ``keys`` (non-negative ints) stably.
+
+    NumPy's stable sort is a radix sort for 16-bit keys and a merge sort, several times
+    slower, for wider ones; so wider keys are sorted one 16-bit digit at a time, lowest
+    first (a least-significant-digit radix sort).
+    """
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    high = int(keys.max()) >> 16 if keys.size else 0
+    shift = 16
+    while high:
+        digit = ((keys[order] >> shift) & 0xFFFF).astype(np.uint16)
+        order = order[np.argsort(digit, kind="stable")]
+        high >>= 16
+        shift += 16
+    return order

@@ -36,7 +36,7 @@ def check_int(
     """Return ``value`` as an ``int`` or raise ``error`` naming ``name``."""
     if not _is_int(value):
         raise error(f"{name!r} must be an int: {value!r} ({type(value).__name__})")
-    number = int(value)  # type: ignore[call-overload]
+    number: int = int(value)  # type: ignore[call-overload]
     if number < min_value:
         raise error(f"{name!r} must be >= {min_value}: {number}")
     if number > max_value:
@@ -65,23 +65,12 @@ def as_count_array(
         if values.dtype.kind not in "iu":
             raise InvalidInputError(f"{name!r} must hold integers: dtype {values.dtype}")
         if values.dtype.kind == "u" and values.size and int(values.max()) > max_value:
-            raise InvalidInputError(
-                f"{name!r} values must be <= {max_value}: {int(values.max())}"
-            )
+            raise InvalidInputError(f"{name!r} values must be <= {max_value}: {int(values.max())}")
         array = values.astype(np.int64, copy=True)
-    elif isinstance(values, Sequence) and not isinstance(values, str | bytes):
-        for index, value in enumerate(values):
-            if not _is_int(value):
-                raise InvalidInputError(
-                    f"{name!r} must hold ints: item {index} is {value!r} "
-                    f"({type(value).__name__})"
-                )
-            if not min_value <= value <= max_value:
-                raise InvalidInputError(
-                    f"{name!r} values must be in [{min_value}, {max_value}]: "
-                    f"item {index} is {value}"
-                )
-        array = np.array(values, dtype=np.int64)
+    elif isinstance(values, Sequence) and not isinstance(
+        values, str | bytes | bytearray | memoryview
+    ):
+        array = _from_sequence(name, values, min_value=min_value, max_value=max_value)
     else:
         raise InvalidInputError(
             f"{name!r} must be a sequence or 1-D array of ints: {type(values).__name__}"
@@ -101,3 +90,30 @@ def as_count_array(
                 f"{name!r} values must be <= {max_value}: item {index} is {high}"
             )
     return read_only(array)
+
+
+def _from_sequence(
+    name: str, values: Sequence[Any], *, min_value: int, max_value: int
+) -> npt.NDArray[np.int64]:
+    # Fast path: plain ints in range convert in one call (a list of 100,000 lengths takes
+    # milliseconds instead of a checked loop's tenths of a second).
+    if set(map(type, values)) == {int}:
+        try:
+            array = np.array(values, dtype=np.int64)
+        except OverflowError:  # beyond int64: the loop below names the item
+            pass
+        else:
+            if int(array.min()) >= min_value and int(array.max()) <= max_value:
+                return array
+    # Anything else (numpy ints, bools, floats, values out of range, an empty sequence) goes
+    # item by item, so that the error names the first bad item.
+    for index, value in enumerate(values):
+        if not _is_int(value):
+            raise InvalidInputError(
+                f"{name!r} must hold ints: item {index} is {value!r} ({type(value).__name__})"
+            )
+        if not min_value <= value <= max_value:
+            raise InvalidInputError(
+                f"{name!r} values must be in [{min_value}, {max_value}]: item {index} is {value}"
+            )
+    return np.array(values, dtype=np.int64)

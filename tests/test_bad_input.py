@@ -95,11 +95,6 @@ def test_plan_prefill_rejects_bad_prompt_lengths(lengths: Any) -> None:
         plan_prefill(lengths, CONFIG)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_validate.as_count_array excludes str and bytes but reads a bytearray or a "
-    "memoryview as a sequence of byte values: bytearray(b'ab') plans lengths [97, 98]",
-)
 @pytest.mark.parametrize(
     "lengths", [bytearray(b"ab"), memoryview(b"ab")], ids=["bytearray", "memoryview"]
 )
