@@ -26,6 +26,8 @@ lint: $(VENV)/.full
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy backends/reference/tests
+	$(VENV)/bin/mypy backends/npu/tests
 
 test: lint
 	$(VENV)/bin/pytest

@@ -1,0 +1,184 @@
+"""The Qwen3 forward pass over one dispatch, written once against the op layer.
+
+Per layer: RMSNorm -> fused q/k/v projection -> per-head RMSNorm of q and k -> rotary ->
+write K/V to the pages -> paged causal attention (grouped-query) -> o projection ->
+residual -> RMSNorm -> fused gate/up projection -> SwiGLU -> down projection -> residual.
+The last layer writes every token's K/V but carries only the final rows' last tokens through
+its attention output and MLP, then the final RMSNorm and the LM head: intermediate chunks
+produce no logits at all, and skip the rest of the last layer.
+
+The gate and up weights are stored concatenated (gate first, as ``npu_swiglu`` expects), and
+so are q, k and v: one matmul each instead of two and three.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pypto_sched import DispatchArrays
+
+from ._kv_cache import LayerKV, PagedKVCache
+from ._loader import Checkpoint, Qwen3Config
+from .ops import AttentionShape, DispatchAttention, Ops
+
+__all__ = ["LayerWeights", "Qwen3Model"]
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class LayerWeights:
+    """One decoder layer's weights, on the device, in the compute dtype."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class Qwen3Model:
+    """Weights and ops; :meth:`forward` runs one dispatch."""
+
+    config: Qwen3Config
+    ops: Ops
+    embed_tokens: torch.Tensor
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+    #: Rotary inverse frequencies, float32 ``[head_dim // 2]``.
+    inv_freq: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    @property
+    def attention_shape(self) -> AttentionShape:
+        return AttentionShape(
+            num_heads=self.config.num_heads,
+            num_kv_heads=self.config.num_kv_heads,
+            head_dim=self.config.head_dim,
+        )
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, *, ops: Ops, device: torch.device
+    ) -> Qwen3Model:
+        """Move ``checkpoint``'s tensors to ``device`` and fuse the projections."""
+        config, tensors = checkpoint.config, checkpoint.tensors
+
+        def get(name: str) -> torch.Tensor:
+            return tensors[name].to(device)
+
+        def cat(*names: str) -> torch.Tensor:
+            return torch.cat([tensors[name] for name in names]).to(device)
+
+        layers = []
+        for i in range(config.num_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            bias = config.attention_bias
+            layers.append(
+                LayerWeights(
+                    input_norm=get(f"model.layers.{i}.input_layernorm.weight"),
+                    qkv=cat(*(attn + f"{p}_proj.weight" for p in "qkv")),
+                    qkv_bias=cat(*(attn + f"{p}_proj.bias" for p in "qkv")) if bias else None,
+                    q_norm=get(attn + "q_norm.weight"),
+                    k_norm=get(attn + "k_norm.weight"),
+                    o_proj=get(attn + "o_proj.weight"),
+                    o_bias=get(attn + "o_proj.bias") if bias else None,
+                    post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
+                    gate_up=cat(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+                    down=get(mlp + "down_proj.weight"),
+                )
+            )
+        embed = get("model.embed_tokens.weight")
+        half = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=device)
+        return cls(
+            config=config,
+            ops=ops,
+            embed_tokens=embed,
+            layers=tuple(layers),
+            norm=get("model.norm.weight"),
+            lm_head=embed if config.tie_word_embeddings else get("lm_head.weight"),
+            inv_freq=1.0 / (config.rope_theta ** (half / config.head_dim)),
+        )
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Device-side embedding lookup: ``[n]`` ids -> ``[n, hidden]``."""
+        return F.embedding(token_ids, self.embed_tokens)
+
+    def forward(
+        self, hidden: torch.Tensor, arrays: DispatchArrays, cache: PagedKVCache
+    ) -> torch.Tensor:
+        """Run one dispatch from its input embeddings ``[T, hidden]``, writing its K/V to
+        ``cache``; return the last hidden states of its final rows (their last tokens),
+        ``[num_final_rows, hidden]``."""
+        positions = torch.from_numpy(arrays.positions.astype(np.int64)).to(self.device)
+        cos, sin = self._rotary_tables(positions)
+        attention = self.ops.attention(
+            arrays, self.attention_shape, device=self.device, dtype=self.dtype
+        )
+        *early, (last_weights, last_kv) = zip(self.layers, cache.layers, strict=True)
+        for weights, kv in early:
+            hidden = self._layer(hidden, weights, kv, cos, sin, attention)
+        # Past the last layer's K/V only the final rows' last tokens matter: the rest of the
+        # last layer runs on those rows alone (none at all for intermediate chunks).
+        keep = torch.from_numpy(arrays.logits_indices.astype(np.int64)).to(self.device)
+        return self._layer(hidden, last_weights, last_kv, cos, sin, attention, keep=keep)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm and LM head: ``[n, hidden]`` -> ``[n, vocab]``."""
+        normed = self.ops.rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        return F.linear(normed, self.lm_head)
+
+    def _rotary_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per token ``cos`` and ``sin`` ``[T, head_dim]`` (angles in float32)."""
+        angles = positions[:, None].float() * self.inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+
+    def _layer(
+        self,
+        hidden: torch.Tensor,
+        weights: LayerWeights,
+        kv: LayerKV,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: DispatchAttention,
+        *,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One decoder layer. Every token's K/V is written; with ``keep`` only those token
+        rows are attended for and returned."""
+        config, ops = self.config, self.ops
+        tokens, eps, dim = hidden.shape[0], config.rms_norm_eps, config.head_dim
+        q_size = config.num_heads * dim
+        kv_size = config.num_kv_heads * dim
+        x = ops.rms_norm(hidden, weights.input_norm, eps)
+        qkv = F.linear(x, weights.qkv, weights.qkv_bias)
+        query, key = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+        value = qkv[:, q_size + kv_size :]
+        query = ops.rms_norm(query.reshape(tokens, config.num_heads, dim), weights.q_norm, eps)
+        key = ops.rms_norm(key.reshape(tokens, config.num_kv_heads, dim), weights.k_norm, eps)
+        query, key = ops.rotary(query, key, cos, sin)
+        attention.write_kv(key, value.reshape(tokens, config.num_kv_heads, dim), kv)
+        if keep is not None and keep.numel() == 0:
+            return hidden[keep]
+        attended = attention.attend(query, kv).reshape(tokens, q_size)
+        if keep is not None:
+            attended, hidden = attended[keep], hidden[keep]
+        hidden = F.linear(attended, weights.o_proj, weights.o_bias).add_(hidden)
+        x = ops.rms_norm(hidden, weights.post_norm, eps)
+        return F.linear(ops.swiglu(F.linear(x, weights.gate_up)), weights.down).add_(hidden)

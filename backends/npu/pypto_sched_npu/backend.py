@@ -1,0 +1,238 @@
+"""The ``npu`` backend: a Qwen3 checkpoint run dispatch by dispatch over a paged KV cache.
+
+Build one with :meth:`NpuBackend.from_checkpoint` (the ``pypto_sched.backends`` entry point).
+The device defaults to an NPU when torch_npu is usable (:func:`npu_availability`) and to the
+CPU otherwise; the ops follow the device unless ``ops`` names them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pypto_sched import (
+    InvalidInputError,
+    PlannerConfig,
+    Schedule,
+    WarmupShape,
+    dispatch_arrays,
+    plan_pages,
+    plan_warmup,
+)
+from pypto_sched.backends import DispatchInput, DispatchOutput
+
+from ._availability import npu_availability
+from ._kv_cache import PagedKVCache
+from ._loader import load_checkpoint
+from ._model import Qwen3Model
+from .ops import OpsChoice, select_ops
+
+__all__ = ["DTYPES", "NpuBackend"]
+
+#: Compute dtypes by name.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+# Chunked and one-shot prefill differ only by summation order; these bound the difference
+# for small models at each compute dtype.
+_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
+
+
+class NpuBackend:
+    """Runs Qwen3 prefill dispatches; see :class:`pypto_sched.backends.Backend`."""
+
+    name: ClassVar[str] = "npu"
+
+    def __init__(self, model: Qwen3Model) -> None:
+        self._model = model
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: str | os.PathLike[str],
+        *,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device | None = None,
+        ops: OpsChoice = "auto",
+    ) -> NpuBackend:
+        """Load a Hugging Face Qwen3 checkpoint directory.
+
+        ``dtype`` is the compute dtype (``"float32"``, ``"float16"``, ``"bfloat16"``);
+        the weights are converted to it whatever they are stored in. ``device`` defaults to
+        ``"npu"`` when an NPU is usable, else ``"cpu"``. ``ops`` picks the kernels:
+        ``"auto"`` by device, ``"torch"`` or ``"npu"`` explicitly.
+        """
+        compute = _dtype(dtype)
+        target = torch.device(device) if device is not None else _default_device()
+        kernels = select_ops(target, choice=ops)
+        loaded = load_checkpoint(checkpoint, dtype=compute)
+        return cls(Qwen3Model.from_checkpoint(loaded, ops=kernels, device=target))
+
+    # -- metadata ------------------------------------------------------------------------
+
+    @property
+    def tolerance(self) -> float:
+        return _TOLERANCE[self._model.dtype]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._model.config.hidden_size
+
+    @property
+    def model(self) -> Qwen3Model:
+        return self._model
+
+    @property
+    def device(self) -> torch.device:
+        return self._model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._model.dtype
+
+    @property
+    def ops_name(self) -> str:
+        return self._model.ops.name
+
+    def __repr__(self) -> str:
+        config = self._model.config
+        return (
+            f"NpuBackend(layers={config.num_layers}, hidden={config.hidden_size}, "
+            f"dtype={self.dtype}, device={self.device}, ops={self.ops_name!r})"
+        )
+
+    # -- the Backend protocol ------------------------------------------------------------
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> PagedKVCache:
+        for name, value in (("num_pages", num_pages), ("page_size", page_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"{name!r} must be an int >= 1: {value!r}")
+        self._model.ops.check_page_size(page_size)
+        config = self._model.config
+        return PagedKVCache.allocate(
+            num_layers=config.num_layers,
+            num_pages=num_pages,
+            page_size=page_size,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            dtype=self._model.ops.kv_cache_dtype(self.dtype, self.device),
+            device=self.device,
+        )
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
+        ids = np.asarray(token_ids)
+        ids = self._checked_ids(ids, ids.size)
+        with torch.inference_mode():
+            return _host(self._model.embed(torch.from_numpy(ids).to(self.device)))
+
+    def _checked_ids(self, token_ids: npt.NDArray[Any], count: int) -> npt.NDArray[np.int64]:
+        """``token_ids`` as a fresh int64 array, or an error naming what is wrong."""
+        ids = np.asarray(token_ids)
+        bad_shape = ids.shape != (count,) or (ids.size and ids.dtype.kind not in "iu")
+        if bad_shape or (ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab_size):
+            raise InvalidInputError(
+                f"'token_ids' must be {count} ids in [0, {self.vocab_size}): shape "
+                f"{list(ids.shape)}, dtype {ids.dtype}, values "
+                f"{ids.min() if ids.size else None}..{ids.max() if ids.size else None}"
+            )
+        return ids.astype(np.int64)
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if not isinstance(cache, PagedKVCache):
+            raise InvalidInputError(
+                f"'cache' must come from this backend's new_cache: {type(cache).__name__}"
+            )
+        arrays = batch.arrays
+        cache.check_fits(arrays)
+        with torch.inference_mode():
+            final_hidden = self._model.forward(self._inputs(batch), arrays, cache)
+            if not (batch.return_logits or batch.return_greedy):
+                return DispatchOutput()
+            logits = self._model.logits(final_hidden)  # final rows only
+            return DispatchOutput(
+                logits=_host(logits) if batch.return_logits else None,
+                greedy_token_ids=_greedy(logits) if batch.return_greedy else None,
+            )
+
+    def _inputs(self, batch: DispatchInput) -> torch.Tensor:
+        tokens = batch.arrays.num_tokens
+        if batch.input_embeddings is None:
+            ids = self._checked_ids(batch.token_ids, tokens)
+            return self._model.embed(torch.from_numpy(ids).to(self.device))
+        given = np.asarray(batch.input_embeddings)
+        if given.shape != (tokens, self.hidden_size):
+            raise InvalidInputError(
+                f"'input_embeddings' must be [{tokens}, {self.hidden_size}]: {list(given.shape)}"
+            )
+        return torch.from_numpy(np.array(given, copy=True)).to(self.device, self.dtype)
+
+    # -- warmup --------------------------------------------------------------------------
+
+    def warmup(
+        self,
+        config: PlannerConfig,
+        *,
+        batch_size: int,
+        max_seq_len: int,
+        page_size: int = 128,
+    ) -> tuple[WarmupShape, ...]:
+        """Run one dispatch of each of the planner's warmup shapes (:func:`plan_warmup`),
+        so kernels compile before serving; return the shapes run.
+
+        Each shape is built as a one-dispatch schedule under ``config`` and validated, so no
+        warmup dispatch carries more than ``config.effective_budget`` tokens.
+        """
+        shapes = plan_warmup(config, batch_size=batch_size, max_seq_len=max_seq_len)
+        for shape in shapes:
+            lengths = [shape.tokens_per_row] * shape.num_rows
+            rows = [[r, 0, shape.tokens_per_row, True] for r in range(shape.num_rows)]
+            schedule = Schedule.from_dispatches(config, lengths, [rows])
+            pages = shape.num_rows * -(-shape.tokens_per_row // page_size)
+            tables = plan_pages(lengths, page_size=page_size, num_pages=pages)
+            arrays = dispatch_arrays(schedule.dispatch(0), tables)
+            batch = DispatchInput(
+                arrays=arrays,
+                token_ids=np.zeros(arrays.num_tokens, dtype=np.int64),
+                input_embeddings=None,
+                return_logits=False,
+                return_greedy=True,
+            )
+            self.run_dispatch(batch, self.new_cache(num_pages=pages, page_size=page_size))
+        return shapes
+
+
+def _dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype) and value in DTYPES.values():
+        return value
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value]
+    raise InvalidInputError(f"'dtype' must be one of {sorted(DTYPES)}: {value!r}")
+
+
+def _default_device() -> torch.device:
+    return torch.device("npu" if npu_availability().available else "cpu")
+
+
+def _greedy(logits: torch.Tensor) -> npt.NDArray[np.int64]:
+    """Argmax ids, computed on the device; a dispatch without final rows samples nothing."""
+    if logits.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    ids: npt.NDArray[np.int64] = logits.argmax(dim=-1).cpu().numpy().astype(np.int64)
+    return ids
+
+
+def _host(tensor: torch.Tensor) -> npt.NDArray[np.floating[Any]]:
+    """A host copy; bfloat16 (which NumPy lacks) and float16 come back as float32."""
+    array: npt.NDArray[np.floating[Any]] = tensor.float().cpu().numpy()
+    return array

@@ -1,0 +1,43 @@
+"""The op layer: one forward pass, two kernel sets, chosen by the tensors' device.
+
+:func:`select_ops` returns :class:`TorchOps` for CPU (or any non-NPU) devices and
+:class:`NpuOps` for ``npu`` devices. ``choice="npu"`` forces the NPU kernels on any device:
+with the tests' fake ``torch_npu`` installed, that runs the NPU path's marshalling on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+
+from pypto_sched import InvalidInputError
+
+from .._availability import torch_npu_module
+from ._npu_ops import NpuOps
+from ._protocol import AttentionShape, DispatchAttention, Ops
+from ._torch_ops import TorchOps
+
+__all__ = [
+    "OPS_CHOICES",
+    "AttentionShape",
+    "DispatchAttention",
+    "NpuOps",
+    "Ops",
+    "OpsChoice",
+    "TorchOps",
+    "select_ops",
+]
+
+OpsChoice = Literal["auto", "torch", "npu"]
+#: The accepted values of ``choice``.
+OPS_CHOICES: tuple[OpsChoice, ...] = get_args(OpsChoice)
+
+
+def select_ops(device: torch.device, *, choice: OpsChoice = "auto") -> Ops:
+    """The ops for tensors on ``device``: ``"auto"`` picks by device type."""
+    if choice not in OPS_CHOICES:
+        raise InvalidInputError(f"'ops' must be one of {OPS_CHOICES}: {choice!r}")
+    if choice == "torch" or (choice == "auto" and device.type != "npu"):
+        return TorchOps()
+    return NpuOps(torch_npu_module())

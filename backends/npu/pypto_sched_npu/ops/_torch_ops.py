@@ -1,0 +1,227 @@
+"""The portable ops: plain torch, on any device (the CPU path).
+
+Attention writes the dispatch's K/V into the pages with one ``index_copy_`` per layer, then
+gathers each row's whole context (cached prefix, earlier chunks and this chunk) through its
+block table into a ``[rows, kv_heads, longest context, head_dim]`` tensor and runs one
+``scaled_dot_product_attention`` over all rows. The mask is causal with each row's offset:
+query ``i`` of a row with ``q`` new tokens and context ``c`` sees keys ``j <= c - q + i``.
+Rows shorter than the longest are padded; padded keys are masked out and padded queries are
+dropped, and no query row is ever fully masked (a padded query ``i >= q`` sees the whole
+context). The gather indices and the mask depend only on the dispatch, so they are built
+once and shared by every layer.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+
+from pypto_sched import DispatchArrays
+
+from .._kv_cache import LayerKV
+from ._protocol import AttentionShape
+
+__all__ = ["TorchOps", "rotate_half_embedding"]
+
+#: ``scaled_dot_product_attention`` takes ``enable_gqa`` from torch 2.5 on.
+_NATIVE_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def rotate_half_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` for ``x`` ``[T, heads, D]`` and ``cos`` ``[T, D]``.
+
+    ``rotate_half(x)`` is ``[-x2, x1]`` for halves ``x1, x2``; it is applied half by half in
+    place rather than materialised.
+    """
+    half = x.shape[-1] // 2
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    out = x * cos
+    out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-1)
+    out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+    return out
+
+
+@attrs.frozen
+class TorchOps:
+    """Ops written with portable torch."""
+
+    @property
+    def name(self) -> str:
+        return "torch"
+
+    def kv_cache_dtype(self, compute_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+        return compute_dtype
+
+    def check_page_size(self, page_size: int) -> None:
+        """Any page size works: pages are gathered by index."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # In float32 whatever the compute dtype, as transformers' Qwen3RMSNorm does.
+        x32 = x.float()
+        # mean(x^2) as |x|^2 / D: one reduction, no squared copy of x.
+        norm: torch.Tensor = torch.linalg.vector_norm(x32, dim=-1, keepdim=True)
+        scale = norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        return (x32 * scale).to(x.dtype).mul_(weight)
+
+    def rotary(
+        self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotate_half_embedding(query, cos, sin), rotate_half_embedding(key, cos, sin)
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    def attention(
+        self,
+        arrays: DispatchArrays,
+        shape: AttentionShape,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> TorchAttention:
+        return TorchAttention.prepare(arrays, shape, device=device, dtype=dtype)
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class TorchAttention:
+    """One dispatch's gather indices and mask, shared by every layer.
+
+    Grouped-query attention is the kernel's own (``enable_gqa``), so keys and values are not
+    copied per query head (torch < 2.5 repeats them instead).
+    """
+
+    shape: AttentionShape
+    #: Per token: its KV slot.
+    slots: torch.Tensor
+    #: ``[rows, longest context]``: the slot of each context position (0 past the end).
+    context_slots: torch.Tensor
+    #: The first slot of a single row whose context fills consecutive slots (pages in order,
+    #: the usual layout), read as a view instead of gathered; else ``None``.
+    context_start: int | None
+    #: ``[rows, 1, longest chunk, longest context]`` additive mask (0 where a query sees a
+    #: key, -inf elsewhere), or ``None`` when plain causal attention is exact.
+    mask: torch.Tensor | None
+    #: Per token: its place in the ``[rows * longest chunk]`` padded layout, or ``None`` for a
+    #: single row (no padding).
+    padded_index: torch.Tensor | None
+    num_rows: int
+    longest_chunk: int
+
+    @classmethod
+    def prepare(
+        cls,
+        arrays: DispatchArrays,
+        shape: AttentionShape,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> TorchAttention:
+        query_lens = np.diff(arrays.cu_seqlens).astype(np.int64)
+        context_lens = arrays.context_lens.astype(np.int64)
+        rows, longest_chunk = query_lens.size, int(query_lens.max())
+        longest_context = int(context_lens.max())
+        position = np.arange(longest_context)
+        in_context = position[None, :] < context_lens[:, None]
+        column = np.minimum(position // arrays.page_size, arrays.block_tables.shape[1] - 1)
+        pages = np.where(in_context, arrays.block_tables[:, column], 0).astype(np.int64)
+        context_slots = pages * arrays.page_size + position % arrays.page_size
+        context_slots[~in_context] = 0
+        first = int(context_slots[0, 0])
+        consecutive = rows == 1 and bool(
+            (context_slots[0] == first + np.arange(longest_context)).all()
+        )
+        plain_causal = rows == 1 and int(context_lens[0]) == int(query_lens[0])
+        mask = None
+        if not plain_causal:
+            visible = _visible(query_lens, context_lens, in_context)
+            additive = torch.zeros(visible.shape, dtype=dtype)
+            additive.masked_fill_(torch.from_numpy(~visible), float("-inf"))
+            mask = additive[:, None].to(device)
+        return cls(
+            shape=shape,
+            slots=_to_device(arrays.slot_mapping, device),
+            context_slots=_to_device(context_slots, device),
+            context_start=first if consecutive else None,
+            mask=mask,
+            padded_index=None
+            if rows == 1
+            else _to_device(_padded_index(arrays.cu_seqlens, longest_chunk), device),
+            num_rows=rows,
+            longest_chunk=longest_chunk,
+        )
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
+        heads, dim = self.shape.num_kv_heads, self.shape.head_dim
+        cache.key.view(-1, heads, dim).index_copy_(0, self.slots, key.to(cache.key.dtype))
+        cache.value.view(-1, heads, dim).index_copy_(0, self.slots, value.to(cache.value.dtype))
+
+    def attend(self, query: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        heads, dim = self.shape.num_heads, self.shape.head_dim
+        rows, width = self.num_rows, self.longest_chunk
+        key, value = (self._context(pages, query.dtype) for pages in (cache.key, cache.value))
+        if self.padded_index is None:
+            padded = query
+        else:
+            padded = query.new_zeros(rows * width, heads, dim)
+            padded.index_copy_(0, self.padded_index, query)
+        out = self._sdpa(padded.view(rows, width, heads, dim).transpose(1, 2), key, value)
+        out = out.transpose(1, 2).reshape(rows * width, heads, dim)
+        return out if self.padded_index is None else out[self.padded_index]
+
+    def _sdpa(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``[rows, heads, width, dim]`` queries over ``[rows, kv_heads, context, dim]``."""
+        grouped = self.shape.num_heads != self.shape.num_kv_heads
+        causal, scale = self.mask is None, self.shape.scale
+        if _NATIVE_GQA:
+            return F.scaled_dot_product_attention(
+                query, key, value, self.mask, is_causal=causal, scale=scale, enable_gqa=grouped
+            )
+        if grouped:
+            groups = self.shape.num_heads // self.shape.num_kv_heads
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(
+            query, key, value, self.mask, is_causal=causal, scale=scale
+        )
+
+    def _context(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Each row's whole context from ``pages``: ``[rows, kv_heads, context, dim]``."""
+        flat = pages.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
+        if self.context_start is not None:
+            length = self.context_slots.shape[1]
+            gathered = flat.narrow(0, self.context_start, length).unsqueeze(0)
+        elif self.num_rows == 1:
+            gathered = flat.index_select(0, self.context_slots[0]).unsqueeze(0)
+        else:
+            gathered = flat[self.context_slots]
+        return gathered.transpose(1, 2).to(dtype)
+
+
+def _visible(
+    query_lens: npt.NDArray[np.int64],
+    context_lens: npt.NDArray[np.int64],
+    in_context: npt.NDArray[np.bool_],
+) -> npt.NDArray[np.bool_]:
+    """``[rows, longest chunk, longest context]``: key ``j`` is visible to query ``i``."""
+    query = np.arange(int(query_lens.max()))
+    key = np.arange(in_context.shape[1])
+    offset = (context_lens - query_lens)[:, None, None]
+    visible = key[None, None, :] <= query[None, :, None] + offset
+    return visible & in_context[:, None, :]
+
+
+def _padded_index(cu_seqlens: npt.NDArray[np.int32], width: int) -> npt.NDArray[np.int64]:
+    """Per token: ``row * width + offset in row``."""
+    cu = cu_seqlens.astype(np.int64)
+    lengths = np.diff(cu)
+    row = np.repeat(np.arange(lengths.size), lengths)
+    return row * width + np.arange(int(cu[-1])) - cu[row]
+
+
+def _to_device(array: npt.NDArray[np.generic], device: torch.device) -> torch.Tensor:
+    # A copy: the planner's arrays are read-only, and torch wants to own writable memory.
+    return torch.from_numpy(np.array(array, copy=True)).to(device)

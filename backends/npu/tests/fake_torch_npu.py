@@ -1,0 +1,367 @@
+"""A stand-in for ``torch_npu``, for tests only: reference math in torch plus the documented
+constraints of each op the NPU path calls, asserted on every call.
+
+The conftest loads this file as the module ``torch_npu`` (into ``sys.modules``), so the
+backend's NPU op path runs on CPU tensors and its marshalling (layouts, dtypes, lengths,
+block tables, masks, slots) is checked in CI. The constraints come from the torch_npu / CANN
+operator documentation; a call that breaks one raises ``AssertionError`` naming the rule.
+
+One deliberate extension: ``npu_fused_infer_attention_score`` accepts float32 on CPU tensors
+(the real kernel takes float16 and bfloat16 only), so float32 runs can be compared with
+transformers at 1e-4. The backend never sends float32 to a real NPU: it keeps float32
+models' pages in bfloat16 there (``NpuOps.kv_cache_dtype``).
+
+``CALLS`` counts calls per op, so tests can check the NPU kernels really ran.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+CALLS: collections.Counter[str] = collections.Counter()
+
+_HALF = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float32, *_HALF)
+_MASK_SIZE = 2048
+
+
+def reset_calls() -> None:
+    CALLS.clear()
+
+
+def _require(condition: bool, op: str, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"{op}: {message}")
+
+
+# -- npu_rms_norm ------------------------------------------------------------------------------
+
+
+def npu_rms_norm(
+    x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(y, rstd)``: a tuple, not a tensor. Like the real kernel it normalises over
+    the trailing dimensions that ``gamma`` covers (all of them, for a multi-dim gamma)."""
+    op = "npu_rms_norm"
+    CALLS[op] += 1
+    _require(x.dtype in _FLOATS, op, f"x must be float16, bfloat16 or float32: {x.dtype}")
+    _require(gamma.dtype == x.dtype, op, f"gamma dtype {gamma.dtype} must match x {x.dtype}")
+    _require(2 <= x.dim() <= 8, op, f"x must have 2 to 8 dims: {x.dim()}")
+    _require(
+        tuple(gamma.shape) == tuple(x.shape[x.dim() - gamma.dim() :]),
+        op,
+        f"gamma {list(gamma.shape)} must match the trailing dims of x {list(x.shape)}",
+    )
+    x32 = x.float()
+    axes = tuple(range(-gamma.dim(), 0))
+    rstd = torch.rsqrt(x32.pow(2).mean(axes, keepdim=True) + epsilon)
+    return gamma * (x32 * rstd).to(x.dtype), rstd
+
+
+# -- npu_apply_rotary_pos_emb ------------------------------------------------------------------
+
+
+def npu_apply_rotary_pos_emb(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "BSND",
+    rotary_mode: str = "half",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotates ``query`` and ``key`` in place and returns them."""
+    op = "npu_apply_rotary_pos_emb"
+    CALLS[op] += 1
+    _require(layout == "BSND", op, f"this fake emulates layout 'BSND': {layout!r}")
+    _require(rotary_mode == "half", op, f"rotary_mode must be 'half': {rotary_mode!r}")
+    for name, tensor in (("query", query), ("key", key), ("cos", cos), ("sin", sin)):
+        _require(tensor.dim() == 4, op, f"{name} must be 4-D (BSND): {list(tensor.shape)}")
+        _require(tensor.is_contiguous(), op, f"{name} must be contiguous")
+        _require(tensor.dtype == query.dtype, op, f"{name} dtype must match query's")
+    dim = query.shape[-1]
+    _require(dim in (64, 128), op, f"head_dim must be 64 or 128: {dim}")
+    for name, tensor in (("key", key), ("cos", cos), ("sin", sin)):
+        _require(
+            tuple(tensor.shape[:2]) == tuple(query.shape[:2]) and tensor.shape[-1] == dim,
+            op,
+            f"{name} {list(tensor.shape)} must share B, S and D with query {list(query.shape)}",
+        )
+    _require(cos.shape[2] == 1 and sin.shape[2] == 1, op, "cos and sin must have N == 1")
+    _require(cos.shape == sin.shape, op, "cos and sin must have the same shape")
+    for tensor in (query, key):
+        half = dim // 2
+        rotated = torch.cat((-tensor[..., half:], tensor[..., :half]), dim=-1)
+        tensor.copy_(tensor * cos + rotated * sin)
+    return query, key
+
+
+# -- npu_swiglu --------------------------------------------------------------------------------
+
+
+def npu_swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``swish(A) * B`` where ``A`` is the first half of ``x`` along ``dim``."""
+    op = "npu_swiglu"
+    CALLS[op] += 1
+    _require(x.dtype in _FLOATS, op, f"x must be float16, bfloat16 or float32: {x.dtype}")
+    _require(x.is_contiguous(), op, "x must be contiguous")
+    _require(x.numel() > 0, op, "x must not be empty")
+    _require(x.shape[dim] % 2 == 0, op, f"x.shape[{dim}] must be even: {x.shape[dim]}")
+    gate, up = x.chunk(2, dim=dim)
+    return F.silu(gate) * up
+
+
+# -- npu_scatter_pa_kv_cache -------------------------------------------------------------------
+
+
+def npu_scatter_pa_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    compress_lens: torch.Tensor | None = None,
+    compress_seq_offsets: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    cache_mode: str = "PA_NZ",
+) -> None:
+    """Writes ``key``/``value`` ``[T, N, D]`` into ``[blocks, block_size, N, D]`` caches."""
+    op = "npu_scatter_pa_kv_cache"
+    CALLS[op] += 1
+    _require(
+        cache_mode == "Norm",
+        op,
+        f"an ND [blocks, block_size, N, D] cache needs cache_mode='Norm' (the default "
+        f"'PA_NZ' expects the NZ layout): {cache_mode!r}",
+    )
+    _require(
+        compress_lens is None and compress_seq_offsets is None and seq_lens is None,
+        op,
+        "the compression arguments apply to 4-D keys only",
+    )
+    for name, tensor in (("key", key), ("value", value)):
+        _require(tensor.dim() == 3, op, f"{name} must be [T, N, D]: {list(tensor.shape)}")
+        _require(tensor.is_contiguous(), op, f"{name} must be contiguous")
+    for name, tensor in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
+        _require(tensor.dtype == key.dtype, op, f"{name} dtype {tensor.dtype} must be {key.dtype}")
+    _require(key.shape[:2] == value.shape[:2], op, "key and value must share T and N")
+    for name, cache, source in (("key_cache", key_cache, key), ("value_cache", value_cache, value)):
+        _require(cache.dim() == 4, op, f"{name} must be 4-D: {list(cache.shape)}")
+        _require(
+            tuple(cache.shape[2:]) == tuple(source.shape[1:]),
+            op,
+            f"{name} {list(cache.shape)} must be [blocks, block_size, "
+            f"{source.shape[1]}, {source.shape[2]}]",
+        )
+    _require(
+        slot_mapping.dtype in (torch.int32, torch.int64),
+        op,
+        f"slot_mapping must be int32 or int64: {slot_mapping.dtype}",
+    )
+    _require(
+        slot_mapping.dim() == 1 and slot_mapping.shape[0] == key.shape[0],
+        op,
+        f"slot_mapping must be [T] = [{key.shape[0]}]: {list(slot_mapping.shape)}",
+    )
+    slots = slot_mapping.long()
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if slots.numel():
+        _require(
+            int(slots.min()) >= 0 and int(slots.max()) < num_slots,
+            op,
+            f"slot_mapping values must be in [0, {num_slots - 1}]: "
+            f"[{int(slots.min())}, {int(slots.max())}]",
+        )
+        _require(
+            bool((slots.sort().values.diff() > 0).all()), op, "slot_mapping values must be unique"
+        )
+    heads, dim = key.shape[1], key.shape[2]
+    key_cache.view(-1, heads, dim)[slots] = key
+    value_cache.view(-1, value.shape[1], value.shape[2])[slots] = value
+
+
+# -- npu_fused_infer_attention_score -----------------------------------------------------------
+
+# Masks already found to be the upper triangle, by storage address: the full comparison of
+# 4M entries is done once per mask, not once per layer. Holding the tensors keeps their
+# addresses from being reused by another tensor. (Masks are never written in place.)
+_CHECKED_MASKS: dict[int, torch.Tensor] = {}
+
+
+def _is_upper_triangle(mask: torch.Tensor) -> bool:
+    key = mask.data_ptr()
+    if key not in _CHECKED_MASKS:
+        upper = torch.triu(torch.ones(_MASK_SIZE, _MASK_SIZE, dtype=torch.bool), 1)
+        if not torch.equal(mask.reshape(_MASK_SIZE, _MASK_SIZE).bool().cpu(), upper):
+            return False
+        _CHECKED_MASKS[key] = mask
+    return True
+
+
+def npu_fused_infer_attention_score(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    atten_mask: torch.Tensor | None = None,
+    actual_seq_lengths: list[int] | None = None,
+    actual_seq_lengths_kv: list[int] | None = None,
+    block_table: torch.Tensor | None = None,
+    num_heads: int = 1,
+    scale: float = 1.0,
+    pre_tokens: int = 2147483647,
+    next_tokens: int = 2147483647,
+    input_layout: str = "BSH",
+    num_key_value_heads: int = 0,
+    sparse_mode: int = 0,
+    inner_precise: int = 0,
+    block_size: int = 0,
+    softmax_lse_flag: bool = False,
+    **unused: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged prefill attention in the TND layout; returns ``(attention_out, softmax_lse)``."""
+    op = "npu_fused_infer_attention_score"
+    CALLS[op] += 1
+    extra = sorted(name for name, given in unused.items() if given is not None)
+    _require(not extra, op, f"this fake does not emulate {extra}")
+    _require(input_layout == "TND", op, f"this fake emulates input_layout 'TND': {input_layout!r}")
+    _require(not softmax_lse_flag, op, "softmax_lse_flag is not emulated")
+    _require(query.dim() == 3, op, f"query must be [T, N, D] for TND: {list(query.shape)}")
+    _require(query.is_contiguous(), op, "query must be contiguous")
+    tokens, heads, dim = query.shape
+    _require(
+        query.dtype in _HALF or (query.dtype == torch.float32 and query.device.type == "cpu"),
+        op,
+        f"query must be float16 or bfloat16 (float32 only in this fake, on CPU): {query.dtype}",
+    )
+    _require(dim % 16 == 0, op, f"head_dim must be a multiple of 16 for float inputs: {dim}")
+    _require(num_heads == heads, op, f"num_heads {num_heads} must equal query's N {heads}")
+    kv_heads = num_key_value_heads or num_heads
+    _require(num_heads % kv_heads == 0, op, "num_heads must be a multiple of num_key_value_heads")
+    _require(num_heads // kv_heads <= 64, op, "num_heads / num_key_value_heads must be <= 64")
+
+    # PageAttention: key/value are the caches viewed as [blocks, block_size, kv_heads * D].
+    _require(block_table is not None, op, "this fake emulates PageAttention: pass block_table")
+    assert block_table is not None
+    for name, tensor in (("key", key), ("value", value)):
+        _require(tensor.dtype == query.dtype, op, f"{name} dtype must match query's")
+        _require(tensor.is_contiguous(), op, f"{name} must be contiguous")
+        _require(
+            tensor.dim() == 3 and tensor.shape[2] == kv_heads * dim,
+            op,
+            f"{name} must be [blocks, block_size, {kv_heads * dim}]: {list(tensor.shape)}",
+        )
+    _require(key.shape == value.shape, op, "key and value must have the same shape")
+    blocks = key.shape[0]
+    _require(block_size == key.shape[1], op, f"block_size {block_size} != {key.shape[1]}")
+
+    # Lengths: cumulative query ends, per-row kv lengths, both host int lists.
+    for name, lengths in (
+        ("actual_seq_lengths", actual_seq_lengths),
+        ("actual_seq_lengths_kv", actual_seq_lengths_kv),
+    ):
+        _require(
+            isinstance(lengths, list) and all(type(n) is int for n in lengths),
+            op,
+            f"{name} must be a list of ints: {type(lengths).__name__}",
+        )
+    assert actual_seq_lengths is not None
+    assert actual_seq_lengths_kv is not None
+    ends = actual_seq_lengths
+    _require(len(ends) >= 1, op, "actual_seq_lengths must not be empty (it sets B for TND)")
+    _require(
+        all(b >= a for a, b in zip([0, *ends], ends, strict=False)),
+        op,
+        f"actual_seq_lengths must be cumulative (non-decreasing, >= 0): {ends}",
+    )
+    _require(ends[-1] == tokens, op, f"actual_seq_lengths must end at T = {tokens}: {ends[-1]}")
+    batch = len(ends)
+    query_lens = [b - a for a, b in zip([0, *ends], ends, strict=False)]
+    kv_lens = actual_seq_lengths_kv
+    _require(
+        len(kv_lens) == batch, op, f"actual_seq_lengths_kv must have B = {batch} entries: {kv_lens}"
+    )
+
+    prefill = max(query_lens) > 1
+    if prefill:
+        _require(
+            block_size % 128 == 0 and 128 <= block_size <= 512,
+            op,
+            f"with PageAttention and Q_S > 1 block_size must be a multiple of 128 in "
+            f"[128, 512]: {block_size}",
+        )
+    else:
+        _require(
+            block_size % 16 == 0 and 16 <= block_size <= 512,
+            op,
+            f"block_size must be a multiple of 16 in [16, 512]: {block_size}",
+        )
+
+    _require(
+        block_table.dtype == torch.int32, op, f"block_table must be int32: {block_table.dtype}"
+    )
+    _require(
+        block_table.dim() == 2 and block_table.shape[0] == batch,
+        op,
+        f"block_table must be [B = {batch}, pages]: {list(block_table.shape)}",
+    )
+    needed = max(-(-n // block_size) for n in kv_lens)
+    _require(
+        block_table.shape[1] >= needed,
+        op,
+        f"block_table must hold {needed} pages per row (the longest kv): {block_table.shape[1]}",
+    )
+    _require(
+        block_table.numel() == 0
+        or (int(block_table.min()) >= 0 and int(block_table.max()) < blocks),
+        op,
+        f"block ids are not checked by the kernel, so every entry must be in [0, {blocks})",
+    )
+    for query_len, kv_len in zip(query_lens, kv_lens, strict=True):
+        _require(
+            kv_len >= query_len,
+            op,
+            f"each row's kv length must be >= its query length: {kv_len} < {query_len}",
+        )
+
+    _require(sparse_mode == 3, op, f"this fake emulates sparse_mode 3: {sparse_mode}")
+    _require(atten_mask is not None, op, "sparse_mode 3 requires atten_mask")
+    assert atten_mask is not None
+    _require(
+        atten_mask.dtype in (torch.int8, torch.uint8, torch.bool),
+        op,
+        f"atten_mask must be int8, uint8 or bool: {atten_mask.dtype}",
+    )
+    _require(
+        tuple(atten_mask.shape[-2:]) == (_MASK_SIZE, _MASK_SIZE)
+        and all(n == 1 for n in atten_mask.shape[:-2]),
+        op,
+        f"sparse_mode 3 needs the {_MASK_SIZE}x{_MASK_SIZE} mask: {list(atten_mask.shape)}",
+    )
+    _require(
+        _is_upper_triangle(atten_mask),
+        op,
+        "atten_mask must be 1 strictly above the diagonal and 0 elsewhere",
+    )
+
+    groups = heads // kv_heads
+    keys = key.view(blocks * block_size, kv_heads, dim)
+    values = value.view(blocks * block_size, kv_heads, dim)
+    out = torch.empty_like(query)
+    for row, (start, end, kv) in enumerate(zip([0, *ends], ends, kv_lens, strict=False)):
+        position = torch.arange(kv)
+        slots = block_table[row].long()[position // block_size] * block_size + position % block_size
+        k = keys[slots].float().repeat_interleave(groups, dim=1)  # [kv, heads, D]
+        v = values[slots].float().repeat_interleave(groups, dim=1)
+        q = query[start:end].float()  # [q, heads, D]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        # Right-down causal: query i sees keys j <= kv - q + i.
+        offset = kv - (end - start)
+        hidden = position[None, :] > torch.arange(end - start)[:, None] + offset
+        scores = scores.masked_fill(hidden[None], float("-inf"))
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+    return out, torch.zeros(1)

@@ -1,0 +1,288 @@
+"""The backend keeps the pypto_sched Backend contract: discovery, check_backend, outputs only
+for final rows, K/V written only at the dispatch's slots, both embedding paths, warmup inside
+the budget, and clear errors for misuse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import pypto_sched_npu
+from pypto_sched import (
+    InvalidInputError,
+    PlannerConfig,
+    dispatch_arrays,
+    plan_pages,
+    plan_prefill,
+    plan_warmup,
+)
+from pypto_sched.backends import Backend, DispatchInput, list_backends, load_backend
+from pypto_sched.execute import execute_schedule
+from pypto_sched.testing import check_backend
+from pypto_sched_npu import NpuBackend
+
+Backends = Callable[..., NpuBackend]
+PATHS = ("torch", "npu")
+# The NPU kernels take pages of 128 slots or more; the CPU path takes any size.
+PAGE = {"torch": 4, "npu": 128}
+
+
+def test_every_public_name_is_exported() -> None:
+    public = {name for name in dir(pypto_sched_npu) if not name.startswith("_")}
+    modules = {"backend", "ops"}
+    assert sorted(public - modules) == sorted(pypto_sched_npu.__all__)
+
+
+def test_backend_is_discovered_under_the_name_npu(checkpoints: dict[str, Path]) -> None:
+    assert "npu" in list_backends()
+    backend = load_backend("npu", checkpoint=checkpoints["tied"], device="cpu")
+    assert isinstance(backend, NpuBackend)
+    assert isinstance(backend, Backend)
+    assert backend.name == "npu"
+
+
+@pytest.mark.parametrize("model", ["tied", "untied", "sharded"])
+def test_cpu_path_passes_check_backend(model: str, backends: Backends) -> None:
+    check_backend(backends(model), max_examples=12, seed=len(model))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cpu_path_passes_check_backend_in_half_precision(dtype: str, backends: Backends) -> None:
+    check_backend(backends("tied", dtype=dtype), max_examples=4, seed=7)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("ops", PATHS)
+def test_half_precision_logits_stay_near_transformers(
+    dtype: str, ops: str, backends: Backends, reference: Any
+) -> None:
+    backend = backends("untied", ops=ops, dtype=dtype)
+    prompts = [np.arange(n, dtype=np.int64) % 101 for n in (150, 40, 7)]
+    schedule = plan_prefill(
+        [p.size for p in prompts], PlannerConfig(max_num_batched_tokens=64, policy="packed")
+    )
+    result = execute_schedule(schedule, backend, prompts, page_size=PAGE[ops])
+    expected = reference.batch("untied", prompts)
+    assert np.abs(result.logits - expected).max() <= backend.tolerance
+
+
+def _one_dispatch(lengths: list[int], starts: list[int], page: int) -> Any:
+    """The arrays of a single dispatch running ``starts[r]:lengths[r]`` of each request,
+    all final."""
+    config = PlannerConfig(max_num_batched_tokens=sum(lengths))
+    schedule = plan_prefill(lengths, config, num_computed_tokens=starts)
+    tables = plan_pages(lengths, page_size=page, num_pages=sum(-(-n // page) for n in lengths))
+    return dispatch_arrays(schedule.dispatch(0), tables), tables
+
+
+def _batch(arrays: Any, *, logits: bool, greedy: bool, embeddings: Any = None) -> DispatchInput:
+    return DispatchInput(
+        arrays=arrays,
+        token_ids=np.arange(arrays.num_tokens, dtype=np.int64) % 101,
+        input_embeddings=embeddings,
+        return_logits=logits,
+        return_greedy=greedy,
+    )
+
+
+@pytest.mark.parametrize("ops", PATHS)
+def test_an_intermediate_dispatch_returns_nothing_but_what_was_asked(
+    ops: str, backends: Backends
+) -> None:
+    backend = backends("tied", ops=ops)
+    config = PlannerConfig(max_num_batched_tokens=300, long_prefill_token_threshold=128)
+    schedule = plan_prefill([300], config)
+    page = PAGE[ops]
+    tables = plan_pages([300], page_size=page, num_pages=-(-300 // page))
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    assert not arrays.is_final.any()
+    cache = backend.new_cache(num_pages=tables.num_pages, page_size=page)
+    quiet = backend.run_dispatch(_batch(arrays, logits=False, greedy=False), cache)
+    assert quiet.logits is None
+    assert quiet.greedy_token_ids is None
+    asked = backend.run_dispatch(_batch(arrays, logits=True, greedy=True), cache)
+    assert asked.logits is not None
+    assert asked.logits.shape == (0, backend.vocab_size)
+    assert asked.greedy_token_ids is not None
+    assert asked.greedy_token_ids.shape == (0,)
+
+
+@pytest.mark.parametrize("ops", PATHS)
+def test_kv_is_written_only_at_the_dispatch_slots(ops: str, backends: Backends) -> None:
+    backend = backends("untied", ops=ops)
+    page = PAGE[ops]
+    arrays, tables = _one_dispatch([9, 5, 12], [4, 0, 11], page)
+    cache = backend.new_cache(num_pages=tables.num_pages, page_size=page)
+    sentinel = 7.0
+    for layer in cache.layers:
+        layer.key.fill_(sentinel)
+        layer.value.fill_(sentinel)
+    backend.run_dispatch(_batch(arrays, logits=True, greedy=False), cache)
+    written = np.zeros(cache.num_slots, dtype=bool)
+    written[arrays.slot_mapping] = True
+    for layer in cache.layers:
+        for pages in (layer.key, layer.value):
+            untouched = (pages.reshape(cache.num_slots, -1) == sentinel).all(dim=1).numpy()
+            np.testing.assert_array_equal(untouched, ~written)
+
+
+@pytest.mark.parametrize("ops", PATHS)
+def test_host_and_device_embeddings_give_the_same_logits(ops: str, backends: Backends) -> None:
+    backend = backends("sharded", ops=ops)
+    arrays, tables = _one_dispatch([20, 33], [0, 0], PAGE[ops])
+    device = _batch(arrays, logits=True, greedy=True)
+    host = _batch(arrays, logits=True, greedy=True, embeddings=backend.embed(device.token_ids))
+    outputs = [
+        backend.run_dispatch(
+            batch, backend.new_cache(num_pages=tables.num_pages, page_size=PAGE[ops])
+        )
+        for batch in (device, host)
+    ]
+    np.testing.assert_array_equal(outputs[0].logits, outputs[1].logits)
+    np.testing.assert_array_equal(outputs[0].greedy_token_ids, outputs[1].greedy_token_ids)
+
+
+def test_the_npu_path_runs_each_kernel_once_per_layer(
+    backends: Backends, fake_npu_module: ModuleType
+) -> None:
+    backend = backends("tied", ops="npu")
+    arrays, tables = _one_dispatch([130, 5], [0, 0], 128)
+    fake_npu_module.reset_calls()
+    backend.run_dispatch(
+        _batch(arrays, logits=True, greedy=True),
+        backend.new_cache(num_pages=tables.num_pages, page_size=128),
+    )
+    layers = backend.model.config.num_layers
+    assert dict(fake_npu_module.CALLS) == {
+        "npu_scatter_pa_kv_cache": layers,
+        "npu_fused_infer_attention_score": layers,
+        "npu_apply_rotary_pos_emb": layers,
+        "npu_swiglu": layers,
+        # input, post-attention, q and k norms per layer, and the final norm
+        "npu_rms_norm": 4 * layers + 1,
+    }
+
+
+# -- warmup ------------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """Wraps a backend's run_dispatch to record each dispatch's token count."""
+
+    def __init__(self, backend: NpuBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tokens: list[int] = []
+        run = backend.run_dispatch
+
+        def recording(batch: DispatchInput, cache: Any) -> Any:
+            self.tokens.append(batch.arrays.num_tokens)
+            return run(batch, cache)
+
+        monkeypatch.setattr(backend, "run_dispatch", recording)
+
+
+@pytest.mark.parametrize(
+    ("config", "batch_size", "max_seq_len"),
+    [
+        # The seed's case: 16 prompts of 3,338 tokens, threshold 256.
+        (PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256), 16, 3338),
+        # A budget smaller than the batch: fewer rows, one token each.
+        (PlannerConfig(max_num_batched_tokens=5), 8, 100),
+        (PlannerConfig(max_num_batched_tokens=512, policy="packed", max_batch_size=3), 8, 40),
+    ],
+)
+@pytest.mark.parametrize("ops", PATHS)
+def test_warmup_runs_the_planned_shapes_within_the_budget(
+    config: PlannerConfig,
+    batch_size: int,
+    max_seq_len: int,
+    ops: str,
+    backends: Backends,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = backends("tied", ops=ops)
+    recorder = _Recorder(backend, monkeypatch)
+    shapes = backend.warmup(
+        config, batch_size=batch_size, max_seq_len=max_seq_len, page_size=PAGE[ops] * 2
+    )
+    assert shapes == plan_warmup(config, batch_size=batch_size, max_seq_len=max_seq_len)
+    assert recorder.tokens == [shape.num_tokens for shape in shapes]
+    assert max(recorder.tokens) <= config.effective_budget
+
+
+# -- misuse ------------------------------------------------------------------------------------
+
+
+def test_a_foreign_cache_is_rejected(backends: Backends) -> None:
+    backend = backends("tied")
+    arrays, _ = _one_dispatch([5], [0], 4)
+    with pytest.raises(InvalidInputError, match="'cache' must come from this backend"):
+        backend.run_dispatch(_batch(arrays, logits=True, greedy=False), object())
+
+
+def test_a_dispatch_paged_differently_from_the_cache_is_rejected(backends: Backends) -> None:
+    backend = backends("tied")
+    arrays, _ = _one_dispatch([5], [0], 4)
+    with pytest.raises(InvalidInputError, match="page_size must match the cache's 8: 4"):
+        backend.run_dispatch(
+            _batch(arrays, logits=True, greedy=False), backend.new_cache(num_pages=9, page_size=8)
+        )
+    two_pages, _ = _one_dispatch([3, 3], [0, 0], 4)
+    one_page = backend.new_cache(num_pages=1, page_size=4)
+    with pytest.raises(InvalidInputError, match=r"pages in \[0, 1\): page 1"):
+        backend.run_dispatch(_batch(two_pages, logits=True, greedy=False), one_page)
+
+
+def test_host_embeddings_of_the_wrong_shape_are_rejected(backends: Backends) -> None:
+    backend = backends("tied")
+    arrays, tables = _one_dispatch([5], [0], 4)
+    wrong = np.zeros((5, backend.hidden_size + 1), dtype=np.float32)
+    with pytest.raises(InvalidInputError, match=r"'input_embeddings' must be \[5, 64\]"):
+        backend.run_dispatch(
+            _batch(arrays, logits=True, greedy=False, embeddings=wrong),
+            backend.new_cache(num_pages=tables.num_pages, page_size=4),
+        )
+
+
+def test_token_ids_outside_the_vocabulary_are_rejected(backends: Backends) -> None:
+    backend = backends("tied")
+    arrays, tables = _one_dispatch([3], [0], 4)
+    batch = DispatchInput(
+        arrays=arrays,
+        token_ids=np.array([0, 101, 2]),
+        input_embeddings=None,
+        return_logits=True,
+        return_greedy=False,
+    )
+    with pytest.raises(InvalidInputError, match=r"'token_ids' must be 3 ids in \[0, 101\)"):
+        backend.run_dispatch(batch, backend.new_cache(num_pages=tables.num_pages, page_size=4))
+    with pytest.raises(InvalidInputError, match="'token_ids' must be 1 ids"):
+        backend.embed(np.array([-1]))
+
+
+def test_the_npu_path_rejects_pages_its_kernel_cannot_take(backends: Backends) -> None:
+    backend = backends("tied", ops="npu")
+    with pytest.raises(InvalidInputError, match=r"multiple of 128 in \[128, 512\].*: 16"):
+        backend.new_cache(num_pages=4, page_size=16)
+    with pytest.raises(InvalidInputError, match="'num_pages' must be an int >= 1: 0"):
+        backend.new_cache(num_pages=0, page_size=128)
+
+
+def test_bad_options_are_rejected(checkpoints: dict[str, Path]) -> None:
+    with pytest.raises(InvalidInputError, match="'dtype' must be one of"):
+        NpuBackend.from_checkpoint(checkpoints["tied"], dtype="int8")
+    with pytest.raises(InvalidInputError, match="'ops' must be one of"):
+        NpuBackend.from_checkpoint(checkpoints["tied"], ops="gpu")  # type: ignore[arg-type]
+
+
+def test_metadata_follows_the_checkpoint(backends: Backends) -> None:
+    backend = backends("untied", dtype="bfloat16")
+    assert (backend.vocab_size, backend.hidden_size) == (101, 96)
+    assert backend.dtype == torch.bfloat16
+    assert backend.tolerance > backends("untied").tolerance
+    assert "ops='torch'" in repr(backend)

@@ -1,0 +1,239 @@
+"""The two op sets agree, and the fake torch_npu rejects every call that breaks a documented
+constraint of the real kernel (so a marshalling slip in the NPU path fails on CPU)."""
+
+from __future__ import annotations
+
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pypto_sched import PlannerConfig, dispatch_arrays, plan_pages, plan_prefill
+from pypto_sched_npu import PagedKVCache
+from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
+from pypto_sched_npu.ops._npu_ops import causal_mask
+
+SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=64)
+
+
+@pytest.fixture
+def npu_ops(fake_npu_module: ModuleType) -> NpuOps:
+    return NpuOps(fake_npu_module)
+
+
+def _random(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_rms_norm_swiglu_and_rotary_agree(npu_ops: NpuOps) -> None:
+    torch_ops = TorchOps()
+    x, weight = _random(7, 4, 64), _random(64, seed=1)
+    torch.testing.assert_close(
+        npu_ops.rms_norm(x, weight, 1e-6), torch_ops.rms_norm(x, weight, 1e-6)
+    )
+    gate_up = _random(7, 96)
+    torch.testing.assert_close(npu_ops.swiglu(gate_up), torch_ops.swiglu(gate_up))
+    angles = _random(7, 32, seed=2)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    for dim in (64, 32):  # 32 takes the portable fallback
+        q, k = _random(7, 4, dim, seed=3), _random(7, 2, dim, seed=4)
+        expected = torch_ops.rotary(q, k, cos[:, :dim], sin[:, :dim])
+        got = npu_ops.rotary(q.clone(), k.clone(), cos[:, :dim], sin[:, :dim])
+        torch.testing.assert_close(got, expected)
+
+
+def _dispatch(page: int) -> Any:
+    """One dispatch of three rows: a fresh prompt, a chunk after a cached prefix, and one
+    token after a long prefix (so the block tables are padded)."""
+    lengths, computed = [40, 300, 200], [0, 130, 199]
+    schedule = plan_prefill(
+        lengths, PlannerConfig(max_num_batched_tokens=512), num_computed_tokens=computed
+    )
+    tables = plan_pages(lengths, page_size=page, num_pages=sum(-(-n // page) for n in lengths))
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    assert (arrays.block_tables == -1).any()
+    return arrays, tables
+
+
+def _filled_cache(tables: Any, seed: int) -> PagedKVCache:
+    cache = PagedKVCache.allocate(
+        num_layers=1,
+        num_pages=tables.num_pages,
+        page_size=tables.page_size,
+        num_kv_heads=SHAPE.num_kv_heads,
+        head_dim=SHAPE.head_dim,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=seed))
+    cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=seed + 1))
+    return cache
+
+
+def test_paged_attention_agrees_on_both_paths(npu_ops: NpuOps) -> None:
+    arrays, tables = _dispatch(128)
+    tokens = arrays.num_tokens
+    query = _random(tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    key = _random(tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
+    value = _random(tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
+    outputs, caches = [], []
+    for ops in (TorchOps(), npu_ops):
+        cache = _filled_cache(tables, seed=8)
+        attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+        attention.write_kv(key, value, cache.layers[0])
+        outputs.append(attention.attend(query, cache.layers[0]))
+        caches.append(cache)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
+    assert torch.equal(caches[0].layers[0].value, caches[1].layers[0].value)
+
+
+def test_float32_pages_become_bfloat16_on_a_real_npu_only(npu_ops: NpuOps) -> None:
+    npu: Any = SimpleNamespace(type="npu")
+    cpu = torch.device("cpu")
+    assert npu_ops.kv_cache_dtype(torch.float32, npu) == torch.bfloat16
+    assert npu_ops.kv_cache_dtype(torch.float16, npu) == torch.float16
+    assert npu_ops.kv_cache_dtype(torch.float32, cpu) == torch.float32
+    assert TorchOps().kv_cache_dtype(torch.float32, npu) == torch.float32
+
+
+# -- the fake enforces the documented constraints ------------------------------------------------
+
+
+def _attention_call(page: int = 128) -> dict[str, Any]:
+    """Keyword arguments of a valid attention call, as the NPU path marshals them."""
+    arrays, tables = _dispatch(page)
+    cache = _filled_cache(tables, seed=9).layers[0]
+    table = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
+    return {
+        "query": _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim).half(),
+        "key": cache.key.view(tables.num_pages, page, -1).half(),
+        "value": cache.value.view(tables.num_pages, page, -1).half(),
+        "atten_mask": causal_mask(torch.device("cpu")),
+        "block_table": torch.from_numpy(table),
+        "input_layout": "TND",
+        "block_size": page,
+        "actual_seq_lengths": arrays.cu_seqlens[1:].tolist(),
+        "actual_seq_lengths_kv": arrays.context_lens.tolist(),
+        "num_heads": SHAPE.num_heads,
+        "num_key_value_heads": SHAPE.num_kv_heads,
+        "scale": SHAPE.scale,
+        "sparse_mode": 3,
+    }
+
+
+def test_the_fake_accepts_the_npu_paths_attention_call(fake_npu_module: ModuleType) -> None:
+    out, _ = fake_npu_module.npu_fused_infer_attention_score(**_attention_call())
+    assert out.dtype == torch.float16
+
+
+def _padded_table(call: dict[str, Any]) -> None:
+    call["block_table"] = call["block_table"].clone()
+    call["block_table"][0, -1] = -1
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        (lambda c: c.update(input_layout="BSH"), "input_layout 'TND'"),
+        (lambda c: c.update(query=c["query"].float().to(torch.float64)), "float16 or bfloat16"),
+        (lambda c: c.update(actual_seq_lengths=[40, 211, 1]), "must be cumulative"),
+        (lambda c: c.update(actual_seq_lengths=np.array([40, 210, 211])), "list of ints"),
+        (
+            lambda c: c.update(actual_seq_lengths_kv=np.cumsum([40, 300, 200]).tolist()),
+            "block_table must hold",
+        ),
+        (lambda c: c.update(actual_seq_lengths_kv=[40, 100, 200]), "kv length must be >="),
+        (lambda c: c.update(block_table=c["block_table"].long()), "block_table must be int32"),
+        (_padded_table, "every entry must be in"),
+        (lambda c: c.update(atten_mask=None), "requires atten_mask"),
+        (lambda c: c.update(atten_mask=c["atten_mask"][:1024, :1024]), "2048x2048 mask"),
+        (lambda c: c.update(atten_mask=c["atten_mask"].T.contiguous()), "strictly above"),
+        (lambda c: c.update(sparse_mode=0), "sparse_mode 3"),
+        (lambda c: c.update(num_heads=2), "num_heads 2 must equal"),
+        (lambda c: c.update(block_size=64), "block_size 64"),
+    ],
+)
+def test_the_fake_rejects_a_broken_attention_call(
+    change: Any, rule: str, fake_npu_module: ModuleType
+) -> None:
+    call = _attention_call()
+    change(call)
+    with pytest.raises(AssertionError, match=rule):
+        fake_npu_module.npu_fused_infer_attention_score(**call)
+
+
+def test_the_fake_rejects_small_blocks_for_prefill(fake_npu_module: ModuleType) -> None:
+    with pytest.raises(AssertionError, match="multiple of 128 in \\[128, 512\\]: 16"):
+        fake_npu_module.npu_fused_infer_attention_score(**_attention_call(page=16))
+
+
+def _scatter_call() -> dict[str, Any]:
+    cache = torch.zeros(4, 128, 2, 64, dtype=torch.float16)
+    return {
+        "key": torch.ones(3, 2, 64, dtype=torch.float16),
+        "value": torch.ones(3, 2, 64, dtype=torch.float16),
+        "key_cache": cache,
+        "value_cache": cache.clone(),
+        "slot_mapping": torch.tensor([0, 5, 511], dtype=torch.int32),
+        "cache_mode": "Norm",
+    }
+
+
+def test_the_fake_scatter_writes_the_slots(fake_npu_module: ModuleType) -> None:
+    call = _scatter_call()
+    fake_npu_module.npu_scatter_pa_kv_cache(**call)
+    written = (call["key_cache"].view(512, -1) != 0).any(dim=1)
+    assert written.nonzero().flatten().tolist() == [0, 5, 511]
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        (lambda c: c.pop("cache_mode"), "cache_mode='Norm'"),
+        (lambda c: c.update(slot_mapping=torch.tensor([0, 5, 512])), r"in \[0, 511\]"),
+        (lambda c: c.update(slot_mapping=torch.tensor([0, 5, -1])), r"in \[0, 511\]"),
+        (lambda c: c.update(slot_mapping=torch.tensor([0, 5, 5])), "unique"),
+        (lambda c: c.update(slot_mapping=torch.tensor([0.0, 1.0, 2.0])), "int32 or int64"),
+        (lambda c: c.update(key=c["key"].float()), "dtype"),
+        (lambda c: c.update(value_cache=torch.zeros(4, 2, 128, 64).half()), "must be"),
+    ],
+)
+def test_the_fake_rejects_a_broken_scatter(
+    change: Any, rule: str, fake_npu_module: ModuleType
+) -> None:
+    call = _scatter_call()
+    change(call)
+    with pytest.raises(AssertionError, match=rule):
+        fake_npu_module.npu_scatter_pa_kv_cache(**call)
+
+
+def test_the_fake_rms_norm_returns_a_tuple(fake_npu_module: ModuleType) -> None:
+    result = fake_npu_module.npu_rms_norm(_random(3, 8), torch.ones(8), epsilon=1e-6)
+    assert isinstance(result, tuple)
+    assert len(result) == 2
+    with pytest.raises(AssertionError, match="gamma dtype"):
+        fake_npu_module.npu_rms_norm(_random(3, 8), torch.ones(8).half())
+
+
+def test_the_fake_rotary_works_in_place_on_64_or_128_only(fake_npu_module: ModuleType) -> None:
+    q, k = _random(1, 5, 4, 64), _random(1, 5, 2, 64)
+    cos, sin = torch.ones(1, 5, 1, 64), torch.zeros(1, 5, 1, 64)
+    q_out, k_out = fake_npu_module.npu_apply_rotary_pos_emb(q, k, cos, sin)
+    assert q_out is q
+    assert k_out is k
+    small = _random(1, 5, 4, 32)
+    with pytest.raises(AssertionError, match="head_dim must be 64 or 128: 32"):
+        fake_npu_module.npu_apply_rotary_pos_emb(
+            small, small.clone(), cos[..., :32].contiguous(), sin[..., :32].contiguous()
+        )
+
+
+def test_the_fake_swiglu_gates_with_the_first_half(fake_npu_module: ModuleType) -> None:
+    gate, up = _random(3, 8), _random(3, 8, seed=1)
+    out = fake_npu_module.npu_swiglu(torch.cat((gate, up), -1), dim=-1)
+    torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up)
+    with pytest.raises(AssertionError, match="must be even"):
+        fake_npu_module.npu_swiglu(_random(3, 7))
