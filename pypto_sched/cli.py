@@ -189,9 +189,10 @@ def _workload(args: argparse.Namespace) -> tuple[list[int] | npt.NDArray[np.int6
         for option in ("num_requests", "min_length", "max_length"):
             if getattr(args, option) is not None:
                 flag = "--" + option.replace("_", "-")
-                raise UsageError(f"{flag} applies only with --workload, not with --lengths")
-        lengths = _read_lengths(args.lengths, "--lengths")
-        return lengths, "--lengths"
+                raise UsageError(f"{flag} applies only with --workload, not with a lengths list")
+        if args.lengths_file is not None:
+            return _read_lengths("@" + args.lengths_file, "--lengths-file"), "--lengths-file"
+        return _read_lengths(args.lengths, "--lengths"), "--lengths"
     params = {
         key: default if getattr(args, key) is None else getattr(args, key)
         for key, default in _WORKLOAD_DEFAULTS.items()
@@ -1075,6 +1076,12 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="prompt lengths, e.g. '3338x16' (16 prompts of 3338 tokens) or '100,200,50x3'; "
         "'@FILE' reads them from a file ('@-' from stdin)",
+    )
+    source.add_argument(
+        "--lengths-file",
+        metavar="PATH",
+        help="read the prompt lengths from a file, in the --lengths syntax (same as "
+        "--lengths @PATH)",
     )
     source.add_argument(
         "--workload",

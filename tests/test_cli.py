@@ -712,7 +712,10 @@ def test_run_bad_input_exits_with_one_line(
         (["plan", "--lengths", "12", "--max-num-batched-tokens", "0"], "'max_num_batched_tokens'"),
         (["plan", "--lengths", "12", "--max-num-batched-tokens", "x"], "invalid int value"),
         (["plan", "--lengths", "12"], "--max-num-batched-tokens"),
-        (["plan", "--max-num-batched-tokens", "8"], "one of the arguments --lengths --workload"),
+        (
+            ["plan", "--max-num-batched-tokens", "8"],
+            "one of the arguments --lengths --lengths-file --workload",
+        ),
         (
             ["plan", "--lengths", "12", "--workload", "seed", "--max-num-batched-tokens", "8"],
             "not allowed with argument",
@@ -790,3 +793,22 @@ def test_help_examples_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
                 argv[argv.index("-o") + 1] = str(tmp_path / argv[argv.index("-o") + 1])
             status, _, err = run(capsys, *argv)
             assert (status, err) == (EXIT_OK, ""), example
+
+
+def test_lengths_file_option_reads_the_same_syntax(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "lengths.txt"
+    path.write_text("3338x2\n# comment\n5\n")
+    status, out, _ = run(
+        capsys,
+        "plan",
+        "--lengths-file",
+        str(path),
+        "--max-num-batched-tokens",
+        "8",
+        "--format",
+        "json",
+    )
+    assert status == 0
+    assert json.loads(out)["prompt_lengths"] == [3338, 3338, 5]
