@@ -20,14 +20,16 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ._config import PlannerConfig
 from ._dispatch import DispatchArrays, dispatch_arrays
 from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
+from ._policies import plan_prefill
 from ._schedule import Dispatch, Schedule
 from ._validate import check_int, read_only
 from .backends import Backend, DispatchInput, DispatchOutput
 
-__all__ = ["DEFAULT_PAGE_SIZE", "ExecutionResult", "execute_schedule"]
+__all__ = ["DEFAULT_PAGE_SIZE", "ExecutionResult", "execute_schedule", "write_prefixes"]
 
 #: KV page size used when neither block tables nor the schedule's config name one.
 DEFAULT_PAGE_SIZE = 16
@@ -111,6 +113,39 @@ def execute_schedule(
         logits=logits.result() if return_logits else None,
         greedy_token_ids=greedy.result(np.int64) if return_greedy else None,
         block_tables=tables,
+        cache=cache,
+    )
+
+
+def write_prefixes(
+    backend: Backend,
+    token_ids: TokenIds,
+    num_computed_tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+    *,
+    block_tables: BlockTables,
+    cache: Any,
+) -> None:
+    """Write each request's cached prefix (its first ``num_computed_tokens[r]`` tokens) into
+    ``cache`` at its pages, as a prefix cache would have, in one dispatch that returns nothing.
+
+    Use it to prepare the cache for :func:`execute_schedule` of a schedule planned with
+    ``num_computed_tokens``. Requests without a prefix are left alone.
+    """
+    computed = [int(c) for c in num_computed_tokens]
+    hits = [r for r, c in enumerate(computed) if c > 0]
+    if not hits:
+        return
+    prefixes = [computed[r] for r in hits]
+    execute_schedule(
+        plan_prefill(prefixes, PlannerConfig(max_num_batched_tokens=sum(prefixes))),
+        backend,
+        [token_ids[r][: computed[r]] for r in hits],
+        return_logits=False,
+        block_tables=BlockTables.from_lists(
+            [block_tables.table(r).tolist() for r in hits],
+            page_size=block_tables.page_size,
+            num_pages=block_tables.num_pages,
+        ),
         cache=cache,
     )
 

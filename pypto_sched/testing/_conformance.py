@@ -32,10 +32,10 @@ import numpy.typing as npt
 
 from .._config import POLICIES, PlannerConfig, Policy
 from .._errors import ExecutionError, InvalidConfigError, InvalidInputError
-from .._pages import BlockTables, plan_pages
+from .._pages import plan_pages
 from .._policies import plan_prefill
 from ..backends import Backend
-from ..execute import ExecutionResult, execute_schedule
+from ..execute import ExecutionResult, execute_schedule, write_prefixes
 
 __all__ = ["check_backend"]
 
@@ -180,7 +180,7 @@ def _check_example(backend: Backend, example: _Example, where: str, *, greedy_on
             num_pages=sum(-(-n // example.page_size) for n in lengths),
         )
         cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
-        _fill_prefixes(backend, example, tables, cache)
+        write_prefixes(backend, example.prompts, example.computed, block_tables=tables, cache=cache)
         chunked = execute_schedule(
             schedule,
             backend,
@@ -195,26 +195,6 @@ def _check_example(backend: Backend, example: _Example, where: str, *, greedy_on
         if chunked.logits is not None:
             _check_logits(chunked, one_shot, tolerance, label)
         _check_greedy(chunked, one_shot, tolerance, label)
-
-
-def _fill_prefixes(backend: Backend, example: _Example, tables: BlockTables, cache: Any) -> None:
-    """Put each request's cached prefix into ``cache``, as a prefix cache would have."""
-    hits = [r for r, c in enumerate(example.computed) if c > 0]
-    if not hits:
-        return
-    prefixes = [example.computed[r] for r in hits]
-    execute_schedule(
-        plan_prefill(prefixes, PlannerConfig(max_num_batched_tokens=sum(prefixes))),
-        backend,
-        [example.prompts[r][: example.computed[r]] for r in hits],
-        return_logits=False,
-        block_tables=BlockTables.from_lists(
-            [tables.table(r).tolist() for r in hits],
-            page_size=tables.page_size,
-            num_pages=tables.num_pages,
-        ),
-        cache=cache,
-    )
 
 
 def _check_logits(

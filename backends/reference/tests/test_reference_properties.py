@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +22,7 @@ from pypto_sched import (
     plan_pages,
     plan_prefill,
 )
-from pypto_sched.execute import ExecutionResult, execute_schedule
+from pypto_sched.execute import ExecutionResult, execute_schedule, write_prefixes
 from pypto_sched_reference import ModelConfig, PagedKVCache, ReferenceBackend
 
 FLOAT64_TOLERANCE = 1e-9
@@ -91,7 +90,9 @@ def chunked(case: dict[str, Any], *, host_embeddings: bool = False) -> Execution
     schedule: Schedule = case["schedule"]
     tables: BlockTables = case["tables"]
     cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
-    fill_prefixes(backend, case["prompts"], schedule.num_computed_tokens, tables, cache)
+    write_prefixes(
+        backend, case["prompts"], schedule.num_computed_tokens, block_tables=tables, cache=cache
+    )
     return execute_schedule(
         schedule,
         backend,
@@ -99,32 +100,6 @@ def chunked(case: dict[str, Any], *, host_embeddings: bool = False) -> Execution
         input_embeddings=[backend.embed(p) for p in case["prompts"]] if host_embeddings else None,
         return_greedy=True,
         block_tables=tables,
-        cache=cache,
-    )
-
-
-def fill_prefixes(
-    backend: ReferenceBackend,
-    prompts: list[npt.NDArray[np.int64]],
-    computed: npt.NDArray[np.int64],
-    tables: BlockTables,
-    cache: PagedKVCache,
-) -> None:
-    """Write each cached prefix, in one dispatch that asks for no output."""
-    hits = [r for r in range(len(prompts)) if computed[r] > 0]
-    if not hits:
-        return
-    prefixes = [int(computed[r]) for r in hits]
-    execute_schedule(
-        plan_prefill(prefixes, PlannerConfig(max_num_batched_tokens=sum(prefixes))),
-        backend,
-        [prompts[r][: computed[r]] for r in hits],
-        return_logits=False,
-        block_tables=BlockTables.from_lists(
-            [tables.table(r).tolist() for r in hits],
-            page_size=tables.page_size,
-            num_pages=tables.num_pages,
-        ),
         cache=cache,
     )
 
