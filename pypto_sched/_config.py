@@ -145,11 +145,11 @@ class PlannerConfig:
     def from_dict(cls, data: object) -> PlannerConfig:
         """Build a config from :meth:`to_dict`'s output, rejecting unknown keys."""
         if not isinstance(data, dict):
-            raise InvalidConfigError(f"a config must be a JSON object: {type(data).__name__}")
+            raise InvalidConfigError(f"'data' must be a JSON object: {type(data).__name__}")
         known = {field.name for field in attrs.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidConfigError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
         if "max_num_batched_tokens" not in data:
-            raise InvalidConfigError("a config must set 'max_num_batched_tokens'")
+            raise InvalidConfigError("'data' must set 'max_num_batched_tokens': it is missing")
         return cls(**data)

@@ -21,7 +21,8 @@ class BlockTables:
     Position ``p`` of request ``r`` lives in slot ``table(r)[p // page_size] * page_size +
     p % page_size``. Stored flat: request ``r``'s pages are
     ``pages[offsets[r]:offsets[r + 1]]``. Build one with :func:`plan_pages` or
-    :meth:`from_lists`.
+    :meth:`from_lists`; like :class:`~pypto_sched.Schedule`'s, the initializer trusts its
+    arguments (it neither copies nor checks them), the named constructors check everything.
     """
 
     page_size: int

@@ -335,7 +335,7 @@ class Schedule:
     def from_dict(cls, data: object) -> Schedule:
         """Load and validate a schedule from :meth:`to_dict`'s output."""
         if not isinstance(data, dict):
-            raise InvalidScheduleError(f"a schedule must be a JSON object: {type(data).__name__}")
+            raise InvalidScheduleError(f"'data' must be a JSON object: {type(data).__name__}")
         if data.get("format") != FORMAT_NAME:
             raise InvalidScheduleError(f"'format' must be {FORMAT_NAME!r}: {data.get('format')!r}")
         version = data.get("version")
@@ -346,7 +346,7 @@ class Schedule:
             )
         missing = sorted({"config", "prompt_lengths", "dispatches"} - set(data))
         if missing:
-            raise InvalidScheduleError(f"a schedule is missing keys: {missing}")
+            raise InvalidScheduleError(f"'data' must hold the keys {missing}: they are missing")
         try:
             config = PlannerConfig.from_dict(data["config"])
         except InvalidConfigError as error:

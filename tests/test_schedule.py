@@ -283,9 +283,14 @@ TAMPERED: list[tuple[str, str, Edit, str]] = [
     ("version as str", "round_robin", _set("version", value="1"), "'version'"),
     ("version as bool", "round_robin", _set("version", value=True), "'version'"),
     ("version as float", "round_robin", _set("version", value=1.0), "'version'"),
-    ("no config", "round_robin", _delete("config"), "missing keys.*'config'"),
-    ("no lengths", "round_robin", _delete("prompt_lengths"), "missing keys.*'prompt_lengths'"),
-    ("no dispatches", "round_robin", _delete("dispatches"), "missing keys.*'dispatches'"),
+    ("no config", "round_robin", _delete("config"), "must hold the keys.*'config'"),
+    (
+        "no lengths",
+        "round_robin",
+        _delete("prompt_lengths"),
+        "must hold the keys.*'prompt_lengths'",
+    ),
+    ("no dispatches", "round_robin", _delete("dispatches"), "must hold the keys.*'dispatches'"),
     (
         "unknown config key",
         "round_robin",
