@@ -124,3 +124,23 @@ def test_importing_the_check_does_not_import_hypothesis() -> None:
         "assert 'hypothesis' not in sys.modules, 'hypothesis was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class PagesOf128Only(Wrapped):
+    """Refuses KV page sizes its (pretend) kernels cannot take."""
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> Any:
+        assert page_size % 128 == 0, f"page size {page_size} is not a multiple of 128"
+        return super().new_cache(num_pages=num_pages, page_size=page_size)
+
+
+def test_page_sizes_keep_the_examples_within_what_the_backend_accepts() -> None:
+    with pytest.raises(AssertionError, match="not a multiple of 128"):
+        check_backend(PagesOf128Only(), max_examples=3)
+    check_backend(PagesOf128Only(), max_examples=3, page_sizes=(128, 256))
+
+
+@pytest.mark.parametrize("page_sizes", [(), (0,), (16, True), "16", None])
+def test_bad_page_sizes_are_rejected(page_sizes: Any) -> None:
+    with pytest.raises(ValueError, match="'page_sizes'"):
+        check_backend(Wrapped(), max_examples=1, page_sizes=page_sizes)

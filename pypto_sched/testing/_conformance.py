@@ -24,6 +24,7 @@ asks for no output. It asserts that
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -39,8 +40,8 @@ from ..execute import ExecutionResult, execute_schedule, write_prefixes
 
 __all__ = ["check_backend"]
 
-#: Page sizes the examples draw from: one-token pages, odd and power-of-two sizes.
-_PAGE_SIZES = (1, 2, 3, 4, 8, 16)
+#: KV page sizes the examples draw from by default: one-token pages, odd and power-of-two sizes.
+DEFAULT_PAGE_SIZES = (1, 2, 3, 4, 8, 16)
 _MAX_REQUESTS = 4
 _MAX_PROMPT = 40
 
@@ -67,15 +68,28 @@ class _Example:
         )
 
 
-def check_backend(backend: Backend, *, max_examples: int = 20, seed: int = 0) -> None:
+def check_backend(
+    backend: Backend,
+    *,
+    max_examples: int = 20,
+    seed: int = 0,
+    page_sizes: Sequence[int] = DEFAULT_PAGE_SIZES,
+) -> None:
     """Check that ``backend`` keeps the :class:`~pypto_sched.backends.Backend` contract.
 
     Runs ``max_examples`` generated examples (see the module docstring) drawn from ``seed``;
-    raises :class:`AssertionError` naming the example and what differed.
+    each uses a KV page size drawn from ``page_sizes`` (pass the sizes your kernels accept,
+    e.g. ``(128, 256)`` for Ascend's paged attention). Raises :class:`AssertionError` naming
+    the example and what differed.
     """
     _check_metadata(backend)
     if type(max_examples) is not int or max_examples < 1:
         raise InvalidInputError(f"'max_examples' must be an int >= 1: {max_examples!r}")
+    sizes = tuple(page_sizes) if isinstance(page_sizes, Sequence) else ()
+    if not sizes or any(type(size) is not int or size < 1 for size in sizes):
+        raise InvalidInputError(
+            f"'page_sizes' must be a non-empty sequence of ints >= 1: {page_sizes!r}"
+        )
     rng = np.random.default_rng(seed)
     for index in range(max_examples):
         example = _draw(
@@ -83,6 +97,7 @@ def check_backend(backend: Backend, *, max_examples: int = 20, seed: int = 0) ->
             backend.vocab_size,
             policy=POLICIES[index % len(POLICIES)],
             prefix_hits=index % 3 == 2,
+            page_sizes=sizes,
         )
         where = f"backend {backend.name!r}, example {index} ({example.describe()})"
         try:
@@ -117,13 +132,18 @@ def _check_metadata(backend: Backend) -> None:
 
 
 def _draw(
-    rng: np.random.Generator, vocab_size: int, *, policy: Policy, prefix_hits: bool
+    rng: np.random.Generator,
+    vocab_size: int,
+    *,
+    policy: Policy,
+    prefix_hits: bool,
+    page_sizes: tuple[int, ...],
 ) -> _Example:
     count = int(rng.integers(1, _MAX_REQUESTS + 1))
     lengths = rng.integers(1, _MAX_PROMPT + 1, size=count)
     prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     computed = tuple(int(rng.integers(0, n)) for n in lengths) if prefix_hits else (0,) * count
-    page_size = int(rng.choice(_PAGE_SIZES))
+    page_size = int(rng.choice(page_sizes))
     return _Example(
         prompts=prompts,
         computed=computed,

@@ -52,6 +52,15 @@ def test_cpu_path_passes_check_backend(model: str, backends: Backends) -> None:
     check_backend(backends(model), max_examples=12, seed=len(model))
 
 
+@pytest.mark.parametrize("model", ["tied", "sharded"])
+def test_fake_npu_path_passes_check_backend_with_its_page_sizes(
+    model: str, backends: Backends
+) -> None:
+    check_backend(
+        backends(model, ops="npu"), max_examples=6, seed=len(model), page_sizes=(128, 256)
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cpu_path_passes_check_backend_in_half_precision(dtype: str, backends: Backends) -> None:
     check_backend(backends("tied", dtype=dtype), max_examples=4, seed=7)
