@@ -94,6 +94,7 @@ import numpy.typing as npt
 from ._config import PlannerConfig, Policy
 from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestError
 from ._persistent import PersistentMap, PersistentQueue
+from ._policies import chunk_size
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -511,11 +512,7 @@ class _Step(Generic[RequestId]):
 
     def chunk(self, record: _Request, limit: int) -> int:
         """Tokens ``record`` may run with ``limit`` tokens allowed (0: none)."""
-        remaining = record.prompt_length - record.position
-        if remaining <= limit:
-            return remaining
-        end = (record.position + limit) // self.page * self.page
-        return max(end - record.position, 0)
+        return chunk_size(record.position, record.prompt_length, limit, self.page)
 
     def run(self, record: _Request, size: int) -> _Request | None:
         """Add ``record``'s chunk of ``size`` tokens; return its new record, or ``None`` if

@@ -143,6 +143,18 @@ def _computed_tokens(values: object, lengths: IntArray) -> IntArray:
     return computed
 
 
+def chunk_size(start: int, length: int, limit: int, page: int) -> int:
+    """The chunk rule every policy shares: the tokens a request at position ``start`` of a
+    ``length``-token prompt runs when ``limit`` tokens are allowed (the chunk cap, or less
+    when the budget left is smaller). All that is left when it fits (the final chunk);
+    otherwise up to the last multiple of ``page`` within reach (1 without ``page_size``),
+    which is 0 when no page boundary is in reach."""
+    remaining = length - start
+    if remaining <= limit:
+        return remaining
+    return max((start + limit) // page * page - start, 0)
+
+
 # Each planner returns (dispatch_offsets, requests, starts, lengths, is_final), the row
 # arrays as int32 like the schedule's.
 Int32Array = npt.NDArray[np.int32]
@@ -300,7 +312,7 @@ class _PackedPlanner:
                     r += 1
                     continue
                 # Cut by the cap or the budget, then down to a page boundary: not final.
-                # (Conditional expressions here, not min() and max(): calls cost more.)
+                # (chunk_size, inlined; conditional expressions, not min(): calls cost more.)
                 size = (start + (cap if cap < left else left)) // page * page - start
                 if size <= 0 or len(steady) + len(tail) >= max_partial:
                     break
@@ -375,12 +387,7 @@ class _PackedPlanner:
 
     def _chunk(self, r: int, left: int) -> int:
         """Tokens ``r`` runs with ``left`` budget (0: none)."""
-        start = self.position[r]
-        remaining = self.lengths[r] - start
-        if remaining <= self.cap and remaining <= left:
-            return remaining
-        end = (start + min(self.cap, left)) // self.page * self.page
-        return max(end - start, 0)
+        return chunk_size(self.position[r], self.lengths[r], min(self.cap, left), self.page)
 
     def _join_steady(self, r: int, d: int, size: int) -> None:
         """Run a non-final chunk of ``size`` tokens of ``r`` in dispatch ``d`` and make ``r``
