@@ -108,10 +108,7 @@ class Qwen3Config:
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path}: the checkpoint has no {path.name}")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise CheckpointError(f"{path}: not valid JSON: {error}") from error
+        data = _read_json(path)
         if not isinstance(data, dict):
             raise CheckpointError(f"{path}: must hold a JSON object: {type(data).__name__}")
         return cls.from_dict(data, source=str(path))
@@ -226,6 +223,14 @@ def load_checkpoint(
     return Checkpoint(directory=root, config=config, tensors=tensors)
 
 
+def _read_json(path: Path) -> object:
+    """The JSON value in ``path``; a :class:`CheckpointError` naming the file if it is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: not valid JSON: {error}") from error
+
+
 def _tensor_files(root: Path) -> dict[str, Path]:
     """Where each stored tensor lives: the single file, or the shards of the index."""
     single, index = root / WEIGHTS_FILE, root / INDEX_FILE
@@ -234,10 +239,7 @@ def _tensor_files(root: Path) -> dict[str, Path]:
             return dict.fromkeys(handle.keys(), single)
     if not index.is_file():
         raise CheckpointError(f"{root}: the checkpoint has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{index}: not valid JSON: {error}") from error
+    data = _read_json(index)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index}: must hold a 'weight_map' of tensor name -> shard file")
