@@ -34,7 +34,7 @@ def make_config(policy: Policy) -> PlannerConfig:
     return PlannerConfig(
         max_num_batched_tokens=2_048,
         long_prefill_token_threshold=512,
-        max_batch_size=64 if policy == "packed" else None,
+        max_num_seqs=64 if policy == "packed" else None,
         page_size=16,
         policy=policy,
     )
@@ -97,7 +97,7 @@ def simple_packed(state: SimpleState, config: PlannerConfig) -> tuple[Rows, Simp
     requests = state.requests
     cap, page = config.chunk_cap, config.page_size or 1
     left = config.max_num_batched_tokens
-    rows_left = config.max_batch_size or len(requests)
+    rows_left = config.max_num_seqs or len(requests)
     max_partial = config.max_num_partial_prefills or len(requests)
     rows: Rows = {}
     after: dict[int, SimpleRequest | None] = {}  # changed requests; None: finished

@@ -45,7 +45,7 @@ class Case(NamedTuple):
     lengths: list[int]
     #: Whether the speed targets apply (they are stated for the large cases only).
     large: bool
-    #: ``max_batch_size`` for ``packed`` (``None``: no limit).
+    #: ``max_num_seqs`` for ``packed`` (``None``: no limit).
     packed_batch_size: int | None = None
 
 
@@ -88,7 +88,7 @@ def make_config(case: Case, policy: Policy) -> PlannerConfig:
     return PlannerConfig(
         max_num_batched_tokens=BUDGET,
         long_prefill_token_threshold=THRESHOLD,
-        max_batch_size=case.packed_batch_size if policy == "packed" else None,
+        max_num_seqs=case.packed_batch_size if policy == "packed" else None,
         policy=policy,
     )
 
@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     print(
         f"max_num_batched_tokens {BUDGET}, long_prefill_token_threshold {THRESHOLD} "
-        f"(and max_batch_size {SEED_BATCH_SIZE} for the seed case under packed); "
+        f"(and max_num_seqs {SEED_BATCH_SIZE} for the seed case under packed); "
         f"CPU ms per plan, best of {args.repeats}\n"
     )
     print(format_table(results))

@@ -20,8 +20,9 @@ from ._errors import (
 )
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
-from ._policies import plan_prefill
+from ._policies import plan_one_shot, plan_prefill
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
+from ._stats import ScheduleStats
 from ._warmup import WarmupShape, plan_warmup
 from .backends import (
     Backend,
@@ -59,6 +60,7 @@ __all__ = [
     "PrefillState",
     "PyptoSchedError",
     "Schedule",
+    "ScheduleStats",
     "StepChunk",
     "StepPlan",
     "UnknownRequestError",
@@ -67,6 +69,7 @@ __all__ = [
     "execute_schedule",
     "list_backends",
     "load_backend",
+    "plan_one_shot",
     "plan_pages",
     "plan_prefill",
     "plan_step",

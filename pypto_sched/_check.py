@@ -131,7 +131,7 @@ def _check_dispatch_limits(s: Schedule) -> None:
     over = s.tokens_per_dispatch > budget
     if over.any():
         _fail(f"a dispatch must carry at most {budget} tokens", over, "dispatch ")
-    rows = config.max_batch_size
+    rows = config.max_num_seqs
     if rows is not None and (s.rows_per_dispatch > rows).any():
         _fail(f"a dispatch must carry at most {rows} rows", s.rows_per_dispatch > rows, "dispatch ")
     limit = config.max_num_partial_prefills

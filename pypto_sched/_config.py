@@ -57,7 +57,7 @@ class PlannerConfig:
         default=None, converter=_plain, validator=_optional_count
     )
     #: Most rows (requests) one dispatch may carry (``None``: no limit).
-    max_batch_size: int | None = attrs.field(
+    max_num_seqs: int | None = attrs.field(
         default=None, converter=_plain, validator=_optional_count
     )
     #: When set, every non-final chunk ends on a multiple of it (KV pages are never split).
@@ -116,7 +116,7 @@ class PlannerConfig:
         """Build a config from engine-style arguments, where a threshold of ``0`` means off.
 
         This is the convention of vLLM (``long_prefill_token_threshold=0``) and of
-        pypto-serving; ``max_num_seqs`` is vLLM's name for ``max_batch_size``.
+        pypto-serving; the config uses vLLM's names (``max_num_seqs``).
         """
         threshold = check_int(
             "long_prefill_token_threshold",
@@ -131,7 +131,7 @@ class PlannerConfig:
         return cls(
             max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=threshold or None,
-            max_batch_size=max_num_seqs,
+            max_num_seqs=max_num_seqs,
             page_size=page_size,
             policy=policy,
             max_num_partial_prefills=max_num_partial_prefills,

@@ -43,7 +43,7 @@ class DispatchArrays:
     #: ``rows + 1`` cumulative query lengths, starting at 0.
     cu_seqlens: I32
     #: Per row: context length once the chunk has run (cached tokens plus the chunk).
-    context_lens: I32
+    seq_lens: I32
     #: Per token: KV slot, ``table[p // page_size] * page_size + p % page_size``.
     slot_mapping: I64
     #: ``[rows, pages]``: each row's pages covering its context, padded with -1.
@@ -126,7 +126,7 @@ def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchAr
         positions=read_only(positions.astype(np.int32)),
         padded_positions=read_only(padded.astype(np.int32)),
         cu_seqlens=read_only(cu.astype(np.int32)),
-        context_lens=read_only(ends.astype(np.int32)),
+        seq_lens=read_only(ends.astype(np.int32)),
         slot_mapping=read_only(slots),
         block_tables=read_only(tables),
         page_size=page,

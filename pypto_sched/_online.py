@@ -13,7 +13,7 @@ valid, so a dispatch that fails can simply be planned again from the state befor
 
 A step's *room* is the dispatch budget and row limit less what the caller reserves for the
 decode tokens it runs in the same dispatch (decode first, as in Sarathi-Serve's stall-free
-batching): ``config.effective_budget - reserved_tokens`` tokens and ``max_batch_size -
+batching): ``config.effective_budget - reserved_tokens`` tokens and ``max_num_seqs -
 reserved_rows`` rows. A step with no room is an empty dispatch, not an error. Chunk sizes,
 the chunk cap, page alignment and ``max_num_partial_prefills`` follow ``_policies.py``
 exactly; only the room differs.
@@ -446,7 +446,7 @@ def plan_step(
     """Plan the next prefill dispatch from ``state`` under ``config``.
 
     ``reserved_tokens`` and ``reserved_rows`` keep that much of the dispatch budget
-    (``config.effective_budget``) and of ``config.max_batch_size`` for the caller's decode
+    (``config.effective_budget``) and of ``config.max_num_seqs`` for the caller's decode
     tokens. With no room left, or nothing that fits it, the plan has no rows and its state is
     ``state``.
     """
@@ -480,10 +480,10 @@ def _room(config: PlannerConfig, reserved_tokens: object, reserved_rows: object)
             f"{budget}: {tokens}"
         )
     rows = _count("reserved_rows", reserved_rows)
-    limit = config.max_batch_size
+    limit = config.max_num_seqs
     if limit is not None and rows > limit:
         raise InvalidInputError(
-            f"'reserved_rows' must be <= config.max_batch_size = {limit}: {rows}"
+            f"'reserved_rows' must be <= config.max_num_seqs = {limit}: {rows}"
         )
     return budget - tokens, MAX_TOKENS if limit is None else limit - rows
 

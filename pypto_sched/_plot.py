@@ -257,8 +257,8 @@ def _title(schedule: Schedule) -> str:
     knobs = [f"policy {config.policy}", f"budget {config.max_num_batched_tokens:,}"]
     if config.long_prefill_token_threshold is not None:
         knobs.append(f"threshold {config.long_prefill_token_threshold:,}")
-    if config.max_batch_size is not None:
-        knobs.append(f"max batch {config.max_batch_size:,}")
+    if config.max_num_seqs is not None:
+        knobs.append(f"max batch {config.max_num_seqs:,}")
     if config.page_size is not None:
         knobs.append(f"page {config.page_size:,}")
     if config.max_num_partial_prefills is not None:

@@ -15,7 +15,7 @@ Invariants every schedule satisfies (``Schedule.validate`` checks them all):
 1. Tiling: in dispatch order, each request's chunks are non-empty, contiguous, start at ``c``
    and end at ``L``; exactly one of them, the last, is final.
 2. A dispatch holds at least one row, at most one row per request, at most
-   ``config.effective_budget`` tokens and at most ``max_batch_size`` rows.
+   ``config.effective_budget`` tokens and at most ``max_num_seqs`` rows.
 3. Every chunk holds at most ``config.chunk_cap`` tokens: ``min(max_num_batched_tokens,
    long_prefill_token_threshold)``.
 4. With ``page_size`` set, every non-final chunk ends on a multiple of ``page_size``.
@@ -29,7 +29,7 @@ Policy ``round_robin`` (the seed's behaviour)
 ---------------------------------------------
 Effective budget ``E = min(max_num_batched_tokens, long_prefill_token_threshold)``.
 
-* If the tokens still to run fit in ``E`` and the requests fit in ``max_batch_size`` rows:
+* If the tokens still to run fit in ``E`` and the requests fit in ``max_num_seqs`` rows:
   one dispatch holding every request whole.
 * Otherwise one request per dispatch, round-robin over the unfinished requests in request
   order. Each chunk is ``min(remaining, E)`` tokens; with ``page_size`` a non-final chunk's end
@@ -41,7 +41,7 @@ request runs 13 chunks of 256 tokens and one of 10.
 
 Policy ``packed`` (co-scheduled chunks)
 ---------------------------------------
-Each dispatch is filled greedily with budget ``max_num_batched_tokens`` and ``max_batch_size``
+Each dispatch is filled greedily with budget ``max_num_batched_tokens`` and ``max_num_seqs``
 rows. A request may run up to ``chunk_cap`` tokens; a chunk limited by the budget left, by
 the cap or by a page boundary is non-final. The dispatch is filled in this order:
 
@@ -123,6 +123,24 @@ def plan_prefill(
     )
 
 
+def plan_one_shot(
+    prompt_lengths: Sequence[int] | npt.NDArray[np.integer],
+    *,
+    num_computed_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+) -> Schedule:
+    """The unchunked schedule: every request's remaining tokens whole, in one dispatch.
+
+    It is what chunked schedules are verified against (the same logits, by construction of
+    the backend contract), and what fills a cache with prefixes.
+    """
+    lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
+    computed = _computed_tokens(num_computed_tokens, lengths)
+    budget = max(int((lengths - computed).sum()), 1)
+    return plan_prefill(
+        lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
+    )
+
+
 def _computed_tokens(values: object, lengths: IntArray) -> IntArray:
     if values is None:
         return read_only(np.zeros_like(lengths))
@@ -165,7 +183,7 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
     budget = config.effective_budget
     remaining = lengths - computed
     n = lengths.size
-    rows_fit = config.max_batch_size is None or n <= config.max_batch_size
+    rows_fit = config.max_num_seqs is None or n <= config.max_num_seqs
     if rows_fit and int(remaining.sum()) <= budget:
         one_dispatch = np.array([0, n], dtype=np.int64)
         return (
@@ -255,7 +273,7 @@ class _PackedPlanner:
         self.cap = config.chunk_cap
         self.page = config.page_size or 1
         self.step = self.cap // self.page * self.page
-        self.max_rows = config.max_batch_size or self.n
+        self.max_rows = config.max_num_seqs or self.n
         self.max_partial = config.max_num_partial_prefills or self.n
         # Request -> where its run starts in `runs`, in request order: a dict drops any
         # request in O(1) and popitem() takes the last.

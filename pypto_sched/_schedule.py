@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import attrs
@@ -25,6 +25,7 @@ import numpy.typing as npt
 from ._check import check_schedule
 from ._config import PlannerConfig
 from ._errors import InvalidConfigError, InvalidScheduleError
+from ._json import load_json
 from ._stats import ScheduleStats
 from ._validate import MAX_TOKENS, read_only
 
@@ -32,8 +33,19 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Chunk", "Dispatch", "Schedule"]
 
 #: The ``"format"`` value of a serialised schedule.
 FORMAT_NAME = "pypto-sched.schedule"
-#: The version of the JSON format this library writes and reads.
-FORMAT_VERSION = 1
+#: The version of the JSON format this library writes (it also reads version 1).
+FORMAT_VERSION = 2
+
+
+def _config_v1(config: object) -> object:
+    """Version 1 named ``max_num_seqs`` ``max_batch_size``; nothing else changed."""
+    if isinstance(config, dict) and "max_batch_size" in config and "max_num_seqs" not in config:
+        config = {("max_num_seqs" if k == "max_batch_size" else k): v for k, v in config.items()}
+    return config
+
+
+#: Each version this library reads, with how its config becomes the current one.
+_READABLE_VERSIONS: dict[int, Callable[[object], object]] = {1: _config_v1, 2: lambda c: c}
 
 IntArray = npt.NDArray[np.int64]
 
@@ -197,7 +209,7 @@ class Schedule:
         return read_only(np.diff(self.dispatch_offsets))
 
     @functools.cached_property
-    def utilisation(self) -> npt.NDArray[np.float64]:
+    def utilization(self) -> npt.NDArray[np.float64]:
         """Per dispatch: tokens carried over ``max_num_batched_tokens``."""
         return read_only(self.tokens_per_dispatch / self.config.max_num_batched_tokens)
 
@@ -213,14 +225,14 @@ class Schedule:
         """Fewest dispatches any schedule within this config's limits could take.
 
         The largest of: total tokens over ``max_num_batched_tokens``; each request's tokens
-        over the per-request cap; requests over ``max_batch_size``. The same bound for both
+        over the per-request cap; requests over ``max_num_seqs``. The same bound for both
         policies, so their dispatch counts compare directly.
         """
         return lower_bound(self.prompt_lengths - self.num_computed_tokens, self.config)
 
     @functools.cached_property
     def stats(self) -> ScheduleStats:
-        """Summary figures: dispatches vs lower bound, tokens, utilisation, finishing."""
+        """Summary figures: dispatches vs lower bound, tokens, utilization, finishing."""
         return ScheduleStats.of(self)
 
     # -- equality and hashing ----------------------------------------------------------------
@@ -340,15 +352,16 @@ class Schedule:
             raise InvalidScheduleError(f"'format' must be {FORMAT_NAME!r}: {data.get('format')!r}")
         version = data.get("version")
         # `type() is int`: JSON true and 1.0 compare equal to 1 but are not version 1.
-        if type(version) is not int or version != FORMAT_VERSION:
+        if type(version) is not int or version not in _READABLE_VERSIONS:
             raise InvalidScheduleError(
-                f"'version' must be {FORMAT_VERSION} (the version this library reads): {version!r}"
+                f"'version' must be one of {sorted(_READABLE_VERSIONS)} (the versions this "
+                f"library reads): {version!r}"
             )
         missing = sorted({"config", "prompt_lengths", "dispatches"} - set(data))
         if missing:
             raise InvalidScheduleError(f"'data' must hold the keys {missing}: they are missing")
         try:
-            config = PlannerConfig.from_dict(data["config"])
+            config = PlannerConfig.from_dict(_READABLE_VERSIONS[version](data["config"]))
         except InvalidConfigError as error:
             raise InvalidScheduleError(f"bad 'config': {error}") from error
         return cls.from_dispatches(
@@ -363,11 +376,7 @@ class Schedule:
         """Load and validate a schedule from :meth:`to_json`'s output."""
         if not isinstance(text, str | bytes | bytearray):
             raise InvalidScheduleError(f"'text' must be a JSON str or bytes: {type(text).__name__}")
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise InvalidScheduleError(f"a schedule must be valid JSON: {error}") from error
-        return cls.from_dict(data)
+        return cls.from_dict(load_json(text, what="a schedule", error=InvalidScheduleError))
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -381,8 +390,8 @@ def lower_bound(remaining: IntArray, config: PlannerConfig) -> int:
     total = int(remaining.sum())
     bound = -(-total // config.max_num_batched_tokens)
     bound = max(bound, int((-(-remaining // config.chunk_cap)).max()))
-    if config.max_batch_size is not None:
-        bound = max(bound, -(-remaining.size // config.max_batch_size))
+    if config.max_num_seqs is not None:
+        bound = max(bound, -(-remaining.size // config.max_num_seqs))
     return bound
 
 

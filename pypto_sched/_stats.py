@@ -25,8 +25,8 @@ class ScheduleStats:
     mean_tokens_per_dispatch: float
     max_tokens_per_dispatch: int
     #: Tokens carried over ``max_num_batched_tokens``, averaged over dispatches.
-    mean_utilisation: float
-    min_utilisation: float
+    mean_utilization: float
+    min_utilization: float
     #: Dispatch index (0-based) at which requests finish: mean and worst.
     mean_finish_dispatch: float
     worst_finish_dispatch: int
@@ -44,8 +44,8 @@ class ScheduleStats:
             min_tokens_per_dispatch=int(tokens.min()),
             mean_tokens_per_dispatch=float(tokens.mean()),
             max_tokens_per_dispatch=int(tokens.max()),
-            mean_utilisation=float(np.mean(schedule.utilisation)),
-            min_utilisation=float(np.min(schedule.utilisation)),
+            mean_utilization=float(np.mean(schedule.utilization)),
+            min_utilization=float(np.min(schedule.utilization)),
             mean_finish_dispatch=float(finish.mean()),
             worst_finish_dispatch=int(finish.max()),
         )

@@ -39,7 +39,7 @@ def plan_warmup(
     batch_size = check_int("batch_size", batch_size, min_value=1)
     max_seq_len = check_int("max_seq_len", max_seq_len, min_value=1)
     budget = config.effective_budget
-    rows = min(batch_size, budget, config.max_batch_size or batch_size)
+    rows = min(batch_size, budget, config.max_num_seqs or batch_size)
     batched = WarmupShape(
         num_rows=rows, tokens_per_row=min(budget // rows, config.chunk_cap, max_seq_len)
     )

@@ -69,22 +69,22 @@ _EXAMPLES = {
         ("the seed's workload, 16 prompts of 3,338 tokens: 224 dispatches", f"plan {_SEED}"),
         (
             "the same, several requests per dispatch: 14 dispatches",
-            f"plan {_SEED} \\\n      --policy packed --max-batch-size 16",
+            f"plan {_SEED} \\\n      --policy packed --max-num-seqs 16",
         ),
         ("the schedule itself, as JSON", f"plan {_SEED} --format json"),
     ],
     "compare": [
-        ("the seed's workload under both policies", f"compare {_SEED} --max-batch-size 16"),
+        ("the seed's workload under both policies", f"compare {_SEED} --max-num-seqs 16"),
         (
             "what the threshold does under packed",
             "compare --workload seed --max-num-batched-tokens 8192 --policy packed \\\n"
-            "      --max-batch-size 16 --vary threshold=0,256,1024",
+            "      --max-num-seqs 16 --vary threshold=0,256,1024",
         ),
         (
             "two hand-written configurations on 64 lognormal prompts",
             "compare --workload lognormal --num-requests 64 --seed 1 \\\n"
             "      --max-num-batched-tokens 8192 --config policy=round_robin,threshold=512 \\\n"
-            "      --config policy=packed,max_batch_size=32",
+            "      --config policy=packed,max_num_seqs=32",
         ),
     ],
     "plot": [
@@ -114,8 +114,8 @@ _EXAMPLES = {
 _KNOB_ALIASES = {
     "budget": "max_num_batched_tokens",
     "threshold": "long_prefill_token_threshold",
-    "batch": "max_batch_size",
-    "max_num_seqs": "max_batch_size",
+    "batch": "max_num_seqs",
+    "max_num_seqs": "max_num_seqs",
     "page": "page_size",
     "partial": "max_num_partial_prefills",
 }
@@ -123,7 +123,7 @@ _KNOB_HEADS = {
     "policy": "policy",
     "max_num_batched_tokens": "budget",
     "long_prefill_token_threshold": "threshold",
-    "max_batch_size": "max batch",
+    "max_num_seqs": "max batch",
     "page_size": "page",
     "max_num_partial_prefills": "partial",
 }
@@ -226,7 +226,7 @@ def _config(args: argparse.Namespace) -> PlannerConfig:
     return PlannerConfig.from_engine_args(
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
-        max_num_seqs=_optional(args.max_batch_size),
+        max_num_seqs=_optional(args.max_num_seqs),
         page_size=_optional(args.page_size),
         policy=args.policy,
         max_num_partial_prefills=_optional(args.max_num_partial_prefills),
@@ -256,7 +256,7 @@ def _knob_value(name: str, text: str, option: str) -> object:
 
 
 def _parse_config_spec(spec: str) -> dict[str, object]:
-    """``"policy=packed,batch=16"`` -> ``{"policy": "packed", "max_batch_size": 16}``."""
+    """``"policy=packed,batch=16"`` -> ``{"policy": "packed", "max_num_seqs": 16}``."""
     overrides: dict[str, object] = {}
     for item in spec.split(","):
         key, sep, value = item.partition("=")
@@ -407,7 +407,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _summary_grid(schedule: Schedule) -> Table:
-    """Dispatches vs lower bound, tokens per dispatch, utilisation, finishing."""
+    """Dispatches vs lower bound, tokens per dispatch, utilization, finishing."""
     config, stats = schedule.config, schedule.stats
     table = _grid()
     table.add_row(
@@ -421,8 +421,8 @@ def _summary_grid(schedule: Schedule) -> Table:
         f"max {stats.max_tokens_per_dispatch:,} (effective budget {config.effective_budget:,})",
     )
     table.add_row(
-        "utilisation",
-        f"mean {_percent(stats.mean_utilisation)}, min {_percent(stats.min_utilisation)} "
+        "utilization",
+        f"mean {_percent(stats.mean_utilization)}, min {_percent(stats.min_utilization)} "
         f"of max_num_batched_tokens {config.max_num_batched_tokens:,}",
     )
     table.add_row(
@@ -464,7 +464,7 @@ _COMPARE_COLUMNS = (
     "mean finish",
     "worst finish",
 )
-"""The figures per configuration: utilisation is of ``max_num_batched_tokens``; "largest
+"""The figures per configuration: utilization is of ``max_num_batched_tokens``; "largest
 dispatch" is in tokens; "finish" is the 0-based dispatch index of a request's final chunk."""
 
 
@@ -514,8 +514,8 @@ def _compare_table(schedules: Sequence[Schedule], source: str) -> list[Renderabl
             f"{stats.num_dispatches:,}",
             f"{stats.lower_bound:,}",
             f"{stats.num_dispatches / stats.lower_bound:.2f}",
-            _percent(stats.mean_utilisation),
-            _percent(stats.min_utilisation),
+            _percent(stats.mean_utilization),
+            _percent(stats.min_utilization),
             f"{stats.max_tokens_per_dispatch:,}",
             f"{stats.mean_finish_dispatch:,.1f}",
             f"{stats.worst_finish_dispatch:,}",
@@ -951,7 +951,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         "the same workload under several configurations, side by side",
         "Plan one workload under several configurations and tabulate, per configuration: "
-        "dispatches, the lower bound and the ratio to it, mean and minimum utilisation of "
+        "dispatches, the lower bound and the ratio to it, mean and minimum utilization of "
         "max_num_batched_tokens, the largest dispatch in tokens, and the mean and worst "
         "dispatch index (0-based) at which requests finish. The configuration options give "
         "the base; each --config and each combination of --vary values changes it. Without "
@@ -1128,7 +1128,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         help="per-request chunk cap; round_robin also lowers the budget to it (0: off)",
     )
     group.add_argument(
-        "--max-batch-size",
+        "--max-num-seqs",
         type=int,
         default=0,
         metavar="N",

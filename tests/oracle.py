@@ -35,7 +35,7 @@ def _round_robin(lengths: list[int], position: list[int], config: PlannerConfig)
     budget = config.max_num_batched_tokens
     if config.long_prefill_token_threshold is not None:
         budget = min(budget, config.long_prefill_token_threshold)
-    rows_ok = config.max_batch_size is None or len(lengths) <= config.max_batch_size
+    rows_ok = config.max_num_seqs is None or len(lengths) <= config.max_num_seqs
     remaining = sum(length - start for length, start in zip(lengths, position, strict=True))
     if rows_ok and remaining <= budget:
         return [[(r, position[r], lengths[r] - position[r], True) for r in range(len(lengths))]]
@@ -54,7 +54,7 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
     cap = config.max_num_batched_tokens
     if config.long_prefill_token_threshold is not None:
         cap = min(cap, config.long_prefill_token_threshold)
-    max_rows = config.max_batch_size or len(lengths)
+    max_rows = config.max_num_seqs or len(lengths)
     max_partial = config.max_num_partial_prefills or len(lengths)
     started: list[int] = []  # started and unfinished, in request order
     next_new = 0

@@ -149,7 +149,7 @@ def test_plan_prefill_rejects_a_config_that_is_not_a_planner_config(config: Any)
 COUNT_FIELDS = [
     "max_num_batched_tokens",
     "long_prefill_token_threshold",
-    "max_batch_size",
+    "max_num_seqs",
     "page_size",
     "max_num_partial_prefills",
 ]

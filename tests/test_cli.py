@@ -118,9 +118,9 @@ def test_plan_json_has_dispatch_rows_and_round_trips(capsys: pytest.CaptureFixtu
 
 
 def test_plan_packed_options_reach_the_config(capsys: pytest.CaptureFixture[str]) -> None:
-    data = run_json(capsys, "plan", *SEED_256, "--policy", "packed", "--max-batch-size", "16")
+    data = run_json(capsys, "plan", *SEED_256, "--policy", "packed", "--max-num-seqs", "16")
     assert data["config"]["policy"] == "packed"
-    assert data["config"]["max_batch_size"] == 16
+    assert data["config"]["max_num_seqs"] == 16
     assert len(data["dispatches"]) == 14
 
 
@@ -176,7 +176,7 @@ def test_lengths_and_computed_tokens_from_files(
 def test_compare_without_configs_puts_both_policies_side_by_side(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    data = run_json(capsys, "compare", *SEED_256, "--max-batch-size", "16")
+    data = run_json(capsys, "compare", *SEED_256, "--max-num-seqs", "16")
     assert data["workload"]["num_requests"] == 16
     assert data["workload"]["num_tokens"] == 53408
     rows = data["configurations"]
@@ -188,7 +188,7 @@ def test_compare_without_configs_puts_both_policies_side_by_side(
 def test_compare_table_shows_the_varied_setting_and_every_figure(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    status, out, err = run(capsys, "compare", *SEED_256, "--max-batch-size", "16")
+    status, out, err = run(capsys, "compare", *SEED_256, "--max-num-seqs", "16")
     assert (status, err) == (EXIT_OK, "")
     lines = out.splitlines()
     assert lines[0] == "16 requests, 53,408 tokens (--lengths)"
@@ -276,7 +276,7 @@ def test_compare_config_specs_change_the_base(capsys: pytest.CaptureFixture[str]
     )
     configs = [r["config"] for r in data["configurations"]]
     assert len(configs) == 4
-    assert [(c["policy"], c["max_batch_size"], c["page_size"]) for c in configs] == [
+    assert [(c["policy"], c["max_num_seqs"], c["page_size"]) for c in configs] == [
         ("packed", 8, None),
         ("packed", 8, None),
         ("round_robin", None, 128),
@@ -536,7 +536,7 @@ class ToyBackend:
         cache[arrays.slot_mapping] = batch.token_ids
         rows = []
         for row in np.flatnonzero(arrays.is_final):
-            length = int(arrays.context_lens[row])
+            length = int(arrays.seq_lens[row])
             positions = np.arange(length)
             table = arrays.block_tables[row]
             slots = table[positions // arrays.page_size] * arrays.page_size
@@ -630,7 +630,7 @@ def test_run_text_summary_and_progress(capsys: pytest.CaptureFixture[str]) -> No
         *SEED_256,
         "--policy",
         "packed",
-        "--max-batch-size",
+        "--max-num-seqs",
         "16",
         "--verify",
         "--progress",

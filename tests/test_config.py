@@ -14,7 +14,7 @@ from pypto_sched import POLICIES, InvalidConfigError, PlannerConfig, Policy
 def test_limits_default_to_none_meaning_off() -> None:
     config = PlannerConfig(max_num_batched_tokens=8192)
     assert config.long_prefill_token_threshold is None
-    assert config.max_batch_size is None
+    assert config.max_num_seqs is None
     assert config.page_size is None
     assert config.max_num_partial_prefills is None
     assert config.policy == "round_robin"
@@ -96,7 +96,7 @@ def test_from_engine_args_reads_threshold_0_as_off_and_max_num_seqs_as_rows() ->
     ) == PlannerConfig(
         max_num_batched_tokens=8192,
         long_prefill_token_threshold=256,
-        max_batch_size=16,
+        max_num_seqs=16,
         page_size=128,
         policy="packed",
         max_num_partial_prefills=4,
@@ -112,7 +112,7 @@ def configs(draw: st.DrawFn) -> PlannerConfig:
     return PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        max_batch_size=draw(st.none() | st.integers(1, 2**31 - 1)),
+        max_num_seqs=draw(st.none() | st.integers(1, 2**31 - 1)),
         page_size=draw(st.none() | st.integers(1, cap)),
         policy=policy,
         max_num_partial_prefills=draw(st.none() | st.integers(1, 1000))
@@ -127,7 +127,7 @@ def test_dict_round_trip_gives_an_equal_config_with_an_equal_hash(config: Planne
     assert set(data) == {
         "max_num_batched_tokens",
         "long_prefill_token_threshold",
-        "max_batch_size",
+        "max_num_seqs",
         "page_size",
         "policy",
         "max_num_partial_prefills",
@@ -144,8 +144,8 @@ def test_from_dict_needs_only_the_budget() -> None:
 
 
 def test_from_dict_rejects_unknown_keys_naming_them() -> None:
-    with pytest.raises(InvalidConfigError, match=r"unknown config keys \['max_num_seqs'\]"):
-        PlannerConfig.from_dict({"max_num_batched_tokens": 8, "max_num_seqs": 4})
+    with pytest.raises(InvalidConfigError, match=r"unknown config keys \['max_batch_size'\]"):
+        PlannerConfig.from_dict({"max_num_batched_tokens": 8, "max_batch_size": 4})
 
 
 def test_from_dict_rejects_a_missing_budget() -> None:

@@ -66,7 +66,7 @@ def check_against_tokens(
     ]
     assert arrays.cu_seqlens.tolist() == cu
     assert arrays.query_lens.tolist() == [n for _, _, n, _ in rows]
-    assert arrays.context_lens.tolist() == [s + n for _, s, n, _ in rows]
+    assert arrays.seq_lens.tolist() == [s + n for _, s, n, _ in rows]
     assert arrays.slot_mapping.tolist() == slots
     assert arrays.block_tables.tolist() == [
         blocks.table(r).tolist()[:needed] + [-1] * (table_width - needed)
@@ -106,7 +106,7 @@ def test_arrays_have_kernel_dtypes_and_are_read_only(planned: tuple[Case, BlockT
         "positions": np.int32,
         "padded_positions": np.int32,
         "cu_seqlens": np.int32,
-        "context_lens": np.int32,
+        "seq_lens": np.int32,
         "slot_mapping": np.int64,
         "block_tables": np.int32,
         "is_final": np.bool_,
@@ -141,7 +141,7 @@ def test_the_seed_second_dispatch_of_request_9() -> None:
     arrays = dispatch_arrays(schedule.dispatch(41), blocks)
     assert arrays.positions.tolist() == list(range(512, 768))
     assert arrays.cu_seqlens.tolist() == [0, 256]
-    assert arrays.context_lens.tolist() == [768]
+    assert arrays.seq_lens.tolist() == [768]
     # Request 9 owns pages 9 * 27 .. 9 * 27 + 26; positions 512..767 are its pages 4 and 5.
     assert arrays.slot_mapping.tolist() == list(range((9 * 27 + 4) * 128, (9 * 27 + 6) * 128))
     assert arrays.block_tables.tolist() == [list(range(9 * 27, 9 * 27 + 6))]

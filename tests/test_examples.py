@@ -44,13 +44,13 @@ def test_the_serving_loop_runs_as_a_script() -> None:
         PlannerConfig(
             max_num_batched_tokens=2048,
             long_prefill_token_threshold=512,
-            max_batch_size=32,
+            max_num_seqs=32,
             page_size=16,
             policy="packed",
         ),
         PlannerConfig(
             max_num_batched_tokens=1024,
-            max_batch_size=8,
+            max_num_seqs=8,
             policy="packed",
             max_num_partial_prefills=2,
         ),

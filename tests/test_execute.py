@@ -64,7 +64,7 @@ class CountingBackend:
 
     @staticmethod
     def _row_logits(arrays: Any, row: int, cache: npt.NDArray[np.int64]) -> Any:
-        context = int(arrays.context_lens[row])
+        context = int(arrays.seq_lens[row])
         page = arrays.page_size
         positions = np.arange(context)
         tokens = cache[arrays.block_tables[row][positions // page] * page + positions % page]

@@ -74,7 +74,7 @@ def test_seed_packed_with_budget_8192_rows_16_threshold_256_takes_14_dispatches(
     config = PlannerConfig(
         max_num_batched_tokens=8192,
         long_prefill_token_threshold=256,
-        max_batch_size=16,
+        max_num_seqs=16,
         policy="packed",
     )
     schedule = plan_prefill(SEED_LENGTHS, config)

@@ -80,7 +80,7 @@ def snapshot(state: PrefillState[Any]) -> tuple[object, ...]:
         PlannerConfig(
             max_num_batched_tokens=8192,
             long_prefill_token_threshold=256,
-            max_batch_size=16,
+            max_num_seqs=16,
             policy="packed",
         ),
     )
@@ -95,7 +95,7 @@ def test_stepping_until_empty_gives_the_schedule_of_plan_prefill(schedule: Sched
 def test_the_seed_case_steps_through_224_dispatches_and_packed_through_14() -> None:
     state = PrefillState.from_prompt_lengths([3338] * 16)
     seed = PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256)
-    packed = attrs.evolve(seed, max_batch_size=16, policy="packed")
+    packed = attrs.evolve(seed, max_num_seqs=16, policy="packed")
     assert len(drain(state, seed)) == 224
     assert len(drain(state, packed)) == 14
 
@@ -153,7 +153,7 @@ class History:
             before, config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
         )
         room_tokens = config.effective_budget - reserved_tokens
-        room_rows = None if config.max_batch_size is None else config.max_batch_size - reserved_rows
+        room_rows = None if config.max_num_seqs is None else config.max_num_seqs - reserved_rows
         self.check_rows(plan, room_tokens, room_rows)
         if config.policy == "packed":
             self.check_packed_skips(plan, room_tokens, room_rows)
@@ -258,7 +258,7 @@ def run_history(data: st.DataObject, config: PlannerConfig, *, reserve: bool) ->
             tokens = rows = 0
             if reserve:
                 tokens = data.draw(st.integers(min_value=0, max_value=config.effective_budget))
-                rows = data.draw(st.integers(min_value=0, max_value=config.max_batch_size or 2))
+                rows = data.draw(st.integers(min_value=0, max_value=config.max_num_seqs or 2))
             history.step(tokens, rows)
         history.remember()
     return history
@@ -294,8 +294,8 @@ def packed_skip_bound(config: PlannerConfig, older_tokens: int) -> int:
     """``T // min(M, R - p + 1)``: the packed bound of the module header, with no
     reservations (``R`` is the budget, ``M`` the row limit, ``p`` the page size or 1)."""
     per_skip = config.max_num_batched_tokens - (config.page_size or 1) + 1
-    if config.max_batch_size is not None:
-        per_skip = min(per_skip, config.max_batch_size)
+    if config.max_num_seqs is not None:
+        per_skip = min(per_skip, config.max_num_seqs)
     return older_tokens // per_skip
 
 
@@ -387,7 +387,7 @@ def test_round_robin_runs_everything_at_once_only_when_a_run_begins() -> None:
 
 
 def test_round_robin_whole_batch_counts_the_reserved_room() -> None:
-    config = PlannerConfig(max_num_batched_tokens=256, max_batch_size=4)
+    config = PlannerConfig(max_num_batched_tokens=256, max_num_seqs=4)
     state = PrefillState.from_prompt_lengths([100, 100])
     assert list(plan_step(state, config, reserved_tokens=56).rows) == [0, 1]
     assert list(plan_step(state, config, reserved_tokens=57).rows) == [0]
@@ -405,7 +405,7 @@ def test_a_step_with_no_room_is_empty_and_keeps_the_state(config: PlannerConfig)
     assert plan.num_rows == 0
     assert plan.num_tokens == 0
     assert plan.state is state
-    rows_config = attrs.evolve(config, max_batch_size=2)
+    rows_config = attrs.evolve(config, max_num_seqs=2)
     assert plan_step(state, rows_config, reserved_rows=2).state is state
 
 
@@ -518,12 +518,12 @@ def test_a_finished_request_has_left_the_state(config: PlannerConfig) -> None:
         ({"reserved_tokens": -1}, "'reserved_tokens' must be >= 0: -1"),
         ({"reserved_tokens": True}, "'reserved_tokens' must be an int"),
         ({"reserved_tokens": 1.0}, "'reserved_tokens' must be an int"),
-        ({"reserved_rows": 5}, "'reserved_rows' must be <= config.max_batch_size = 4: 5"),
+        ({"reserved_rows": 5}, "'reserved_rows' must be <= config.max_num_seqs = 4: 5"),
         ({"reserved_rows": -2}, "'reserved_rows' must be >= 0: -2"),
     ],
 )
 def test_bad_reservations_raise_naming_the_argument(reserved: dict[str, Any], message: str) -> None:
-    config = PlannerConfig(max_num_batched_tokens=256, max_batch_size=4)
+    config = PlannerConfig(max_num_batched_tokens=256, max_num_seqs=4)
     with pytest.raises(InvalidInputError, match=re.escape(message)):
         plan_step(PrefillState().add(1, 10), config, **reserved)
 

@@ -67,7 +67,7 @@ def cases(
     config = PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        max_batch_size=rows,
+        max_num_seqs=rows,
         page_size=page,
         policy=policy,
         max_num_partial_prefills=partial,
@@ -125,8 +125,8 @@ def test_every_dispatch_is_within_the_token_budget_and_row_limit(case: Case) -> 
     config = case.config
     for dispatch in rows_of(case.plan()):
         assert sum(length for _, _, length, _ in dispatch) <= config.effective_budget
-        if config.max_batch_size is not None:
-            assert len(dispatch) <= config.max_batch_size
+        if config.max_num_seqs is not None:
+            assert len(dispatch) <= config.max_num_seqs
 
 
 @given(cases())
@@ -328,7 +328,7 @@ def cases_that_fit_one_dispatch(draw: st.DrawFn) -> Case:
         case.config,
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        max_batch_size=rows,
+        max_num_seqs=rows,
         page_size=page,
     )
     return attrs.evolve(case, config=config)
@@ -363,7 +363,7 @@ def test_a_budget_holding_the_whole_batch_gives_one_dispatch_of_every_request(
         config=PlannerConfig(
             max_num_batched_tokens=8192,
             long_prefill_token_threshold=256,
-            max_batch_size=16,
+            max_num_seqs=16,
             policy="packed",
         ),
     )
@@ -396,7 +396,7 @@ def steady_packed_cases(draw: st.DrawFn) -> Case:
     config = PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        max_batch_size=draw(st.none() | st.integers(1, n + 1)),
+        max_num_seqs=draw(st.none() | st.integers(1, n + 1)),
         page_size=page,
         policy="packed",
         max_num_partial_prefills=draw(st.none() | st.integers(1, n)),
@@ -430,7 +430,7 @@ def realistic_packed_workloads(draw: st.DrawFn) -> tuple[list[int], PlannerConfi
     config = PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        max_batch_size=draw(st.none() | st.integers(n, 2 * n)),
+        max_num_seqs=draw(st.none() | st.integers(n, 2 * n)),
         page_size=page,
         policy="packed",
     )

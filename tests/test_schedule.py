@@ -93,7 +93,7 @@ def test_derived_figures_agree_with_the_rows(case: Case) -> None:
     assert schedule.rows_per_dispatch.tolist() == [len(d) for d in dispatches]
     assert schedule.row_dispatch.tolist() == [k for k, d in enumerate(dispatches) for _ in d]
     np.testing.assert_allclose(
-        schedule.utilisation,
+        schedule.utilization,
         [sum(row[2] for row in d) / case.config.max_num_batched_tokens for d in dispatches],
     )
     finish = {r: k for k, d in enumerate(dispatches) for r, _, _, final in d if final}
@@ -114,8 +114,8 @@ def test_lower_bound_is_the_largest_of_the_token_cap_and_row_bounds(case: Case) 
         -(-sum(remaining) // config.max_num_batched_tokens),
         max(-(-r // config.chunk_cap) for r in remaining),
     ]
-    if config.max_batch_size is not None:
-        bounds.append(-(-len(remaining) // config.max_batch_size))
+    if config.max_num_seqs is not None:
+        bounds.append(-(-len(remaining) // config.max_num_seqs))
     assert case.plan().lower_bound == max(bounds)
 
 
@@ -279,10 +279,10 @@ def _dispatches(*dispatches: list[list[object]]) -> Edit:
 TAMPERED: list[tuple[str, str, Edit, str]] = [
     ("wrong format", "round_robin", _set("format", value="pypto-sched.plan"), "'format'"),
     ("no format", "round_robin", _delete("format"), "'format'"),
-    ("newer version", "round_robin", _set("version", value=2), "'version'"),
-    ("version as str", "round_robin", _set("version", value="1"), "'version'"),
+    ("newer version", "round_robin", _set("version", value=3), "'version'"),
+    ("version as str", "round_robin", _set("version", value="2"), "'version'"),
     ("version as bool", "round_robin", _set("version", value=True), "'version'"),
-    ("version as float", "round_robin", _set("version", value=1.0), "'version'"),
+    ("version as float", "round_robin", _set("version", value=2.0), "'version'"),
     ("no config", "round_robin", _delete("config"), "must hold the keys.*'config'"),
     (
         "no lengths",
@@ -294,8 +294,8 @@ TAMPERED: list[tuple[str, str, Edit, str]] = [
     (
         "unknown config key",
         "round_robin",
-        _set("config", "max_num_seqs", value=4),
-        "unknown config keys.*'max_num_seqs'",
+        _set("config", "max_batch_size", value=4),
+        "unknown config keys.*'max_batch_size'",
     ),
     (
         "config budget 0",
@@ -480,3 +480,11 @@ def test_errors_are_value_errors() -> None:
     data["version"] = 0
     with pytest.raises(ValueError, match="'version'"):
         Schedule.from_dict(data)
+
+
+def test_version_1_json_still_loads_with_its_old_knob_name() -> None:
+    schedule = plan_prefill([5, 9], PlannerConfig(max_num_batched_tokens=8, max_num_seqs=2))
+    data = schedule.to_dict()
+    data["version"] = 1
+    data["config"]["max_batch_size"] = data["config"].pop("max_num_seqs")
+    assert Schedule.from_dict(data) == schedule

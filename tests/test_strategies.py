@@ -168,7 +168,7 @@ def test_strategies_passed_that_yield_an_invalid_config_raise_when_drawn() -> No
             c.long_prefill_token_threshold is not None
             and c.long_prefill_token_threshold < c.max_num_batched_tokens
         ),
-        lambda c: c.max_batch_size == 1,
+        lambda c: c.max_num_seqs == 1,
         lambda c: c.max_num_partial_prefills == 1,
         *(lambda c, p=policy: c.policy == p for policy in POLICIES),
     ],
@@ -182,11 +182,11 @@ def test_planner_configs_reach_every_edge(condition: Callable[[PlannerConfig], b
     [
         # round_robin's whole-batch dispatch
         lambda s: s.config.policy == "round_robin" and s.num_dispatches == 1 < s.num_requests,
-        # a dispatch full to max_batch_size with more to come
+        # a dispatch full to max_num_seqs with more to come
         lambda s: (
-            s.config.max_batch_size is not None
+            s.config.max_num_seqs is not None
             and s.num_dispatches > 1
-            and int(s.rows_per_dispatch.max()) == s.config.max_batch_size
+            and int(s.rows_per_dispatch.max()) == s.config.max_num_seqs
         ),
         # a one-token final chunk after a non-final one
         lambda s: bool(((s.lengths == 1) & s.is_final & (s.starts > 0)).any()),
@@ -235,7 +235,7 @@ def test_schedules_shrink_to_a_few_tokens_under_a_tiny_budget() -> None:
     assert schedule.num_tokens <= 6
     assert schedule.config.max_num_batched_tokens <= 2
     assert schedule.config.page_size is None
-    assert schedule.config.max_batch_size is None
+    assert schedule.config.max_num_seqs is None
 
 
 def test_prefill_states_shrink_to_one_short_started_request() -> None:

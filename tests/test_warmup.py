@@ -15,7 +15,7 @@ def configs(draw: st.DrawFn) -> PlannerConfig:
     return PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=draw(st.none() | st.integers(1, 20000)),
-        max_batch_size=draw(st.none() | st.integers(1, 300)),
+        max_num_seqs=draw(st.none() | st.integers(1, 300)),
         policy=draw(st.sampled_from(POLICIES)),
     )
 
@@ -34,7 +34,7 @@ def test_no_warmup_shape_exceeds_the_budget_the_batch_or_the_sequence_length(
         assert shape.num_tokens == shape.num_rows * shape.tokens_per_row
         assert 1 <= shape.num_tokens <= config.effective_budget
         assert 1 <= shape.num_rows <= batch
-        assert shape.num_rows <= (config.max_batch_size or batch)
+        assert shape.num_rows <= (config.max_num_seqs or batch)
         assert 1 <= shape.tokens_per_row <= min(seq_len, config.chunk_cap)
 
 
@@ -96,7 +96,7 @@ def test_seed_rule_batch_b_budget_e_warms_b_rows_of_e_div_b_or_e_rows_of_one(
             (WarmupShape(16, 256), WarmupShape(1, 256)),
         ),
         (
-            PlannerConfig(max_num_batched_tokens=8192, max_batch_size=8),
+            PlannerConfig(max_num_batched_tokens=8192, max_num_seqs=8),
             16,
             (WarmupShape(8, 1024), WarmupShape(1, 8192)),
         ),

@@ -76,7 +76,7 @@ def serve(
     state: PrefillState[int] = PrefillState()
     decoding: list[int] = []  # requests past their prefill, in the order they got there
     budget = config.effective_budget  # decode tokens count against it too
-    row_limit = config.max_batch_size
+    row_limit = config.max_num_seqs
     summary = Summary()
     for step in range(max_steps):
         if step > max(arrivals) and not state and not decoding:  # all served
@@ -135,7 +135,7 @@ def main() -> None:
     config = PlannerConfig(
         max_num_batched_tokens=2048,
         long_prefill_token_threshold=512,
-        max_batch_size=32,
+        max_num_seqs=32,
         page_size=16,
         policy="packed",
     )

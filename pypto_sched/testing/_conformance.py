@@ -161,7 +161,7 @@ def _draw_config(
     options: dict[str, Any] = {
         "max_num_batched_tokens": budget,
         "long_prefill_token_threshold": _maybe(rng, 1, budget),
-        "max_batch_size": _maybe(rng, 1, count),
+        "max_num_seqs": _maybe(rng, 1, count),
         "policy": policy,
     }
     if policy == "packed":

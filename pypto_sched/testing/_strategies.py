@@ -68,7 +68,7 @@ def planner_configs(
     policy: st.SearchStrategy[Policy] | None = None,
     max_num_batched_tokens: st.SearchStrategy[int] | None = None,
     long_prefill_token_threshold: st.SearchStrategy[int | None] | None = None,
-    max_batch_size: st.SearchStrategy[int | None] | None = None,
+    max_num_seqs: st.SearchStrategy[int | None] | None = None,
     page_size: st.SearchStrategy[int | None] | None = None,
     max_num_partial_prefills: st.SearchStrategy[int | None] | None = None,
 ) -> st.SearchStrategy[PlannerConfig]:
@@ -86,7 +86,7 @@ def planner_configs(
         "policy": policy,
         "max_num_batched_tokens": max_num_batched_tokens,
         "long_prefill_token_threshold": long_prefill_token_threshold,
-        "max_batch_size": max_batch_size,
+        "max_num_seqs": max_num_seqs,
         "page_size": page_size,
         "max_num_partial_prefills": max_num_partial_prefills,
     }
@@ -96,7 +96,7 @@ def planner_configs(
         _or_default(policy, st.sampled_from(POLICIES)),
         _or_default(max_num_batched_tokens, st.integers(min_value=1, max_value=_MAX_BUDGET)),
         long_prefill_token_threshold,
-        _or_default(max_batch_size, _optional_counts(1, 16)),
+        _or_default(max_num_seqs, _optional_counts(1, 16)),
         page_size,
         _or_default(max_num_partial_prefills, _optional_counts(1, 8)),
     )
@@ -127,7 +127,7 @@ def _planner_configs(
         return PlannerConfig(
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
-            max_batch_size=batch_size,
+            max_num_seqs=batch_size,
             page_size=page,
             policy=policy,
             max_num_partial_prefills=partial,
@@ -251,7 +251,7 @@ def _prefill_states(
                 state = state.remove(draw(st.sampled_from(list(state))))
             elif action == "step":
                 tokens = draw(st.integers(min_value=0, max_value=config.effective_budget))
-                rows = draw(st.integers(min_value=0, max_value=config.max_batch_size or 0))
+                rows = draw(st.integers(min_value=0, max_value=config.max_num_seqs or 0))
                 state = plan_step(state, config, reserved_tokens=tokens, reserved_rows=rows).state
     missing = draw(
         st.integers(min_value=max(min_size - len(state), 0), max_value=max_size - len(state))

@@ -202,7 +202,7 @@ class _Recorder:
         (PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256), 16, 3338),
         # A budget smaller than the batch: fewer rows, one token each.
         (PlannerConfig(max_num_batched_tokens=5), 8, 100),
-        (PlannerConfig(max_num_batched_tokens=512, policy="packed", max_batch_size=3), 8, 40),
+        (PlannerConfig(max_num_batched_tokens=512, policy="packed", max_num_seqs=3), 8, 40),
     ],
 )
 @pytest.mark.parametrize("ops", PATHS)

@@ -54,7 +54,7 @@ def cases(
     config = PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        max_batch_size=draw(st.none() | st.integers(1, 4)),
+        max_num_seqs=draw(st.none() | st.integers(1, 4)),
         page_size=draw(st.none() | st.integers(1, cap)),
         policy=policy,
         max_num_partial_prefills=(

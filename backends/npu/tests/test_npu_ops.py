@@ -116,7 +116,7 @@ def _attention_call(page: int = 128) -> dict[str, Any]:
         "input_layout": "TND",
         "block_size": page,
         "actual_seq_lengths": arrays.cu_seqlens[1:].tolist(),
-        "actual_seq_lengths_kv": arrays.context_lens.tolist(),
+        "actual_seq_lengths_kv": arrays.seq_lens.tolist(),
         "num_heads": SHAPE.num_heads,
         "num_key_value_heads": SHAPE.num_kv_heads,
         "scale": SHAPE.scale,

@@ -79,7 +79,7 @@ class PagedKVCache:
         return contexts
 
     def _row_slots(self, arrays: DispatchArrays, row: int) -> I64:
-        length = int(arrays.context_lens[row])
+        length = int(arrays.seq_lens[row])
         needed = -(-length // self.page_size)
         table = arrays.block_tables[row].astype(np.int64)
         pages = table[:needed]

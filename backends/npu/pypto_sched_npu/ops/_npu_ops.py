@@ -128,7 +128,7 @@ class NpuOps:
             slots=torch.from_numpy(arrays.slot_mapping.astype(np.int32)).to(device),
             block_table=torch.from_numpy(tables).to(device),
             query_ends=[int(end) for end in arrays.cu_seqlens[1:]],
-            context_lens=[int(length) for length in arrays.context_lens],
+            seq_lens=[int(length) for length in arrays.seq_lens],
             mask=mask,
         )
 
@@ -144,7 +144,7 @@ class NpuAttention:
     #: Cumulative query lengths without the leading 0 (``actual_seq_lengths``).
     query_ends: list[int]
     #: Per-row context lengths (``actual_seq_lengths_kv``).
-    context_lens: list[int]
+    seq_lens: list[int]
     mask: torch.Tensor
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
@@ -168,7 +168,7 @@ class NpuAttention:
             input_layout="TND",
             block_size=page_size,
             actual_seq_lengths=self.query_ends,
-            actual_seq_lengths_kv=self.context_lens,
+            actual_seq_lengths_kv=self.seq_lens,
             num_heads=self.shape.num_heads,
             num_key_value_heads=self.shape.num_kv_heads,
             scale=self.shape.scale,

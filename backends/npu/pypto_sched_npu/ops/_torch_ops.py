@@ -121,11 +121,11 @@ class TorchAttention:
         dtype: torch.dtype,
     ) -> TorchAttention:
         query_lens = np.diff(arrays.cu_seqlens).astype(np.int64)
-        context_lens = arrays.context_lens.astype(np.int64)
+        seq_lens = arrays.seq_lens.astype(np.int64)
         rows, longest_chunk = query_lens.size, int(query_lens.max())
-        longest_context = int(context_lens.max())
+        longest_context = int(seq_lens.max())
         position = np.arange(longest_context)
-        in_context = position[None, :] < context_lens[:, None]
+        in_context = position[None, :] < seq_lens[:, None]
         column = np.minimum(position // arrays.page_size, arrays.block_tables.shape[1] - 1)
         pages = np.where(in_context, arrays.block_tables[:, column], 0).astype(np.int64)
         context_slots = pages * arrays.page_size + position % arrays.page_size
@@ -134,10 +134,10 @@ class TorchAttention:
         consecutive = rows == 1 and bool(
             (context_slots[0] == first + np.arange(longest_context)).all()
         )
-        plain_causal = rows == 1 and int(context_lens[0]) == int(query_lens[0])
+        plain_causal = rows == 1 and int(seq_lens[0]) == int(query_lens[0])
         mask = None
         if not plain_causal:
-            visible = _visible(query_lens, context_lens, in_context)
+            visible = _visible(query_lens, seq_lens, in_context)
             additive = torch.zeros(visible.shape, dtype=dtype)
             additive.masked_fill_(torch.from_numpy(~visible), float("-inf"))
             mask = additive[:, None].to(device)
@@ -203,13 +203,13 @@ class TorchAttention:
 
 def _visible(
     query_lens: npt.NDArray[np.int64],
-    context_lens: npt.NDArray[np.int64],
+    seq_lens: npt.NDArray[np.int64],
     in_context: npt.NDArray[np.bool_],
 ) -> npt.NDArray[np.bool_]:
     """``[rows, longest chunk, longest context]``: key ``j`` is visible to query ``i``."""
     query = np.arange(int(query_lens.max()))
     key = np.arange(in_context.shape[1])
-    offset = (context_lens - query_lens)[:, None, None]
+    offset = (seq_lens - query_lens)[:, None, None]
     visible = key[None, None, :] <= query[None, :, None] + offset
     return visible & in_context[:, None, :]
 
