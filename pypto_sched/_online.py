@@ -482,9 +482,7 @@ def _room(config: PlannerConfig, reserved_tokens: object, reserved_rows: object)
     rows = _count("reserved_rows", reserved_rows)
     limit = config.max_num_seqs
     if limit is not None and rows > limit:
-        raise InvalidInputError(
-            f"'reserved_rows' must be <= config.max_num_seqs = {limit}: {rows}"
-        )
+        raise InvalidInputError(f"'reserved_rows' must be <= config.max_num_seqs = {limit}: {rows}")
     return budget - tokens, MAX_TOKENS if limit is None else limit - rows
 
 
