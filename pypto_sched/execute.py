@@ -13,7 +13,7 @@ failed run never yields something that looks like a complete result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -29,13 +29,41 @@ from ._schedule import Dispatch, Schedule
 from ._validate import check_int, read_only
 from .backends import Backend, DispatchInput, DispatchOutput
 
-__all__ = ["DEFAULT_PAGE_SIZE", "ExecutionResult", "execute_schedule", "write_prefixes"]
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "DispatchDone",
+    "ExecutionResult",
+    "execute_schedule",
+    "write_prefixes",
+]
 
 #: KV page size used when neither block tables nor the schedule's config name one.
 DEFAULT_PAGE_SIZE = 16
 
 TokenIds = Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]] | npt.NDArray[np.integer[Any]]
 Embeddings = Sequence[npt.NDArray[np.floating[Any]]] | npt.NDArray[np.floating[Any]]
+
+
+@attrs.frozen(kw_only=True)
+class DispatchDone:
+    """Progress: one dispatch has run and its outputs passed the driver's checks.
+
+    Handed to ``execute_schedule``'s ``on_dispatch`` callback after each dispatch, in order.
+    """
+
+    #: Index of the dispatch just run, ``0 <= index < num_dispatches``.
+    index: int
+    #: Dispatches in the schedule.
+    num_dispatches: int
+    #: Tokens the dispatch ran (its rows' chunk lengths summed).
+    num_tokens: int
+    #: Rows (requests) in the dispatch.
+    num_rows: int
+
+    @property
+    def fraction(self) -> float:
+        """Share of the schedule's dispatches done, in ``(0, 1]``."""
+        return (self.index + 1) / self.num_dispatches
 
 
 @attrs.frozen(eq=False)
@@ -63,6 +91,7 @@ def execute_schedule(
     block_tables: BlockTables | None = None,
     page_size: int | None = None,
     cache: Any = None,
+    on_dispatch: Callable[[DispatchDone], None] | None = None,
 ) -> ExecutionResult:
     """Run every dispatch of ``schedule`` on ``backend`` and collect each request's final
     logits (and greedy token id when ``return_greedy``).
@@ -74,6 +103,10 @@ def execute_schedule(
     ``page_size`` (default: the schedule's ``config.page_size``, else
     :data:`DEFAULT_PAGE_SIZE`). Without ``cache`` it asks the backend for an empty one; pass
     one that already holds the prefixes when the schedule has ``num_computed_tokens``.
+
+    ``on_dispatch``, when given, is called with a :class:`DispatchDone` after each dispatch
+    has run and its output passed the checks (for progress bars); an exception it raises
+    stops the run and propagates unchanged.
     """
     if not isinstance(schedule, Schedule):
         raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
@@ -109,6 +142,15 @@ def execute_schedule(
             logits.put(arrays.final_requests, output.logits)
         if batch.return_greedy:
             greedy.put(arrays.final_requests, output.greedy_token_ids)
+        if on_dispatch is not None:
+            on_dispatch(
+                DispatchDone(
+                    index=dispatch.index,
+                    num_dispatches=schedule.num_dispatches,
+                    num_tokens=arrays.num_tokens,
+                    num_rows=arrays.num_rows,
+                )
+            )
     return ExecutionResult(
         logits=logits.result() if return_logits else None,
         greedy_token_ids=greedy.result(np.int64) if return_greedy else None,

@@ -23,7 +23,12 @@ from pypto_sched import (
     plan_prefill,
 )
 from pypto_sched.backends import Backend, DispatchInput, DispatchOutput
-from pypto_sched.execute import DEFAULT_PAGE_SIZE, ExecutionResult, execute_schedule
+from pypto_sched.execute import (
+    DEFAULT_PAGE_SIZE,
+    DispatchDone,
+    ExecutionResult,
+    execute_schedule,
+)
 
 VOCAB = 11
 
@@ -199,6 +204,43 @@ def test_results_are_read_only() -> None:
     assert result.greedy_token_ids is not None
     assert not result.logits.flags.writeable
     assert not result.greedy_token_ids.flags.writeable
+
+
+def test_on_dispatch_reports_each_dispatch_after_it_ran_in_order() -> None:
+    backend, prompts = CountingBackend(), prompts_of(LENGTHS)
+    schedule = plan_prefill(LENGTHS, CHUNKED)
+    seen: list[tuple[DispatchDone, int]] = []
+    execute_schedule(
+        schedule,
+        backend,
+        prompts,
+        on_dispatch=lambda done: seen.append((done, len(backend.batches))),
+    )
+    assert [done for done, _ in seen] == [
+        DispatchDone(
+            index=d.index,
+            num_dispatches=schedule.num_dispatches,
+            num_tokens=d.num_tokens,
+            num_rows=d.num_rows,
+        )
+        for d in schedule.dispatches
+    ]
+    assert [ran for _, ran in seen] == list(range(1, schedule.num_dispatches + 1))
+    assert seen[-1][0].fraction == 1.0
+
+
+def test_an_exception_from_on_dispatch_stops_the_run_unchanged() -> None:
+    backend = CountingBackend()
+
+    def stop(done: DispatchDone) -> None:
+        if done.index == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_schedule(
+            plan_prefill(LENGTHS, CHUNKED), backend, prompts_of(LENGTHS), on_dispatch=stop
+        )
+    assert len(backend.batches) == 3
 
 
 # -- pages ---------------------------------------------------------------------------------
