@@ -23,6 +23,7 @@ from ._pages import BlockTables, plan_pages
 from ._policies import plan_one_shot, plan_prefill
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
+from ._verify import Verification, compare_results, verify_against_one_shot
 from ._warmup import WarmupShape, plan_warmup
 from .backends import (
     Backend,
@@ -32,7 +33,7 @@ from .backends import (
     load_backend,
     refresh_backends,
 )
-from .execute import ExecutionResult, execute_schedule
+from .execute import DispatchDone, ExecutionResult, execute_schedule
 
 __all__ = [
     "FORMAT_NAME",
@@ -46,6 +47,7 @@ __all__ = [
     "Chunk",
     "Dispatch",
     "DispatchArrays",
+    "DispatchDone",
     "DispatchInput",
     "DispatchOutput",
     "DuplicateRequestError",
@@ -64,7 +66,9 @@ __all__ = [
     "StepChunk",
     "StepPlan",
     "UnknownRequestError",
+    "Verification",
     "WarmupShape",
+    "compare_results",
     "dispatch_arrays",
     "execute_schedule",
     "list_backends",
@@ -75,4 +79,5 @@ __all__ = [
     "plan_step",
     "plan_warmup",
     "refresh_backends",
+    "verify_against_one_shot",
 ]

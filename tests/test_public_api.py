@@ -135,5 +135,11 @@ def test_every_public_function_takes_options_by_keyword() -> None:
             assert len(positional) <= 3, name
 
 
+def test_the_driver_and_verification_names_are_public() -> None:
+    # The CLI, check_backend and servers call these; they must stay on the surface.
+    for name in ("DispatchDone", "Verification", "compare_results", "verify_against_one_shot"):
+        assert name in PUBLIC, name
+
+
 def test_the_package_is_typed() -> None:
     assert (Path(pypto_sched.__file__).parent / "py.typed").is_file()
