@@ -31,6 +31,23 @@ process).
 * :func:`list_backends` imports every registered backend (once, cached). One whose import
   fails is reported with a :class:`RuntimeWarning` carrying its error and left out; the
   others still load.
+* :func:`backend_statuses` (and :func:`backend_status` for one name) says, for every
+  registered backend, where it comes from, whether it can run here and why, and the options
+  its factory takes, without building it. One that fails to import is listed as unable to
+  run, with the error as the reason.
+
+What a factory may declare
+--------------------------
+Two optional attributes of the factory (for a class or a classmethod factory, of the class)
+describe it without building a backend:
+
+* ``is_available()``: whether it can run on this machine, a bool or a ``(bool, reason)``
+  pair (the reason may also say *how* it runs, e.g. on the CPU for want of a device); an
+  exception it raises reads as "cannot run", with the exception as the reason. Without it,
+  a backend that imports can run.
+* ``options``: a mapping from each keyword the factory takes to a one-line description.
+
+:func:`describe_factory` attaches both to a factory function.
 
 The work is done by small functions over ``EntryPoint`` objects (:func:`build_backends`), so
 tests can pass hand-made entry points.
@@ -43,7 +60,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import numpy as np
@@ -58,9 +75,13 @@ __all__ = [
     "BackendError",
     "BackendFactory",
     "BackendNotFoundError",
+    "BackendStatus",
     "DispatchInput",
     "DispatchOutput",
+    "backend_status",
+    "backend_statuses",
     "build_backends",
+    "describe_factory",
     "list_backends",
     "load_backend",
     "refresh_backends",
@@ -226,13 +247,7 @@ def refresh_backends() -> None:
     _installed_backends.cache_clear()
 
 
-def load_backend(name: str, **options: Any) -> Backend:
-    """Build the installed backend registered as ``name``, passing it ``options``.
-
-    Only that backend is imported. Raises :class:`BackendNotFoundError` (listing the
-    installed names) for an unknown name, and :class:`BackendError` when the backend fails
-    to import or its factory returns something that is not a :class:`Backend`.
-    """
+def _entry_point(name: str) -> EntryPoint:
     installed = _installed_entry_points()
     entry_point = installed.get(name)
     if entry_point is None:
@@ -240,6 +255,17 @@ def load_backend(name: str, **options: Any) -> Backend:
         raise BackendNotFoundError(
             f"'name' must be an installed backend (installed: {known}): {name!r}"
         )
+    return entry_point
+
+
+def load_backend(name: str, **options: Any) -> Backend:
+    """Build the installed backend registered as ``name``, passing it ``options``.
+
+    Only that backend is imported. Raises :class:`BackendNotFoundError` (listing the
+    installed names) for an unknown name, and :class:`BackendError` when the backend fails
+    to import or its factory returns something that is not a :class:`Backend`.
+    """
+    entry_point = _entry_point(name)
     backend = _factory(entry_point)(**options)
     if not isinstance(backend, Backend):
         raise BackendError(
@@ -247,3 +273,129 @@ def load_backend(name: str, **options: Any) -> Backend:
             f"protocol: {type(backend).__name__}"
         )
     return backend
+
+
+# -- status: what each installed backend is, without building it -----------------------------
+
+_Factory = TypeVar("_Factory", bound=Callable[..., Any])
+
+
+def describe_factory(
+    *,
+    options: Mapping[str, str],
+    is_available: Callable[[], bool | tuple[bool, str]] | None = None,
+) -> Callable[[_Factory], _Factory]:
+    """Declare, on a factory function, the options it takes and whether it can run here.
+
+    ``options`` maps each keyword the factory takes to a one-line description;
+    ``is_available`` returns a bool or a ``(bool, reason)`` pair. Both are read by
+    :func:`backend_status`. A class (or the class of a classmethod factory) declares the same
+    two names as class attributes instead.
+    """
+    frozen = MappingProxyType({str(key): str(text) for key, text in options.items()})
+
+    def declare(factory: _Factory) -> _Factory:
+        factory.options = frozen  # type: ignore[attr-defined]  # functions take attributes
+        if is_available is not None:
+            factory.is_available = is_available  # type: ignore[attr-defined]
+        return factory
+
+    return declare
+
+
+def _read_only_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen(kw_only=True)
+class BackendStatus:
+    """One registered backend as :func:`backend_statuses` finds it, without building it."""
+
+    #: The name it is registered under.
+    name: str
+    #: The entry point's target, ``module:attribute``.
+    entry_point: str
+    #: The distribution that registers it, ``"name version"``, or ``None`` when unknown.
+    distribution: str | None
+    #: Whether it imports and says it can run on this machine.
+    available: bool
+    #: Why it cannot run (the import error, or its own answer), or a note on how it runs;
+    #: ``""`` when there is nothing to say.
+    reason: str
+    #: Each keyword its factory takes, with a one-line description (empty when undeclared).
+    options: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only_mapping)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status as a JSON-ready dict."""
+        return {
+            "name": self.name,
+            "entry_point": self.entry_point,
+            "distribution": self.distribution,
+            "available": self.available,
+            "reason": self.reason,
+            "options": dict(self.options),
+        }
+
+
+def _declared(factory: BackendFactory, attribute: str) -> Any:
+    """``attribute`` of the factory, or of its class for a classmethod factory."""
+    found = getattr(factory, attribute, None)
+    if found is None:
+        found = getattr(getattr(factory, "__self__", None), attribute, None)
+    return found
+
+
+def _availability(factory: BackendFactory) -> tuple[bool, str]:
+    check = _declared(factory, "is_available")
+    if check is None:
+        return True, ""
+    try:
+        answer = check()
+    except Exception as error:  # a broken check means "cannot run here", not a crash
+        return False, f"its availability check failed: {type(error).__name__}: {error}"
+    if isinstance(answer, tuple) and len(answer) == 2:
+        return bool(answer[0]), str(answer[1])
+    if isinstance(answer, bool):
+        return answer, "" if answer else "its availability check said no"
+    return False, f"its availability check must return a bool or (bool, reason): {answer!r}"
+
+
+def _options(factory: BackendFactory) -> Mapping[str, str]:
+    declared = _declared(factory, "options")
+    if not isinstance(declared, Mapping):
+        return {}
+    return {str(key): str(text) for key, text in declared.items()}
+
+
+def _status(entry_point: EntryPoint) -> BackendStatus:
+    dist = entry_point.dist
+    status = functools.partial(
+        BackendStatus,
+        name=entry_point.name,
+        entry_point=entry_point.value,
+        distribution=None if dist is None else f"{dist.name} {dist.version}",
+    )
+    try:
+        factory = _factory(entry_point)
+    except BackendError as error:
+        return status(available=False, reason=str(error))
+    available, reason = _availability(factory)
+    return status(available=available, reason=reason, options=_options(factory))
+
+
+def backend_statuses() -> tuple[BackendStatus, ...]:
+    """Every registered backend, sorted by name: where it comes from, whether it can run
+    here and why, and the options its factory takes.
+
+    Each backend is imported (not built); one that fails to import is listed as unable to
+    run, with its error as the reason, and never hides the others.
+    """
+    return tuple(_status(entry_point) for entry_point in _installed_entry_points().values())
+
+
+def backend_status(name: str) -> BackendStatus:
+    """The :class:`BackendStatus` of the backend registered as ``name``.
+
+    Raises :class:`BackendNotFoundError` (listing the installed names) for an unknown name.
+    """
+    return _status(_entry_point(name))

@@ -8,6 +8,8 @@ CPU otherwise; the ops follow the device unless ``ops`` names them.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -49,6 +51,21 @@ class NpuBackend:
     """Runs Qwen3 prefill dispatches; see :class:`pypto_sched.backends.Backend`."""
 
     name: ClassVar[str] = "npu"
+    #: The keywords of :meth:`from_checkpoint`, as ``pypto-sched backends`` lists them.
+    options: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {
+            "checkpoint": "a Hugging Face Qwen3 checkpoint directory (required)",
+            "dtype": "compute dtype: float32 (default), float16 or bfloat16",
+            "device": "a torch device (default: npu when an NPU is usable, else cpu)",
+            "ops": "kernels: auto (by device, the default), torch or npu",
+        }
+    )
+
+    @staticmethod
+    def is_available() -> tuple[bool, str]:
+        """It runs wherever torch does: on an NPU when one is usable, else on the CPU."""
+        npu = npu_availability()
+        return True, "on the NPU" if npu else f"on the CPU ({npu.reason})"
 
     def __init__(self, model: Qwen3Model) -> None:
         self._model = model

@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from pypto_sched.backends import DispatchInput, DispatchOutput
+from pypto_sched.backends import DispatchInput, DispatchOutput, describe_factory
 
 from ._cache import PagedKVCache
 from ._config import ModelConfig
@@ -130,6 +130,19 @@ class ReferenceBackend:
             )
 
 
+#: The options of :func:`create_backend`, as ``pypto-sched backends`` lists them.
+_OPTIONS = {
+    "checkpoint": "a Hugging Face Qwen3 checkpoint directory (default: random weights)",
+    "seed": "seed of the random weights (default 0)",
+    "dtype": "float64 (default) or float32",
+    **{
+        field.name: f"random weights only: the model's {field.name} (default {field.default!r})"
+        for field in attrs.fields(ModelConfig)
+    },
+}
+
+
+@describe_factory(options=_OPTIONS)
 def create_backend(
     *,
     checkpoint: str | Path | None = None,
