@@ -1,12 +1,15 @@
 # Two entry points, both self-contained on a fresh clone:
 #   make demo   plan and run the seed's workload on the NumPy reference backend
-#   make test   install everything (torch 2.13.0 CPU included) and run lint, types and tests
+#   make test   install everything (torch 2.13.0 CPU included) and run lint, types and tests,
+#               then the tests again on the lowest declared versions without optional packages
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: demo test lint clean
+MIN_VENV := .venv-min
+
+.PHONY: demo test test-min lint clean
 
 $(VENV)/.core: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +32,22 @@ lint: $(VENV)/.full
 	$(VENV)/bin/mypy backends/reference/tests
 	$(VENV)/bin/mypy backends/npu/tests
 
-test: lint
+test: lint test-min
 	$(VENV)/bin/pytest
 
+# The lowest versions the pyproject files allow (their >= floors, pinned), without the optional
+# torch, transformers and matplotlib: the suite must pass there, skipping what needs those.
+$(MIN_VENV)/.done: pyproject.toml backends/reference/pyproject.toml .ci/min_constraints.py
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(PYTHON) .ci/min_constraints.py --exclude torch mypy ruff safetensors matplotlib \
+		> $(MIN_VENV)/constraints.txt
+	$(MIN_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+		-c $(MIN_VENV)/constraints.txt -e '.[testing,cli]' -e backends/reference pytest
+	touch $@
+
+test-min: $(MIN_VENV)/.done
+	$(MIN_VENV)/bin/pytest -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(MIN_VENV)

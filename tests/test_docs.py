@@ -28,6 +28,7 @@ output shown that holds no ``...`` with what its command printed; review the dif
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import os
 import re
 import subprocess
@@ -47,6 +48,13 @@ SETUP = re.compile(
 )
 _FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _TIMEOUT = 300
+#: What a command or block needs beyond the core, recognised by its text: without the
+#: package, the command or block is skipped (and so is the page, if anything needs it).
+NEEDS = (
+    (re.compile(r"pypto-sched plot\b|\bmatplotlib\b"), "matplotlib"),
+    (re.compile(r"--backend npu\b|\bpypto_sched_npu\b|\btorch\b"), "torch"),
+    (re.compile(r"\btransformers\b"), "transformers"),
+)
 #: Set to 1 to rewrite the outputs shown (those without ``...``) with what the commands print.
 UPDATE_ENV = "PYPTO_SCHED_UPDATE_DOCS"
 
@@ -204,8 +212,20 @@ def _run_python(code: CodeType, namespace: dict[str, object], block: Block) -> N
         ) from error
 
 
+def missing_packages(text: str) -> list[str]:
+    """The optional packages ``text`` needs (see :data:`NEEDS`) that are not installed."""
+    return [
+        package
+        for pattern, package in NEEDS
+        if pattern.search(text) and importlib.util.find_spec(package) is None
+    ]
+
+
 def run_page(page: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """Run every runnable block of ``page`` in order; return how many things ran."""
+    missing = missing_packages("\n".join(b.text for b in blocks(page) if "sketch" not in b.flags))
+    if missing:
+        pytest.skip(f"{_shown(page)} needs {', '.join(missing)} (not installed)")
     monkeypatch.chdir(cwd)
     namespace: dict[str, object] = {"__name__": "__docs__"}
     count = 0
