@@ -6,9 +6,11 @@ when the caller gave them), calls :meth:`Backend.run_dispatch`, and files the fi
 outputs under their requests. Intermediate chunks are never asked for logits, and only what
 the caller asked for is returned by the backend.
 
-A failure inside the backend stops the run with an :class:`~pypto_sched.ExecutionError`
-naming the dispatch; the outputs collected so far are dropped with the call frame, so a
-failed run never yields something that looks like a complete result.
+A failure inside the backend, or an output that breaks the contract (wrong type, shape or
+dtype, something not asked for, non-finite logits, greedy ids outside the vocabulary), stops
+the run with an :class:`~pypto_sched.ExecutionError` naming the dispatch (and the request);
+the outputs collected so far are dropped with the call frame, so a failed run never yields
+something that looks like a complete result.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._config import PlannerConfig
 from ._dispatch import DispatchArrays, dispatch_arrays
 from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
-from ._policies import plan_prefill
+from ._policies import plan_one_shot
 from ._schedule import Dispatch, Schedule
 from ._validate import check_int, read_only
 from .backends import Backend, DispatchInput, DispatchOutput
@@ -101,8 +102,16 @@ def execute_schedule(
     hidden_size]`` host embeddings, in which case the backend does no lookup. Without
     ``block_tables`` the driver plans one with :func:`~pypto_sched.plan_pages` at
     ``page_size`` (default: the schedule's ``config.page_size``, else
-    :data:`DEFAULT_PAGE_SIZE`). Without ``cache`` it asks the backend for an empty one; pass
-    one that already holds the prefixes when the schedule has ``num_computed_tokens``.
+    :data:`DEFAULT_PAGE_SIZE`). Without ``cache`` it asks the backend for an empty one. A
+    schedule with cached prefixes (``num_computed_tokens`` > 0) needs a ``cache`` that holds
+    them, filled with :func:`write_prefixes` or the caller's prefix cache: the driver cannot
+    see inside a cache, so the rule it checks is that such a schedule comes with one
+    (:class:`~pypto_sched.InvalidInputError` otherwise).
+
+    Every output is checked before it is filed: the type, shape and dtype the contract asks
+    for, nothing that was not asked for, finite logits, and greedy ids in ``[0,
+    vocab_size)``; a breach is an :class:`~pypto_sched.ExecutionError` naming the dispatch and
+    the final row's request.
 
     ``on_dispatch``, when given, is called with a :class:`DispatchDone` after each dispatch
     has run and its output passed the checks (for progress bars); an exception it raises
@@ -122,6 +131,13 @@ def execute_schedule(
         else _embeddings(input_embeddings, schedule, hidden_size=backend.hidden_size)
     )
     tables = _block_tables(schedule, block_tables, page_size)
+    if cache is None and schedule.num_computed_tokens.any():
+        r = int(np.flatnonzero(schedule.num_computed_tokens)[0])
+        raise InvalidInputError(
+            f"'cache' must be given when the schedule has cached prefixes: request {r} has "
+            f"num_computed_tokens {int(schedule.num_computed_tokens[r])}, and a new cache "
+            f"would be empty; fill one with write_prefixes (or your prefix cache) and pass it"
+        )
     if cache is None:
         cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
     logits, greedy = _Collector(schedule.num_requests), _Collector(schedule.num_requests)
@@ -177,9 +193,8 @@ def write_prefixes(
     hits = [r for r, c in enumerate(computed) if c > 0]
     if not hits:
         return
-    prefixes = [computed[r] for r in hits]
     execute_schedule(
-        plan_prefill(prefixes, PlannerConfig(max_num_batched_tokens=sum(prefixes))),
+        plan_one_shot([computed[r] for r in hits]),
         backend,
         [token_ids[r][: computed[r]] for r in hits],
         return_logits=False,
@@ -331,10 +346,42 @@ def _output_problem(batch: DispatchInput, output: object, vocab_size: int) -> st
     if not isinstance(output, DispatchOutput):
         return f"expected a DispatchOutput, got {type(output).__name__}"
     rows = batch.num_final_rows
-    return _array_problem(
-        "logits", output.logits, (rows, vocab_size), "f", asked=batch.return_logits
-    ) or _array_problem(
-        "greedy_token_ids", output.greedy_token_ids, (rows,), "iu", asked=batch.return_greedy
+    requests = batch.arrays.final_requests
+    return (
+        _array_problem("logits", output.logits, (rows, vocab_size), "f", asked=batch.return_logits)
+        or _array_problem(
+            "greedy_token_ids", output.greedy_token_ids, (rows,), "iu", asked=batch.return_greedy
+        )
+        or _logits_problem(output.logits, requests)
+        or _greedy_problem(output.greedy_token_ids, requests, vocab_size)
+    )
+
+
+def _logits_problem(logits: npt.NDArray[Any] | None, requests: npt.NDArray[np.int32]) -> str | None:
+    if logits is None:
+        return None
+    bad = ~np.isfinite(logits)
+    if not bad.any():
+        return None
+    row, column = (int(i) for i in np.argwhere(bad)[0])
+    return (
+        f"logits must be finite: final row {row} (request {int(requests[row])}) has "
+        f"{logits[row, column]} at vocabulary column {column}"
+    )
+
+
+def _greedy_problem(
+    greedy: npt.NDArray[Any] | None, requests: npt.NDArray[np.int32], vocab_size: int
+) -> str | None:
+    if greedy is None:
+        return None
+    outside = (greedy < 0) | (greedy >= vocab_size)
+    if not outside.any():
+        return None
+    row = int(np.flatnonzero(outside)[0])
+    return (
+        f"greedy_token_ids must be in [0, {vocab_size}), the vocabulary: final row {row} "
+        f"(request {int(requests[row])}) has {int(greedy[row])}"
     )
 
 
@@ -377,6 +424,7 @@ class _Collector:
     def result(self, dtype: type[np.generic] | None = None) -> npt.NDArray[Any]:
         # A validated schedule gives every request exactly one final row, so every row of
         # the array has been written by the time the last dispatch returns.
-        assert self._array is not None
+        if self._array is None:  # unreachable for a validated schedule; explicit under -O
+            raise ExecutionError("no dispatch returned a final row", dispatch=-1)
         array = self._array if dtype is None else self._array.astype(dtype)
         return read_only(array)

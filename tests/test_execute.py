@@ -28,6 +28,7 @@ from pypto_sched.execute import (
     DispatchDone,
     ExecutionResult,
     execute_schedule,
+    write_prefixes,
 )
 
 VOCAB = 11
@@ -342,6 +343,93 @@ def test_an_output_breaking_the_contract_is_an_execution_error(
     # Packed rows mix final and intermediate chunks in one dispatch.
     with pytest.raises(ExecutionError, match=problem):
         execute_schedule(plan_prefill(LENGTHS, PACKED), backend, prompts_of(LENGTHS))
+
+
+class SpoiledRowBackend(CountingBackend):
+    """Spoils one final row's output: a NaN logit, or a greedy id outside the vocabulary."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if batch.arrays.index != 3 or output.logits is None or output.greedy_token_ids is None:
+            return output
+        logits, greedy = output.logits.copy(), output.greedy_token_ids.copy()
+        if self.what == "nan":
+            logits[-1, 7] = np.nan
+        elif self.what == "inf":
+            logits[0, 2] = -np.inf
+        else:
+            greedy[-1] = VOCAB if self.what == "high" else -1
+        return DispatchOutput(logits=logits, greedy_token_ids=greedy)
+
+
+@pytest.mark.parametrize(
+    ("what", "problem"),
+    [
+        (
+            "nan",
+            r"logits must be finite: final row \d+ \(request \d+\) has nan at vocabulary "
+            r"column 7",
+        ),
+        (
+            "inf",
+            r"logits must be finite: final row 0 \(request \d+\) has -inf at vocabulary "
+            r"column 2",
+        ),
+        (
+            "high",
+            r"greedy_token_ids must be in \[0, 11\), the vocabulary: final row \d+ "
+            r"\(request \d+\) has 11",
+        ),
+        ("negative", r"greedy_token_ids must be in \[0, 11\).*has -1"),
+    ],
+)
+def test_non_finite_logits_and_ids_outside_the_vocabulary_are_execution_errors(
+    what: str, problem: str
+) -> None:
+    schedule = plan_prefill(LENGTHS, PACKED)
+    assert schedule.dispatches[3].is_final.any()
+    with pytest.raises(ExecutionError, match=r"dispatch 3 of \d+ .*" + problem) as info:
+        execute_schedule(schedule, SpoiledRowBackend(what), prompts_of(LENGTHS), return_greedy=True)
+    assert info.value.dispatch == 3
+
+
+def test_final_rows_are_named_by_their_request() -> None:
+    schedule = plan_prefill(LENGTHS, PACKED)
+    finals = schedule.dispatches[3].requests[schedule.dispatches[3].is_final]
+    with pytest.raises(ExecutionError) as info:
+        execute_schedule(
+            schedule, SpoiledRowBackend("nan"), prompts_of(LENGTHS), return_greedy=True
+        )
+    assert f"final row {finals.size - 1} (request {int(finals[-1])})" in str(info.value)
+
+
+def test_a_schedule_with_cached_prefixes_needs_a_cache_from_the_caller() -> None:
+    backend = CountingBackend()
+    schedule = plan_prefill(LENGTHS, CHUNKED, num_computed_tokens=[0, 2, 0, 0])
+    with pytest.raises(
+        InvalidInputError,
+        match=r"'cache' must be given when the schedule has cached prefixes: request 1 has "
+        r"num_computed_tokens 2.*fill one with write_prefixes",
+    ):
+        execute_schedule(schedule, backend, prompts_of(LENGTHS))
+    assert backend.batches == []
+
+
+def test_write_prefixes_then_execute_equals_the_whole_prompts() -> None:
+    backend, prompts = CountingBackend(), prompts_of(LENGTHS)
+    computed = [4, 0, 13, 5]
+    tables = plan_pages(LENGTHS, page_size=3, num_pages=20)
+    cache = backend.new_cache(num_pages=20, page_size=3)
+    write_prefixes(backend, prompts, computed, block_tables=tables, cache=cache)
+    assert [b.arrays.num_tokens for b in backend.batches] == [sum(computed)]  # one dispatch
+    schedule = plan_prefill(LENGTHS, CHUNKED, num_computed_tokens=computed)
+    result = execute_schedule(schedule, backend, prompts, block_tables=tables, cache=cache)
+    assert result.logits is not None
+    np.testing.assert_array_equal(result.logits, [expected_logits(p) for p in prompts])
 
 
 # -- inputs ----------------------------------------------------------------------------------
