@@ -12,6 +12,7 @@ __all__ = [
     "BackendError",
     "BackendNotFoundError",
     "CacheTooSmallError",
+    "CheckpointError",
     "DuplicateRequestError",
     "ExecutionError",
     "InvalidConfigError",
@@ -40,6 +41,11 @@ class InvalidScheduleError(PyptoSchedError, ValueError):
 
 class CacheTooSmallError(InvalidInputError):
     """The KV cache has fewer pages than the batch needs."""
+
+
+class CheckpointError(InvalidInputError):
+    """A checkpoint file is missing, malformed or describes a model the backends do not
+    implement; the message names the file and, where there is one, the tensor."""
 
 
 class DuplicateRequestError(InvalidInputError):
