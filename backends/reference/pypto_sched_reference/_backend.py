@@ -10,12 +10,12 @@ import numpy as np
 import numpy.typing as npt
 
 from pypto_sched.backends import DispatchInput, DispatchOutput, describe_factory
+from pypto_sched.checkpoints import ModelConfig
 
 from ._cache import PagedKVCache
-from ._config import ModelConfig
 from ._errors import CacheWriteError, InvalidModelError
 from ._model import final_hidden, logits_of
-from ._weights import Weights, load_checkpoint
+from ._weights import TINY_MODEL, Weights, load_checkpoint
 
 __all__ = ["ReferenceBackend", "create_backend"]
 
@@ -40,8 +40,9 @@ class ReferenceBackend:
     def from_seed(
         cls, config: ModelConfig | None = None, *, seed: int = 0, dtype: str = "float64"
     ) -> ReferenceBackend:
-        """A model of ``config`` (default: a tiny one) with weights drawn from ``seed``."""
-        return cls(Weights.random(config or ModelConfig(), seed=seed, dtype=dtype))
+        """A model of ``config`` (default: :data:`TINY_MODEL`) with weights drawn from
+        ``seed``."""
+        return cls(Weights.random(config or TINY_MODEL, seed=seed, dtype=dtype))
 
     @classmethod
     def from_checkpoint(cls, directory: str | Path, *, dtype: str = "float64") -> ReferenceBackend:
@@ -136,7 +137,10 @@ _OPTIONS = {
     "seed": "seed of the random weights (default 0)",
     "dtype": "float64 (default) or float32",
     **{
-        field.name: f"random weights only: the model's {field.name} (default {field.default!r})"
+        field.name: (
+            f"random weights only: the model's {field.name} "
+            f"(default {getattr(TINY_MODEL, field.name)!r})"
+        )
         for field in attrs.fields(ModelConfig)
     },
 }
@@ -151,7 +155,8 @@ def create_backend(
     **config: Any,
 ) -> ReferenceBackend:
     """The ``reference`` entry point: a model loaded from ``checkpoint``, or else one with
-    random weights from ``seed`` whose :class:`ModelConfig` fields are ``config``."""
+    random weights from ``seed`` whose :class:`~pypto_sched.checkpoints.ModelConfig` fields
+    are ``config`` (the others those of :data:`TINY_MODEL`)."""
     if checkpoint is not None:
         if config:
             raise InvalidModelError(
@@ -162,4 +167,4 @@ def create_backend(
     unknown = sorted(set(config) - known)
     if unknown:
         raise InvalidModelError(f"unknown options {unknown}; model options: {sorted(known)}")
-    return ReferenceBackend.from_seed(ModelConfig(**config), seed=seed, dtype=dtype)
+    return ReferenceBackend.from_seed(attrs.evolve(TINY_MODEL, **config), seed=seed, dtype=dtype)

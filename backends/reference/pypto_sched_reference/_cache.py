@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pypto_sched import DispatchArrays
+from pypto_sched.checkpoints import ModelConfig
 
-from ._config import ModelConfig
 from ._errors import CacheWriteError
 
 __all__ = ["PagedKVCache"]

@@ -1,10 +1,14 @@
-"""Errors of the reference backend, under pypto_sched's :class:`~pypto_sched.BackendError`."""
+"""Errors of the reference backend, under pypto_sched's :class:`~pypto_sched.BackendError`.
+
+Checkpoint problems are pypto_sched's own :class:`~pypto_sched.CheckpointError`, raised by
+the shared reader :mod:`pypto_sched.checkpoints`.
+"""
 
 from __future__ import annotations
 
 from pypto_sched.backends import BackendError
 
-__all__ = ["CacheWriteError", "CheckpointError", "InvalidModelError", "ReferenceBackendError"]
+__all__ = ["CacheWriteError", "InvalidModelError", "ReferenceBackendError"]
 
 
 class ReferenceBackendError(BackendError):
@@ -12,11 +16,7 @@ class ReferenceBackendError(BackendError):
 
 
 class InvalidModelError(ReferenceBackendError, ValueError):
-    """A model config, its weights or a backend option is malformed."""
-
-
-class CheckpointError(ReferenceBackendError, ValueError):
-    """A checkpoint directory is missing files or tensors, or describes an unsupported model."""
+    """A model's weights or a backend option is malformed."""
 
 
 class CacheWriteError(ReferenceBackendError, ValueError):

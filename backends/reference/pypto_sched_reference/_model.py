@@ -1,9 +1,10 @@
 """The decoder's arithmetic, one dispatch at a time.
 
-Per layer: RMSNorm -> q/k/v projections -> per-head RMSNorm of q and k -> rotary embedding
--> K/V written to the dispatch's slots -> grouped-query attention of each row over its whole
-context, read through its block table -> o projection -> residual -> RMSNorm -> SwiGLU MLP
--> residual. Then the final RMSNorm and the lm_head, for the final rows' last tokens only.
+Per layer: RMSNorm -> q/k/v projections (plus biases when the config has ``attention_bias``)
+-> per-head RMSNorm of q and k -> rotary embedding -> K/V written to the dispatch's slots
+-> grouped-query attention of each row over its whole context, read through its block table
+-> o projection (and bias) -> residual -> RMSNorm -> SwiGLU MLP -> residual. Then the final
+RMSNorm and the lm_head, for the final rows' last tokens only.
 
 Every intermediate array is ``[num_tokens, ...]`` for the dispatch's tokens, so a dispatch
 never holds more activations than its token budget allows, except the attention scores of
@@ -18,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from pypto_sched import DispatchArrays
+from pypto_sched.checkpoints import ModelConfig
 
 from ._cache import PagedKVCache
-from ._config import ModelConfig
 from ._weights import LayerWeights, Weights
 
 __all__ = ["final_hidden", "logits_of"]
@@ -32,6 +33,12 @@ I64 = npt.NDArray[np.int64]
 def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     scale = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return x * scale * weight  # type: ignore[no-any-return]
+
+
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+    """``x @ weight.T (+ bias)``, with ``weight`` in the checkpoint layout ``[out, in]``."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
 
 
 def silu(x: Array) -> Array:
@@ -95,9 +102,10 @@ def decoder_layer(
     eps = config.rms_norm_eps
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     h = rms_norm(x, weights.input_norm, eps)
-    q = rms_norm((h @ weights.q_proj.T).reshape(tokens, heads, dim), weights.q_norm, eps)
-    k = rms_norm((h @ weights.k_proj.T).reshape(tokens, kv_heads, dim), weights.k_norm, eps)
-    v = (h @ weights.v_proj.T).reshape(tokens, kv_heads, dim)
+    q = linear(h, weights.q_proj, weights.q_bias).reshape(tokens, heads, dim)
+    k = linear(h, weights.k_proj, weights.k_bias).reshape(tokens, kv_heads, dim)
+    v = linear(h, weights.v_proj, weights.v_bias).reshape(tokens, kv_heads, dim)
+    q, k = rms_norm(q, weights.q_norm, eps), rms_norm(k, weights.k_norm, eps)
     q = apply_rotary(q, *rope) * (1.0 / np.sqrt(dim))
     k = apply_rotary(k, *rope)
     cache.write(layer, arrays.slot_mapping, k, v)
@@ -108,7 +116,7 @@ def decoder_layer(
         attended[rows] = attend(
             q[rows], cache.keys[layer, slots], cache.values[layer, slots], arrays.positions[rows]
         )
-    x = x + attended @ weights.o_proj.T
+    x = x + linear(attended, weights.o_proj, weights.o_bias)
     h = rms_norm(x, weights.post_norm, eps)
     return x + (silu(h @ weights.gate_proj.T) * (h @ weights.up_proj.T)) @ weights.down_proj.T
 

@@ -1,7 +1,10 @@
-"""Weights of a Qwen3-style decoder: random from a seed, or a Hugging Face checkpoint.
+"""Weights of a Qwen3 decoder: random from a seed, or a Hugging Face checkpoint read by
+:mod:`pypto_sched.checkpoints` (the one reader of checkpoint files).
 
 Projection matrices keep the checkpoint layout ``[out_features, in_features]``; the model
-multiplies by their transpose. Every array is a read-only copy in the model's dtype.
+multiplies by their transpose. Every array is a read-only copy in the model's dtype. Which
+tensors exist and their shapes come from :func:`pypto_sched.checkpoints.expected_tensors`;
+this module only names the fields they fill.
 """
 
 from __future__ import annotations
@@ -15,16 +18,31 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._config import ModelConfig
-from ._errors import CheckpointError, InvalidModelError
-from ._safetensors import read_safetensors, safetensors_names, write_safetensors
+from pypto_sched import CheckpointError
+from pypto_sched import checkpoints as hf
+from pypto_sched.checkpoints import ModelConfig
 
-__all__ = ["DTYPES", "LayerWeights", "Weights", "load_checkpoint", "save_checkpoint"]
+from ._errors import InvalidModelError
+
+__all__ = ["DTYPES", "TINY_MODEL", "LayerWeights", "Weights", "load_checkpoint", "save_checkpoint"]
 
 Array = npt.NDArray[np.floating[Any]]
 
 #: The float types the model computes in, by name.
 DTYPES: dict[str, type[np.floating[Any]]] = {"float64": np.float64, "float32": np.float32}
+
+#: The model of ``ReferenceBackend.from_seed()`` and of the ``reference`` entry point's
+#: random weights: tiny, so tests run in milliseconds.
+TINY_MODEL = ModelConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rope_theta=1_000_000.0,
+)
 
 #: Per-layer tensors: field name -> checkpoint name after ``model.layers.{i}.``.
 _LAYER_NAMES = {
@@ -39,33 +57,17 @@ _LAYER_NAMES = {
     "gate_proj": "mlp.gate_proj.weight",
     "up_proj": "mlp.up_proj.weight",
     "down_proj": "mlp.down_proj.weight",
+    "q_bias": "self_attn.q_proj.bias",
+    "k_bias": "self_attn.k_proj.bias",
+    "v_bias": "self_attn.v_proj.bias",
+    "o_bias": "self_attn.o_proj.bias",
 }
 _EMBED, _NORM, _LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
-_SINGLE_FILE, _INDEX = "model.safetensors", "model.safetensors.index.json"
-
-
-def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    hidden, head = config.hidden_size, config.head_dim
-    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
-    inner = config.intermediate_size
-    return {
-        "input_norm": (hidden,),
-        "q_proj": (q, hidden),
-        "k_proj": (kv, hidden),
-        "v_proj": (kv, hidden),
-        "q_norm": (head,),
-        "k_norm": (head,),
-        "o_proj": (hidden, q),
-        "post_norm": (hidden,),
-        "gate_proj": (inner, hidden),
-        "up_proj": (inner, hidden),
-        "down_proj": (hidden, inner),
-    }
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class LayerWeights:
-    """One decoder layer."""
+    """One decoder layer. The biases are ``None`` unless the config has ``attention_bias``."""
 
     input_norm: Array
     q_proj: Array
@@ -78,6 +80,10 @@ class LayerWeights:
     gate_proj: Array
     up_proj: Array
     down_proj: Array
+    q_bias: Array | None = None
+    k_bias: Array | None = None
+    v_bias: Array | None = None
+    o_bias: Array | None = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -103,62 +109,61 @@ class Weights:
     @classmethod
     def random(cls, config: ModelConfig, *, seed: int, dtype: str = "float64") -> Weights:
         """Weights drawn from ``seed``, scaled so activations stay of order one."""
-        target = _dtype(dtype)
         rng = np.random.default_rng(seed)
 
-        def draw(shape: tuple[int, ...]) -> Array:
+        def draw(name: str, shape: tuple[int, ...]) -> Array:
+            if name == _EMBED:
+                return rng.standard_normal(shape)
+            if name.endswith(".bias"):
+                return 0.1 * rng.standard_normal(shape)
             if len(shape) == 1:  # a norm's gain
-                return _frozen(1.0 + 0.1 * rng.standard_normal(shape), target)
-            return _frozen(rng.standard_normal(shape) / np.sqrt(shape[1]), target)
+                return 1.0 + 0.1 * rng.standard_normal(shape)
+            return rng.standard_normal(shape) / np.sqrt(shape[1])  # type: ignore[no-any-return]
 
-        shapes = _layer_shapes(config)
-        layers = tuple(
-            LayerWeights(**{field: draw(shape) for field, shape in shapes.items()})
-            for _ in range(config.num_hidden_layers)
-        )
-        vocab, hidden = config.vocab_size, config.hidden_size
-        return cls(
-            config=config,
-            embed=_frozen(rng.standard_normal((vocab, hidden)), target),
-            layers=layers,
-            norm=draw((hidden,)),
-            lm_head=None if config.tie_word_embeddings else draw((vocab, hidden)),
-        )
+        shapes = hf.expected_tensors(config)
+        # Drawn layer by layer, then the embedding, norm and lm_head: the order seeds have
+        # always meant, so a seed keeps naming the same model.
+        per_layer = [f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers)
+                     for name in _LAYER_NAMES.values()]  # fmt: skip
+        order = [name for name in [*per_layer, _EMBED, _NORM, _LM_HEAD] if name in shapes]
+        tensors = {name: draw(name, shapes[name]) for name in order}
+        return cls.from_tensors(config, tensors, dtype=dtype)
 
     @classmethod
     def from_tensors(
-        cls, config: ModelConfig, tensors: Mapping[str, Array], *, dtype: str = "float64"
+        cls, config: ModelConfig, tensors: Mapping[str, npt.NDArray[Any]], *, dtype: str = "float64"
     ) -> Weights:
-        """Weights from checkpoint-named tensors, checking every name and shape."""
+        """Weights from checkpoint-named tensors, checking every name and shape the model
+        reads (:func:`pypto_sched.checkpoints.expected_tensors`)."""
         target = _dtype(dtype)
-
-        def take(name: str, shape: tuple[int, ...]) -> Array:
+        for name, shape in hf.expected_tensors(config).items():
             if name not in tensors:
-                raise CheckpointError(f"the checkpoint lacks tensor {name!r}")
-            array = tensors[name]
-            if array.shape != shape:
+                raise CheckpointError(f"the weights lack tensor {name!r}")
+            if tuple(tensors[name].shape) != shape:
                 raise CheckpointError(
-                    f"tensor {name!r} must have shape {list(shape)}: {list(array.shape)}"
+                    f"tensor {name!r} must have shape {list(shape)}: {list(tensors[name].shape)}"
                 )
-            return _frozen(array, target)
 
-        shapes = _layer_shapes(config)
-        vocab, hidden = config.vocab_size, config.hidden_size
+        def take(name: str) -> Array:
+            return _frozen(tensors[name], target)
+
+        fields = {
+            field: name
+            for field, name in _LAYER_NAMES.items()
+            if config.attention_bias or not name.endswith(".bias")
+        }
         layers = tuple(
             LayerWeights(
-                **{
-                    field: take(f"model.layers.{i}.{_LAYER_NAMES[field]}", shape)
-                    for field, shape in shapes.items()
-                }
+                **{field: take(f"model.layers.{i}.{name}") for field, name in fields.items()}
             )
             for i in range(config.num_hidden_layers)
         )
         return cls(
             config=config,
-            embed=take(_EMBED, (vocab, hidden)),
+            embed=take(_EMBED),
             layers=layers,
-            norm=take(_NORM, (hidden,)),
-            lm_head=None if config.tie_word_embeddings else take(_LM_HEAD, (vocab, hidden)),
+            norm=take(_NORM),
+            lm_head=None if config.tie_word_embeddings else take(_LM_HEAD),
         )
 
     def to_tensors(self) -> dict[str, Array]:
@@ -168,7 +173,9 @@ class Weights:
             tensors[_LM_HEAD] = self.lm_head
         for i, layer in enumerate(self.layers):
             for field, name in _LAYER_NAMES.items():
-                tensors[f"model.layers.{i}.{name}"] = getattr(layer, field)
+                value = getattr(layer, field)
+                if value is not None:
+                    tensors[f"model.layers.{i}.{name}"] = value
         return tensors
 
 
@@ -185,60 +192,40 @@ def _frozen(array: npt.NDArray[Any], dtype: type[np.floating[Any]]) -> Array:
 
 
 def load_checkpoint(directory: str | Path, *, dtype: str = "float64") -> Weights:
-    """Load a Hugging Face Qwen3 checkpoint directory: ``config.json`` plus
-    ``model.safetensors`` or the shards listed in ``model.safetensors.index.json``."""
-    directory = Path(directory)
-    config = ModelConfig.from_json_file(directory / "config.json")
-    tensors: dict[str, Array] = {}
-    for file in _shards(directory):
-        wanted = [name for name in safetensors_names(file) if _wanted(name, config)]
-        tensors.update(read_safetensors(file, wanted))
-    return Weights.from_tensors(config, tensors, dtype=dtype)
-
-
-def _wanted(name: str, config: ModelConfig) -> bool:
-    # A tied checkpoint may still store lm_head; the embedding is used instead.
-    return not (config.tie_word_embeddings and name == _LM_HEAD)
-
-
-def _shards(directory: Path) -> list[Path]:
-    if (directory / _SINGLE_FILE).is_file():
-        return [directory / _SINGLE_FILE]
-    index = directory / _INDEX
-    if not index.is_file():
-        raise CheckpointError(
-            f"{str(directory)!r} must hold {_SINGLE_FILE!r} or {_INDEX!r}: neither found"
-        )
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = sorted(set(weight_map.values()))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
-        raise CheckpointError(f"{str(index)!r} is not a safetensors index: {error}") from error
-    return [directory / file for file in files]
+    """Load a Hugging Face Qwen3 checkpoint directory through
+    :func:`pypto_sched.checkpoints.load_checkpoint`, widened to ``dtype``."""
+    target = _dtype(dtype)  # before reading anything
+    checkpoint = hf.load_checkpoint(directory)
+    tensors = {name: tensor.widened() for name, tensor in checkpoint.tensors.items()}
+    return Weights.from_tensors(checkpoint.config, tensors, dtype=np.dtype(target).name)
 
 
 def save_checkpoint(
     weights: Weights, directory: str | Path, *, max_shard_tensors: int | None = None
 ) -> None:
-    """Write ``weights`` as a Hugging Face checkpoint directory (created if needed).
+    """Write ``weights`` as a Hugging Face checkpoint directory (created if needed), with the
+    config in transformers 5's layout.
 
     With ``max_shard_tensors`` the tensors are split over shards of at most that many
     tensors each, listed in ``model.safetensors.index.json``.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(weights.config.to_hf_config(), indent=2))
+    config = json.dumps(weights.config.to_hf_config(), indent=2)
+    (directory / hf.CONFIG_FILE).write_text(config)
     tensors = weights.to_tensors()
     names = sorted(tensors)
+    size = len(names) if max_shard_tensors is None else max_shard_tensors
+    groups = [names[i : i + size] for i in range(0, len(names), size)]
     if max_shard_tensors is None:
-        write_safetensors(directory / _SINGLE_FILE, tensors, metadata={"format": "pt"})
-        return
-    groups = [names[i : i + max_shard_tensors] for i in range(0, len(names), max_shard_tensors)]
+        files = [hf.WEIGHTS_FILE]
+    else:
+        files = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))]
     weight_map = {}
-    for k, group in enumerate(groups):
-        file = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
-        write_safetensors(
-            directory / file, {n: tensors[n] for n in group}, metadata={"format": "pt"}
-        )
+    for file, group in zip(files, groups, strict=True):
+        encoded = hf.encode_safetensors({n: tensors[n] for n in group}, metadata={"format": "pt"})
+        (directory / file).write_bytes(encoded)
         weight_map.update(dict.fromkeys(group, file))
-    (directory / _INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if max_shard_tensors is not None:
+        index = {"metadata": {}, "weight_map": weight_map}
+        (directory / hf.INDEX_FILE).write_text(json.dumps(index))

@@ -24,10 +24,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from pypto_sched import POLICIES, PlannerConfig, Schedule, plan_prefill
+from pypto_sched.checkpoints import ModelConfig
 from pypto_sched.execute import ExecutionResult, execute_schedule
 
 from ._backend import ReferenceBackend
-from ._config import ModelConfig
 
 #: The demo's model: small enough for seconds on two cores, large enough to mean something.
 DEMO_MODEL = ModelConfig(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pypto_sched_reference import ModelConfig, Weights, save_checkpoint
+from pypto_sched_reference import TINY_MODEL, Weights, save_checkpoint
 from pypto_sched_reference.demo import main
 
 
@@ -23,7 +23,7 @@ def test_the_demo_prints_the_schedule_and_a_passing_verification(
 def test_the_demo_runs_a_checkpoint_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    save_checkpoint(Weights.random(ModelConfig(), seed=0), tmp_path)
+    save_checkpoint(Weights.random(TINY_MODEL, seed=0), tmp_path)
     args = ["--checkpoint", str(tmp_path), "--prompts", "2", "--prompt-length", "20"]
     assert main([*args, "--threshold", "8", "--policy", "packed", "--dtype", "float32"]) == 0
     assert f"checkpoint {tmp_path}" in capsys.readouterr().out

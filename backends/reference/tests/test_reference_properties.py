@@ -22,8 +22,9 @@ from pypto_sched import (
     plan_pages,
     plan_prefill,
 )
+from pypto_sched.checkpoints import ModelConfig
 from pypto_sched.execute import ExecutionResult, execute_schedule, write_prefixes
-from pypto_sched_reference import ModelConfig, PagedKVCache, ReferenceBackend
+from pypto_sched_reference import PagedKVCache, ReferenceBackend
 
 FLOAT64_TOLERANCE = 1e-9
 EXAMPLES = settings(deadline=None)  # example counts come from the active profile
@@ -41,6 +42,7 @@ def model_configs(draw: st.DrawFn) -> ModelConfig:
         num_key_value_heads=kv_heads,
         head_dim=draw(st.sampled_from([4, 8])),
         tie_word_embeddings=draw(st.booleans()),
+        attention_bias=draw(st.booleans()),
     )
 
 
