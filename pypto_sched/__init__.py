@@ -21,6 +21,7 @@ from ._errors import (
 )
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
+from ._partition import Partition, partition_requests
 from ._policies import plan_one_shot, plan_prefill
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
@@ -58,6 +59,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
+    "Partition",
     "PlannerConfig",
     "Policy",
     "PrefillRequest",
@@ -75,6 +77,7 @@ __all__ = [
     "execute_schedule",
     "list_backends",
     "load_backend",
+    "partition_requests",
     "plan_one_shot",
     "plan_pages",
     "plan_prefill",
