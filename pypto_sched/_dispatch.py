@@ -25,34 +25,42 @@ I64 = npt.NDArray[np.int64]
 class DispatchArrays:
     """One dispatch in the layout attention kernels expect (rows in dispatch order).
 
-    Token-level arrays are flat, rows concatenated: row ``i`` owns flat tokens
-    ``cu_seqlens[i]:cu_seqlens[i + 1]``.
+    Row-level arrays have one entry per row; token-level arrays are flat, rows concatenated:
+    row ``i`` owns flat tokens ``cu_seqlens[i]:cu_seqlens[i + 1]`` (:meth:`row_tokens`).
+    Every array is read-only (copy one with ``np.array(x)`` to change it). Positions are
+    positions in the request's prompt, counted from 0 at its first token, cached prefix
+    included; they are not indices into the flat token arrays.
     """
 
     #: Index of the dispatch in its schedule.
     index: int
-    #: Per row: the request.
+    #: ``[rows]``: the request (its index in the schedule).
     requests: I32
-    #: Per row: the chunk runs prompt tokens ``token_starts[i]:token_ends[i]``.
+    #: ``[rows]``: the chunk runs prompt positions ``token_starts[i]:token_ends[i]``
+    #: (positions in the prompt, not indices into the flat token arrays).
     token_starts: I32
+    #: ``[rows]``: one past the chunk's last prompt position; equals ``seq_lens``.
     token_ends: I32
-    #: Per token: its absolute position in its prompt.
+    #: ``[tokens]``: each token's absolute position in its prompt.
     positions: I32
     #: ``[rows, longest chunk]``: the same positions per row, padded with -1.
     padded_positions: I32
-    #: ``rows + 1`` cumulative query lengths, starting at 0.
+    #: ``[rows + 1]``: cumulative query (chunk) lengths, starting at 0, per row plus one.
     cu_seqlens: I32
-    #: Per row: context length once the chunk has run (cached tokens plus the chunk).
+    #: ``[rows]``: context length once the chunk has run: cached prefix and earlier chunks
+    #: plus this chunk (``token_ends``).
     seq_lens: I32
-    #: Per token: KV slot, ``table[p // page_size] * page_size + p % page_size``.
+    #: ``[tokens]``: KV slot to write, ``table[p // page_size] * page_size + p % page_size``.
     slot_mapping: I64
-    #: ``[rows, pages]``: each row's pages covering its context, padded with -1.
+    #: ``[rows, pages]``: each row's pages covering its context (``seq_lens``), padded with
+    #: -1; the width is this dispatch's longest, so it changes between dispatches.
     block_tables: I32
     #: KV page size the slots and tables refer to.
     page_size: int
-    #: Per row: whether the chunk is its request's final one.
+    #: ``[rows]``: whether the chunk is its request's final one.
     is_final: npt.NDArray[np.bool_]
-    #: Flat indices of the last token of each final row: the only logits to compute.
+    #: ``[final rows]``: flat indices of each final row's last token: the only logits to
+    #: compute, in row order.
     logits_indices: I64
 
     @property
@@ -72,6 +80,34 @@ class DispatchArrays:
     def final_requests(self) -> I32:
         """The requests whose final chunk is in this dispatch, in row order."""
         return read_only(self.requests[self.is_final])
+
+    def row_tokens(self, row: int) -> slice:
+        """Row ``row``'s flat tokens, ``cu_seqlens[row]:cu_seqlens[row + 1]``: the slice of
+        every token-level array (``positions``, ``slot_mapping``, ``DispatchInput.token_ids``
+        and ``input_embeddings``) that belongs to it."""
+        row = self._row(row)
+        return slice(int(self.cu_seqlens[row]), int(self.cu_seqlens[row + 1]))
+
+    def context_slots(self, row: int) -> I64:
+        """KV slots of row ``row``'s whole context -- positions ``0 .. seq_lens[row] - 1``:
+        its cached prefix, its earlier chunks and this chunk -- in position order, read from
+        its block table (``table[p // page_size] * page_size + p % page_size``).
+
+        A backend without fused paged-attention kernels gathers a row's keys and values with
+        ``cache[arrays.context_slots(row)]``; the last ``query_lens[row]`` of them are the
+        slots this dispatch writes (``slot_mapping[row_tokens(row)]``).
+        """
+        row = self._row(row)
+        positions = np.arange(int(self.seq_lens[row]), dtype=np.int64)
+        pages = self.block_tables[row][positions // self.page_size].astype(np.int64)
+        return read_only(pages * self.page_size + positions % self.page_size)
+
+    def _row(self, row: int) -> int:
+        if isinstance(row, bool) or not isinstance(row, int | np.integer):
+            raise InvalidInputError(f"'row' must be an int: {type(row).__name__}")
+        if not 0 <= row < self.num_rows:
+            raise InvalidInputError(f"'row' must be in [0, {self.num_rows}): {row}")
+        return int(row)
 
 
 def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchArrays:

@@ -80,6 +80,14 @@ def check_against_tokens(
     assert arrays.page_size == page
     assert arrays.num_rows == len(rows)
     assert arrays.num_tokens == len(positions)
+    for i, (request, start, length, _) in enumerate(rows):
+        # The per-row helpers, against the same plain loop.
+        table = blocks.table(request).tolist()
+        assert arrays.row_tokens(i) == slice(cu[i], cu[i + 1])
+        assert arrays.context_slots(i).tolist() == [
+            table[p // page] * page + p % page for p in range(start + length)
+        ]
+        assert arrays.context_slots(i)[start:].tolist() == slots[cu[i] : cu[i + 1]]
 
 
 @given(planned_with_tables())
@@ -191,3 +199,67 @@ def test_tables_for_fewer_requests_than_the_dispatch_names_are_rejected() -> Non
     dispatch_arrays(schedule.dispatch(0), blocks)
     with pytest.raises(InvalidInputError, match="'block_tables' must cover request 1"):
         dispatch_arrays(schedule.dispatch(1), blocks)
+
+
+# -- the per-row helpers and the statements of docs/writing-a-backend.md --------------------
+
+
+def _two_dispatches() -> tuple[list[DispatchArrays], BlockTables]:
+    schedule = plan_prefill(
+        [3, 20],
+        PlannerConfig(max_num_batched_tokens=8, policy="packed"),
+        num_computed_tokens=[0, 4],
+    )
+    blocks = BlockTables.from_lists([[5], [4, 0, 2, 6, 1]], page_size=4, num_pages=7)
+    return [dispatch_arrays(d, blocks) for d in schedule.dispatches], blocks
+
+
+def test_token_starts_are_prompt_positions_not_flat_indices() -> None:
+    (first, second, *_), _ = _two_dispatches()
+    # Request 1 has a cached prefix of 4: its first chunk starts at prompt position 4,
+    # while its flat tokens start after request 0's 3 tokens.
+    assert first.requests.tolist() == [0, 1]
+    assert first.token_starts.tolist() == [0, 4]
+    assert first.row_tokens(1) == slice(3, 8)
+    assert first.positions[first.row_tokens(1)].tolist() == [4, 5, 6, 7, 8]
+    assert second.token_starts.tolist() == [9]
+    assert second.row_tokens(0) == slice(0, 8)
+
+
+def test_cu_seqlens_has_one_entry_per_row_plus_one() -> None:
+    dispatches, _ = _two_dispatches()
+    for arrays in dispatches:
+        assert arrays.cu_seqlens.shape == (arrays.num_rows + 1,)
+        assert arrays.cu_seqlens[0] == 0
+        assert arrays.cu_seqlens[-1] == arrays.num_tokens
+
+
+def test_seq_lens_are_the_cached_prefix_plus_earlier_chunks_plus_this_chunk() -> None:
+    (first, second, *_), _ = _two_dispatches()
+    assert first.seq_lens.tolist() == [3, 4 + 5]
+    assert second.seq_lens.tolist() == [4 + 5 + 8]
+    assert (second.seq_lens == second.token_ends).all()
+
+
+def test_block_tables_are_padded_with_minus_one_and_change_width() -> None:
+    (first, second, third), _ = _two_dispatches()
+    assert first.block_tables.tolist() == [[5, -1, -1], [4, 0, 2]]
+    assert second.block_tables.tolist() == [[4, 0, 2, 6, 1]]
+    assert third.block_tables.shape[1] == 5
+    assert first.block_tables.shape[1] != second.block_tables.shape[1]
+
+
+def test_context_slots_follow_the_block_table_across_scattered_pages() -> None:
+    (first, *_), _ = _two_dispatches()
+    assert first.context_slots(0).tolist() == [20, 21, 22]
+    assert first.context_slots(1).tolist() == [16, 17, 18, 19, 0, 1, 2, 3, 8]
+    assert not first.context_slots(1).flags.writeable
+
+
+@pytest.mark.parametrize(("row", "message"), [(2, r"\[0, 2\): 2"), (-1, ": -1"), (True, "int")])
+def test_a_row_outside_the_dispatch_is_rejected(row: int, message: str) -> None:
+    (first, *_), _ = _two_dispatches()
+    with pytest.raises(InvalidInputError, match=f"'row' must be .*{message}"):
+        first.context_slots(row)
+    with pytest.raises(InvalidInputError, match="'row' must be"):
+        first.row_tokens(row)
