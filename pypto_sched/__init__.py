@@ -22,6 +22,7 @@ from ._errors import (
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
+from ._pool import PagePool
 from ._policies import plan_one_shot, plan_prefill
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
@@ -59,6 +60,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
+    "PagePool",
     "Partition",
     "PlannerConfig",
     "Policy",

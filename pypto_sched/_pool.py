@@ -1,0 +1,311 @@
+"""PagePool: a bounded KV cache's pages as an immutable value.
+
+A pool has ``num_pages`` pages of ``page_size`` token slots. Each request owns an ordered list
+of pages, its block table: position ``p`` of the request lives in slot ``pages[p //
+page_size] * page_size + p % page_size``. The list grows as the request's context grows
+(:meth:`PagePool.hold`) and is given back whole when the request finishes, is aborted or is
+preempted (:meth:`PagePool.release`). Every operation returns a new pool; the old one stays
+valid, so a planner can try a step and drop it.
+
+Invariants (``tests/test_pool.py`` checks each): no page is owned twice; owned and free pages
+together are every page exactly once; a request's block table holds exactly the pages it owns,
+in the order it got them; once every request has left, every page is free.
+
+Which page is handed out next is part of the value, so equal pools hand out equal pages: a
+freed page is reused first (last freed, first reused: it is the one most likely still in a
+device cache line), then pages never used, in ascending order. Every operation costs time in
+the pages it touches, not in the pool's size or its number of owners: owners live in a
+persistent map and free pages in an immutable linked list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any, Generic, NoReturn, TypeVar
+
+import numpy as np
+
+from ._errors import CacheTooSmallError, InvalidInputError
+from ._pages import BlockTables
+from ._persistent import PersistentMap
+from ._validate import MAX_TOKENS, check_int, read_only
+
+__all__ = ["PagePool"]
+
+RequestId = TypeVar("RequestId", bound=Hashable)
+
+# Freed pages, last freed first: ``(page, rest)`` or ``None``.
+_FreeList = tuple[int, Any] | None
+
+
+class PagePool(Generic[RequestId]):
+    """A fixed number of KV pages, each owned by at most one request.
+
+    Build an empty pool with ``PagePool(num_pages=..., page_size=...)``; grow a request's
+    pages with :meth:`hold` and give them back with :meth:`release`.
+    """
+
+    __slots__ = ("_freed", "_num_freed", "_num_pages", "_owned", "_page_size", "_unused")
+
+    _num_pages: int
+    _page_size: int
+    _owned: PersistentMap[RequestId, tuple[int, ...]]
+    _freed: _FreeList  # pages given back, last freed first
+    _num_freed: int
+    _unused: int  # pages _unused .. num_pages - 1 were never handed out
+
+    def __init__(self, *, num_pages: int, page_size: int) -> None:
+        self._init(
+            check_int("num_pages", num_pages, min_value=1),
+            check_int("page_size", page_size, min_value=1),
+            PersistentMap(),
+            None,
+            0,
+            0,
+        )
+
+    def _init(
+        self,
+        num_pages: int,
+        page_size: int,
+        owned: PersistentMap[RequestId, tuple[int, ...]],
+        freed: _FreeList,
+        num_freed: int,
+        unused: int,
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "_num_pages", num_pages)
+        set_(self, "_page_size", page_size)
+        set_(self, "_owned", owned)
+        set_(self, "_freed", freed)
+        set_(self, "_num_freed", num_freed)
+        set_(self, "_unused", unused)
+
+    def _evolve(
+        self,
+        owned: PersistentMap[RequestId, tuple[int, ...]],
+        freed: _FreeList,
+        num_freed: int,
+        unused: int,
+    ) -> PagePool[RequestId]:
+        new: PagePool[RequestId] = object.__new__(PagePool)
+        new._init(self._num_pages, self._page_size, owned, freed, num_freed, unused)
+        return new
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"PagePool is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"PagePool is immutable: cannot delete {name!r}")
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        return self._num_pages
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def num_free(self) -> int:
+        """Pages no request owns."""
+        return self._num_freed + self._num_pages - self._unused
+
+    @property
+    def num_used(self) -> int:
+        """Pages some request owns."""
+        return self._num_pages - self.num_free
+
+    def __len__(self) -> int:
+        """How many requests own pages."""
+        return len(self._owned)
+
+    def __contains__(self, request_id: object) -> bool:
+        try:
+            return self._owned.get(request_id) is not None  # type: ignore[arg-type]
+        except TypeError:  # unhashable: it cannot own pages
+            return False
+
+    def owners(self) -> Iterator[RequestId]:
+        """The requests that own pages, in no particular order."""
+        return (request_id for request_id, _ in self._owned.items())
+
+    def pages(self, request_id: RequestId) -> tuple[int, ...]:
+        """The pages ``request_id`` owns, in position order (``()`` if none)."""
+        return self._owned.get(request_id) or ()
+
+    def capacity(self, request_id: RequestId) -> int:
+        """How many tokens of context ``request_id``'s pages hold."""
+        return len(self.pages(request_id)) * self._page_size
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages that hold ``num_tokens`` tokens of one request."""
+        return -(-num_tokens // self._page_size)
+
+    def missing_pages(self, request_id: RequestId, num_tokens: int) -> int:
+        """Pages ``request_id`` still needs to hold ``num_tokens`` tokens of context."""
+        tokens = check_int("num_tokens", num_tokens, min_value=0)
+        return max(self.pages_for(tokens) - len(self.pages(request_id)), 0)
+
+    def can_hold(self, request_id: RequestId, num_tokens: int) -> bool:
+        """Whether :meth:`hold` of ``num_tokens`` would succeed."""
+        return self.missing_pages(request_id, num_tokens) <= self.num_free
+
+    def tokens_holdable(self, request_id: RequestId) -> int:
+        """The most tokens of context ``request_id`` could hold with every free page."""
+        return (len(self.pages(request_id)) + self.num_free) * self._page_size
+
+    def slot(self, request_id: RequestId, position: int) -> int:
+        """The cache slot of ``request_id``'s token at ``position``."""
+        pages = self.pages(request_id)
+        position = check_int("position", position, min_value=0)
+        if position >= len(pages) * self._page_size:
+            raise InvalidInputError(
+                f"'position' must be < the {len(pages) * self._page_size} slots request "
+                f"{request_id!r} holds: {position}"
+            )
+        page, offset = divmod(position, self._page_size)
+        return pages[page] * self._page_size + offset
+
+    # -- changing -----------------------------------------------------------------------
+
+    def hold(self, request_id: RequestId, num_tokens: int) -> PagePool[RequestId]:
+        """A pool in which ``request_id`` owns enough pages for ``num_tokens`` tokens.
+
+        It keeps the pages it has and gets the missing ones at the end of its table. Raises
+        :class:`CacheTooSmallError` (and changes nothing) when too few pages are free.
+        """
+        _check_hashable(request_id)
+        tokens = check_int("num_tokens", num_tokens, min_value=0, max_value=MAX_TOKENS)
+        have = self.pages(request_id)
+        missing = self.pages_for(tokens) - len(have)
+        if missing <= 0:
+            return self
+        if missing > self.num_free:
+            raise CacheTooSmallError(
+                f"request {request_id!r} needs {missing} more pages to hold {tokens} tokens "
+                f"(it has {len(have)}): {self.num_free} of {self._num_pages} are free"
+            )
+        got: list[int] = []
+        freed, num_freed, unused = self._freed, self._num_freed, self._unused
+        while freed is not None and len(got) < missing:
+            page, freed = freed
+            got.append(page)
+            num_freed -= 1
+        fresh = missing - len(got)
+        got.extend(range(unused, unused + fresh))
+        owned = self._owned.set(request_id, (*have, *got))
+        return self._evolve(owned, freed, num_freed, unused + fresh)
+
+    def release(self, request_id: RequestId) -> PagePool[RequestId]:
+        """A pool in which ``request_id`` owns nothing (its pages are free again).
+
+        A request that owns nothing is not an error: finishing, aborting and preempting all
+        release, and a server need not track which of them already did.
+        """
+        try:
+            pages = self._owned.get(request_id)
+        except TypeError:  # unhashable: it owns nothing
+            return self
+        if pages is None:
+            return self
+        freed = self._freed
+        for page in pages:  # the table's last page is reused first
+            freed = (page, freed)
+        return self._evolve(
+            self._owned.delete(request_id), freed, self._num_freed + len(pages), self._unused
+        )
+
+    # -- for kernels --------------------------------------------------------------------
+
+    def block_tables(self, request_ids: Sequence[RequestId]) -> BlockTables:
+        """The block tables of ``request_ids``, row ``i`` for ``request_ids[i]``.
+
+        Rows are as :class:`~pypto_sched.BlockTables` stores them; turn a step's rows into
+        kernel arrays with :func:`~pypto_sched.dispatch_arrays`.
+        """
+        tables = [self.pages(request_id) for request_id in request_ids]
+        counts = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
+        offsets = np.zeros(len(tables) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        pages = np.fromiter(
+            (page for table in tables for page in table), dtype=np.int32, count=int(offsets[-1])
+        )
+        return BlockTables(
+            page_size=self._page_size,
+            num_pages=self._num_pages,
+            offsets=read_only(offsets),
+            pages=read_only(pages),
+        )
+
+    # -- value behaviour ----------------------------------------------------------------
+
+    def _freed_pages(self) -> list[int]:
+        """Pages given back, in the order they will be handed out again."""
+        pages = []
+        link = self._freed
+        while link is not None:
+            page, link = link
+            pages.append(page)
+        return pages
+
+    def _free_pages(self) -> list[int]:
+        """Free pages in the order they will be handed out."""
+        return [*self._freed_pages(), *range(self._unused, self._num_pages)]
+
+    def _tables(self) -> dict[RequestId, tuple[int, ...]]:
+        return dict(self._owned.items())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PagePool):
+            return NotImplemented
+        return (
+            (self._num_pages, self._page_size) == (other._num_pages, other._page_size)
+            and self._tables() == other._tables()
+            and self._free_pages() == other._free_pages()
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # equal by content, which is not cheap to hash
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _restore, (
+            self._num_pages,
+            self._page_size,
+            list(self._owned.items()),
+            self._freed_pages(),
+            self._unused,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PagePool(num_pages={self._num_pages}, page_size={self._page_size}, "
+            f"num_free={self.num_free}, owners={len(self)})"
+        )
+
+
+def _restore(
+    num_pages: int,
+    page_size: int,
+    tables: list[tuple[Any, tuple[int, ...]]],
+    freed: list[int],
+    unused: int,
+) -> PagePool[Any]:
+    pool: PagePool[Any] = PagePool(num_pages=num_pages, page_size=page_size)
+    owned: PersistentMap[Any, tuple[int, ...]] = PersistentMap()
+    for request_id, pages in tables:
+        owned = owned.set(request_id, tuple(pages))
+    link: _FreeList = None
+    for page in reversed(freed):
+        link = (page, link)
+    return pool._evolve(owned, link, len(freed), unused)
+
+
+def _check_hashable(request_id: object) -> None:
+    try:
+        hash(request_id)
+    except TypeError:
+        raise InvalidInputError(
+            f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
+        ) from None
