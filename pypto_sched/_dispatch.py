@@ -6,6 +6,8 @@ backends call :func:`dispatch_arrays` instead of re-deriving positions and slots
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
 import numpy.typing as npt
@@ -81,14 +83,14 @@ class DispatchArrays:
         """The requests whose final chunk is in this dispatch, in row order."""
         return read_only(self.requests[self.is_final])
 
-    def row_tokens(self, row: int) -> slice:
+    def row_tokens(self, row: int | np.integer[Any]) -> slice:
         """Row ``row``'s flat tokens, ``cu_seqlens[row]:cu_seqlens[row + 1]``: the slice of
         every token-level array (``positions``, ``slot_mapping``, ``DispatchInput.token_ids``
         and ``input_embeddings``) that belongs to it."""
         row = self._row(row)
         return slice(int(self.cu_seqlens[row]), int(self.cu_seqlens[row + 1]))
 
-    def context_slots(self, row: int) -> I64:
+    def context_slots(self, row: int | np.integer[Any]) -> I64:
         """KV slots of row ``row``'s whole context -- positions ``0 .. seq_lens[row] - 1``:
         its cached prefix, its earlier chunks and this chunk -- in position order, read from
         its block table (``table[p // page_size] * page_size + p % page_size``).
@@ -102,7 +104,7 @@ class DispatchArrays:
         pages = self.block_tables[row][positions // self.page_size].astype(np.int64)
         return read_only(pages * self.page_size + positions % self.page_size)
 
-    def _row(self, row: int) -> int:
+    def _row(self, row: object) -> int:
         if isinstance(row, bool) or not isinstance(row, int | np.integer):
             raise InvalidInputError(f"'row' must be an int: {type(row).__name__}")
         if not 0 <= row < self.num_rows:

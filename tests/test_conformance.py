@@ -1,12 +1,15 @@
 """check_backend accepts a correct backend and names what a broken one gets wrong.
 
-The broken backends wrap the reference backend and spoil one part of the contract each.
+The broken backends wrap the reference backend and spoil one part of the contract each;
+tests/test_broken_backends.py plants every bug class in the documented toy backend.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
@@ -14,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pypto_sched import DispatchInput, DispatchOutput
+from pypto_sched import DispatchInput, DispatchOutput, InvalidInputError, plan_one_shot
+from pypto_sched.execute import execute_schedule
 from pypto_sched.testing import check_backend
 
 reference = pytest.importorskip("pypto_sched_reference")
@@ -95,8 +99,16 @@ def test_the_reference_backend_conforms() -> None:
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
-        (ChunkSensitive(), r"chunked over \d+ dispatches.*differ from one-shot by"),
-        (WrongGreedy(), r"greedy id \d+ of request \d+ is not an argmax"),
+        (
+            ChunkSensitive(),
+            r"chunked over \d+ dispatches.*: final logits of request \d+ at position \d+ differ "
+            r"from one-shot by .* at vocabulary column \d+",
+        ),
+        (
+            WrongGreedy(),
+            r"greedy id \(vocabulary column\) \d+ of request \d+ at position \d+ is not an "
+            r"argmax",
+        ),
         (AllRowLogits(), r"malformed output for dispatch \d+ of \d+ .*: logits must be None when"),
         (ShortEmbeddings(), r"embed\(\) of 3 ids must have shape \(3, 32\): \(3, 31\)"),
     ],
@@ -144,3 +156,100 @@ def test_page_sizes_keep_the_examples_within_what_the_backend_accepts() -> None:
 def test_bad_page_sizes_are_rejected(page_sizes: Any) -> None:
     with pytest.raises(ValueError, match="'page_sizes'"):
         check_backend(Wrapped(), max_examples=1, page_sizes=page_sizes)
+
+
+# -- explicit failures, the oracle and the registered name -----------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+
+def test_a_broken_backend_fails_under_python_dash_o() -> None:
+    # check_backend raises explicitly: `python -O` strips assert statements, not raises.
+    code = (
+        "import sys, attrs\n"
+        f"sys.path.insert(0, {str(EXAMPLES)!r})\n"
+        "from toy_backend import ToyBackend\n"
+        "from pypto_sched.testing import check_backend\n"
+        "class Broken(ToyBackend):\n"
+        "    def run_dispatch(self, batch, cache):\n"
+        "        return super().run_dispatch(attrs.evolve(batch, input_embeddings=None), cache)\n"
+        "assert False, 'asserts are on'\n"
+        "try:\n"
+        "    check_backend(Broken(), max_examples=3)\n"
+        "except AssertionError as error:\n"
+        "    print('caught:', error)\n"
+        "else:\n"
+        "    print('passed')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.startswith("caught: backend 'toy'"), result.stdout + result.stderr
+    assert "host embeddings" in result.stdout
+
+
+def whole_prompt_logits(backend: Wrapped, prompts: Sequence[npt.NDArray[np.int64]]) -> Any:
+    """An oracle: each prompt run alone, whole, on a fresh reference backend of the same
+    weights (no chunks, no shared cache, one request per run)."""
+    rows = []
+    for prompt in prompts:
+        inner = reference.ReferenceBackend.from_seed(seed=1)
+        schedule = plan_one_shot([prompt.size])
+        rows.append(execute_schedule(schedule, inner, [prompt]).logits[0])  # type: ignore[index]
+    return np.array(rows)
+
+
+def test_an_oracle_that_agrees_passes() -> None:
+    backend = Wrapped()
+    check_backend(
+        backend, max_examples=4, oracle=lambda prompts: whole_prompt_logits(backend, prompts)
+    )
+
+
+class WrongModel(Wrapped):
+    """Consistently the wrong model: every logit scaled, however the batch is chunked."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if output.logits is None:
+            return output
+        return attrs.evolve(output, logits=output.logits * 1.01)
+
+
+def test_a_wrong_model_passes_alone_and_fails_against_an_oracle() -> None:
+    backend = WrongModel()
+    check_backend(backend, max_examples=4)  # consistent with itself: chunking invariance holds
+    with pytest.raises(
+        AssertionError,
+        match=r"example 0 .*, one-shot: final logits of request \d+ at position \d+ differ "
+        r"from the oracle by .* at vocabulary column \d+",
+    ):
+        check_backend(
+            backend, max_examples=4, oracle=lambda prompts: whole_prompt_logits(backend, prompts)
+        )
+    check_backend(  # unless the oracle's tolerance is loose enough
+        backend,
+        max_examples=2,
+        oracle=lambda prompts: whole_prompt_logits(backend, prompts),
+        oracle_tolerance=1e3,
+    )
+
+
+def test_the_registered_name_must_be_the_declared_one() -> None:
+    check_backend(Wrapped(), max_examples=1, name="wrapped")
+    with pytest.raises(AssertionError, match="registered as 'reference' declares name 'wrapped'"):
+        check_backend(Wrapped(), max_examples=1, name="reference")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_examples": 0}, "'max_examples' must be an int >= 1"),
+        ({"name": 3}, "'name' must be a str or None"),
+        ({"oracle": 3}, "'oracle' must be callable or None"),
+        ({"oracle_tolerance": -1.0}, "'oracle_tolerance' must be a number >= 0"),
+    ],
+)
+def test_bad_options_are_rejected(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        check_backend(Wrapped(), **options)

@@ -1,31 +1,51 @@
 """check_backend: the conformance check every backend runs, the reference one included.
 
-Each example draws (from a seeded NumPy generator, so no Hypothesis is needed) a small batch
-of prompts, a planner config under one of the policies (they alternate), a KV page size and,
-every third example, prefix-cache hits. It then runs the batch three times:
+What it proves
+==============
+That the backend computes the same final logits however a batch is chunked, paged, cached
+and embedded -- the backend contract of :mod:`pypto_sched.backends`:
 
-1. one-shot: every prompt whole in one dispatch, from an empty cache, asking for logits;
-2. chunked, the backend looking token ids up itself (``input_embeddings=None``), asking for
-   logits and greedy ids;
-3. chunked, with host embeddings from ``backend.embed``, asking for greedy ids and, on half
-   the examples, logits too;
+* **chunking invariance**: chunked final logits equal the one-shot ones (every prompt whole,
+  in one dispatch, from an empty cache) within ``backend.tolerance``, under every policy,
+  token budget, row cap, threshold and page alignment the examples draw;
+* **cache discipline**: K/V written only at ``slot_mapping`` and read only through each row's
+  block table up to ``seq_lens``: the tables are scattered and permuted (a request's pages
+  are neither contiguous nor ascending), drawn from a pool with spare pages, every page is
+  reused (it holds another prompt's stale K/V before the example runs), page sizes vary,
+  and every third example has prefix-cache hits filled by
+  :func:`~pypto_sched.execute.write_prefixes`;
+* **both embedding paths**: with ``input_embeddings=None`` the backend looks the ids up;
+  with host embeddings it must use them and not the ids: the check hands it the embeddings
+  (from ``backend.embed``) of *other* token ids and expects the logits of those other ids,
+  so a backend that ignores the host path, or whose two paths disagree, fails;
+* **the output contract**: exactly what was asked, for the final rows only, finite logits,
+  greedy ids in the vocabulary (the driver, :func:`~pypto_sched.execute_schedule`, enforces
+  this and names the dispatch); every greedy id agrees with the reference by the one
+  verification rule (:func:`~pypto_sched.compare_results`: tie-aware, within twice the
+  tolerance) and is an argmax of the logits returned with it;
+* **inputs left alone**: the arrays a dispatch is handed are read-only by convention; a
+  backend that changes them (after making them writeable) fails;
+* **metadata**: ``name`` (and, given ``name=``, that it is the name the backend was
+  registered under), ``tolerance``, ``vocab_size``, ``hidden_size`` and ``embed``'s shape.
 
-where a chunked run with prefix hits first fills each request's prefix in a dispatch that
-asks for no output. It asserts that
+What it does not prove
+======================
+**Model correctness.** A backend is compared with itself, so one that computes the wrong
+model consistently (a wrong RoPE base, a missing norm) passes. Give an ``oracle`` -- a
+function returning the last-token logits of whole prompts from an implementation you did
+not write (transformers, the reference backend) -- and every example's one-shot logits are
+also compared with it, which proves the model too, on those prompts. It also proves nothing
+about speed, memory, or decoding (no decode rows yet).
 
-* every dispatch returns exactly what was asked, for its final rows only, and nothing for a
-  dispatch of intermediate chunks (the driver enforces the contract and names the dispatch
-  that broke it);
-* chunked final logits equal the one-shot ones within ``backend.tolerance``;
-* every greedy id is an argmax of the logits returned with it, and of the one-shot logits up
-  to twice the tolerance (both logits it compares may be off by the tolerance, so a near-tie
-  may break either way).
+Examples are drawn from a seeded NumPy generator, so no Hypothesis is needed and a failure
+names the example (``seed`` and index) to reproduce it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -33,9 +53,10 @@ import numpy.typing as npt
 
 from .._config import POLICIES, PlannerConfig, Policy
 from .._errors import ExecutionError, InvalidConfigError, InvalidInputError
-from .._pages import plan_pages
-from .._policies import plan_prefill
-from ..backends import Backend
+from .._pages import BlockTables
+from .._policies import plan_one_shot, plan_prefill
+from .._verify import compare_results
+from ..backends import Backend, DispatchInput, DispatchOutput
 from ..execute import ExecutionResult, execute_schedule, write_prefixes
 
 __all__ = ["check_backend"]
@@ -44,18 +65,25 @@ __all__ = ["check_backend"]
 DEFAULT_PAGE_SIZES = (1, 2, 3, 4, 8, 16)
 _MAX_REQUESTS = 4
 _MAX_PROMPT = 40
+_MAX_SPARE_PAGES = 3
 
 Prompt = npt.NDArray[np.int64]
 
+#: An oracle: given whole prompts, each one's last-token logits ``[num_prompts, vocab_size]``.
+Oracle = Callable[[Sequence[Prompt]], npt.NDArray[np.floating[Any]]]
 
-@attrs.frozen(eq=False)
+
+@attrs.frozen(kw_only=True, eq=False)
 class _Example:
-    """One drawn batch, and how to plan and page it."""
+    """One drawn batch, how to plan and page it, and other ids for the host-embedding run."""
 
     prompts: tuple[Prompt, ...]
+    #: Same lengths as ``prompts``, different ids: their embeddings are the host path's input.
+    others: tuple[Prompt, ...]
     computed: tuple[int, ...]
     config: PlannerConfig
     page_size: int
+    spare_pages: int
 
     @property
     def lengths(self) -> list[int]:
@@ -74,15 +102,27 @@ def check_backend(
     max_examples: int = 20,
     seed: int = 0,
     page_sizes: Sequence[int] = DEFAULT_PAGE_SIZES,
+    name: str | None = None,
+    oracle: Oracle | None = None,
+    oracle_tolerance: float | None = None,
 ) -> None:
     """Check that ``backend`` keeps the :class:`~pypto_sched.backends.Backend` contract.
 
-    Runs ``max_examples`` generated examples (see the module docstring) drawn from ``seed``;
-    each uses a KV page size drawn from ``page_sizes`` (pass the sizes your kernels accept,
-    e.g. ``(128, 256)`` for Ascend's paged attention). Raises :class:`AssertionError` naming
-    the example and what differed.
+    Runs ``max_examples`` generated examples drawn from ``seed``; each uses a KV page size
+    drawn from ``page_sizes`` (pass the sizes your kernels accept, e.g. ``(128, 256)`` for
+    Ascend's paged attention). ``name``, when given, is the name the backend was registered
+    (or loaded) under, and must be the one it declares. ``oracle``, when given, returns the
+    last-token logits of whole prompts from an implementation you trust; each example's
+    one-shot logits must equal its within ``oracle_tolerance`` (default
+    ``backend.tolerance``).
+
+    Proves chunking invariance, cache discipline (scattered, permuted and reused pages,
+    prefix hits), that the host-embedding path is honoured and agrees with the device one,
+    and the output contract; **not** model correctness unless an ``oracle`` is given (see
+    the module docstring). Raises :class:`AssertionError` (explicitly, so it works under
+    ``python -O``) naming the example, the request, the position and the vocabulary column
+    that differed; bad arguments raise :class:`~pypto_sched.InvalidInputError`.
     """
-    _check_metadata(backend)
     if type(max_examples) is not int or max_examples < 1:
         raise InvalidInputError(f"'max_examples' must be an int >= 1: {max_examples!r}")
     sizes = tuple(page_sizes) if isinstance(page_sizes, Sequence) else ()
@@ -90,6 +130,16 @@ def check_backend(
         raise InvalidInputError(
             f"'page_sizes' must be a non-empty sequence of ints >= 1: {page_sizes!r}"
         )
+    if name is not None and not isinstance(name, str):
+        raise InvalidInputError(f"'name' must be a str or None: {name!r}")
+    if oracle is not None and not callable(oracle):
+        raise InvalidInputError(f"'oracle' must be callable or None: {oracle!r}")
+    _check_metadata(backend, name)
+    tolerance = backend.tolerance if oracle_tolerance is None else oracle_tolerance
+    if not (isinstance(tolerance, float | int) and tolerance >= 0):
+        raise InvalidInputError(f"'oracle_tolerance' must be a number >= 0: {tolerance!r}")
+    # The proxy's name is an instance property, not the ClassVar the protocol declares.
+    watched = cast(Backend, _Watched(backend))
     rng = np.random.default_rng(seed)
     for index in range(max_examples):
         example = _draw(
@@ -99,18 +149,19 @@ def check_backend(
             prefix_hits=index % 3 == 2,
             page_sizes=sizes,
         )
-        where = f"backend {backend.name!r}, example {index} ({example.describe()})"
+        where = f"backend {backend.name!r}, seed {seed}, example {index} ({example.describe()})"
         try:
             # Policies alternate every example, greedy-only host runs every two.
-            _check_example(backend, example, where, greedy_only=index // 2 % 2 == 1)
+            _check_example(watched, example, rng, where, greedy_only=index // 2 % 2 == 1)
+            if oracle is not None:
+                _check_oracle(watched, example, oracle, float(tolerance), where)
         except ExecutionError as error:
             raise AssertionError(f"{where}: {error}") from error
 
 
-def _check_metadata(backend: Backend) -> None:
-    assert isinstance(backend, Backend), (
-        f"{type(backend).__name__} does not implement the Backend protocol"
-    )
+def _check_metadata(backend: Backend, name: str | None) -> None:
+    if not isinstance(backend, Backend):
+        raise AssertionError(f"{type(backend).__name__} does not implement the Backend protocol")
     problems = {
         "name": not (isinstance(backend.name, str) and backend.name),
         "tolerance": not (isinstance(backend.tolerance, float) and backend.tolerance >= 0),
@@ -118,14 +169,22 @@ def _check_metadata(backend: Backend) -> None:
         "hidden_size": not (isinstance(backend.hidden_size, int) and backend.hidden_size >= 1),
     }
     for attribute, bad in problems.items():
-        assert not bad, f"bad {attribute}: {getattr(backend, attribute)!r}"
+        if bad:
+            raise AssertionError(f"bad {attribute}: {getattr(backend, attribute)!r}")
+    if name is not None and backend.name != name:
+        raise AssertionError(
+            f"backend registered as {name!r} declares name {backend.name!r}: the two must "
+            f"be the same"
+        )
     ids = np.arange(min(3, backend.vocab_size), dtype=np.int64)
     embedded = backend.embed(ids)
-    shape = getattr(embedded, "shape", None)
-    assert isinstance(embedded, np.ndarray), f"embed() must return a host array: {embedded!r}"
-    assert shape == (ids.size, backend.hidden_size), (
-        f"embed() of {ids.size} ids must have shape ({ids.size}, {backend.hidden_size}): {shape}"
-    )
+    if not isinstance(embedded, np.ndarray) or embedded.dtype.kind != "f":
+        raise AssertionError(f"embed() must return a host float array: {embedded!r}")
+    if embedded.shape != (ids.size, backend.hidden_size):
+        raise AssertionError(
+            f"embed() of {ids.size} ids must have shape ({ids.size}, {backend.hidden_size}): "
+            f"{embedded.shape}"
+        )
 
 
 # -- drawing examples -----------------------------------------------------------------------
@@ -142,13 +201,16 @@ def _draw(
     count = int(rng.integers(1, _MAX_REQUESTS + 1))
     lengths = rng.integers(1, _MAX_PROMPT + 1, size=count)
     prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
+    others = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     computed = tuple(int(rng.integers(0, n)) for n in lengths) if prefix_hits else (0,) * count
     page_size = int(rng.choice(page_sizes))
     return _Example(
         prompts=prompts,
+        others=others,
         computed=computed,
         config=_draw_config(rng, policy, int(lengths.sum()), count, page_size),
         page_size=page_size,
+        spare_pages=int(rng.integers(0, _MAX_SPARE_PAGES + 1)),
     )
 
 
@@ -179,73 +241,163 @@ def _maybe(rng: np.random.Generator, low: int, high: int) -> int | None:
     return int(rng.integers(low, high + 1)) if rng.random() < 0.5 else None
 
 
+def _scattered_tables(
+    rng: np.random.Generator, lengths: Sequence[int], page_size: int, spare: int
+) -> BlockTables:
+    """Each request's pages drawn from a shuffled pool with ``spare`` pages left over, so a
+    request's pages are neither contiguous nor ascending and some pages go unused."""
+    needed = [-(-n // page_size) for n in lengths]
+    num_pages = sum(needed) + spare
+    pool = rng.permutation(num_pages).tolist()
+    offsets = np.concatenate(([0], np.cumsum(needed))).tolist()
+    tables = [pool[start:end] for start, end in itertools.pairwise(offsets)]
+    return BlockTables.from_lists(tables, page_size=page_size, num_pages=num_pages)
+
+
 # -- running and comparing ------------------------------------------------------------------
 
 
-def _check_example(backend: Backend, example: _Example, where: str, *, greedy_only: bool) -> None:
-    lengths = example.lengths
-    tolerance = backend.tolerance
-    one_shot = execute_schedule(
-        plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=sum(lengths))),
+def _one_shot(backend: Backend, prompts: Sequence[Prompt], page_size: int) -> ExecutionResult:
+    """Every prompt whole in one dispatch, from an empty cache: the reference."""
+    lengths = [prompt.size for prompt in prompts]
+    return execute_schedule(plan_one_shot(lengths), backend, prompts, page_size=page_size)
+
+
+def _stale_cache(backend: Backend, rng: np.random.Generator, num_pages: int, page_size: int) -> Any:
+    """A cache whose every slot holds K/V of some other prompt, as pages freed by one
+    request and given to the next do in a server."""
+    cache = backend.new_cache(num_pages=num_pages, page_size=page_size)
+    length = num_pages * page_size
+    junk = rng.integers(0, backend.vocab_size, size=length).astype(np.int64)
+    execute_schedule(
+        plan_one_shot([length]),
         backend,
-        example.prompts,
-        page_size=example.page_size,
+        [junk],
+        return_logits=False,
+        block_tables=BlockTables.from_lists(
+            [rng.permutation(num_pages).tolist()], page_size=page_size, num_pages=num_pages
+        ),
+        cache=cache,
     )
+    return cache
+
+
+def _check_example(
+    backend: Backend,
+    example: _Example,
+    rng: np.random.Generator,
+    where: str,
+    *,
+    greedy_only: bool,
+) -> None:
+    lengths = example.lengths
     schedule = plan_prefill(lengths, example.config, num_computed_tokens=example.computed)
+    runs = []
     for path in ("device", "host"):
+        # The host run is handed the embeddings of other ids (with the example's ids as
+        # token_ids): honouring them gives the other ids' logits, ignoring them does not.
+        model_ids = example.others if path == "host" else example.prompts
+        expected = _one_shot(backend, model_ids, example.page_size)
+        tables = _scattered_tables(rng, lengths, example.page_size, example.spare_pages)
+        cache = _stale_cache(backend, rng, tables.num_pages, tables.page_size)
+        write_prefixes(backend, model_ids, example.computed, block_tables=tables, cache=cache)
+        runs.append((path, model_ids, expected, tables, cache))
+    # Both caches are prepared before either runs: a backend that keeps state of its own
+    # instead of in the cache it is handed mixes them up.
+    for path, model_ids, expected, tables, cache in runs:
         host = path == "host"
-        tables = plan_pages(
-            lengths,
-            page_size=example.page_size,
-            num_pages=sum(-(-n // example.page_size) for n in lengths),
-        )
-        cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
-        write_prefixes(backend, example.prompts, example.computed, block_tables=tables, cache=cache)
         chunked = execute_schedule(
             schedule,
             backend,
             example.prompts,
-            input_embeddings=[backend.embed(p) for p in example.prompts] if host else None,
+            input_embeddings=[backend.embed(ids) for ids in model_ids] if host else None,
             return_logits=not (greedy_only and host),
             return_greedy=True,
             block_tables=tables,
             cache=cache,
         )
-        label = f"{where}, chunked over {schedule.num_dispatches} dispatches, {path} embeddings"
-        if chunked.logits is not None:
-            _check_logits(chunked, one_shot, tolerance, label)
-        _check_greedy(chunked, one_shot, tolerance, label)
-
-
-def _check_logits(
-    result: ExecutionResult, expected: ExecutionResult, tolerance: float, where: str
-) -> None:
-    assert result.logits is not None
-    assert expected.logits is not None
-    assert result.logits.shape == expected.logits.shape, (
-        f"{where}: logits shape {result.logits.shape} != one-shot {expected.logits.shape}"
-    )
-    difference = np.abs(result.logits.astype(np.float64) - expected.logits.astype(np.float64))
-    worst = np.unravel_index(int(np.argmax(difference)), difference.shape)
-    assert difference[worst] <= tolerance, (
-        f"{where}: final logits of request {int(worst[0])} differ from one-shot by "
-        f"{float(difference[worst]):.3g} > tolerance {tolerance:g} (token {int(worst[1])})"
-    )
-
-
-def _check_greedy(
-    result: ExecutionResult, expected: ExecutionResult, tolerance: float, where: str
-) -> None:
-    assert result.greedy_token_ids is not None
-    assert expected.logits is not None
-    references = [("the one-shot logits", expected.logits, 2 * tolerance)]
-    if result.logits is not None:
-        references.append(("the logits returned with it", result.logits, 0.0))
-    rows = np.arange(expected.logits.shape[0])
-    for name, logits, slack in references:
-        chosen = logits[rows, result.greedy_token_ids]
-        short = chosen < logits.max(axis=1) - slack
-        assert not short.any(), (
-            f"{where}: greedy id {int(result.greedy_token_ids[short][0])} of request "
-            f"{int(np.flatnonzero(short)[0])} is not an argmax of {name}"
+        verification = compare_results(
+            chunked, expected, tolerance=backend.tolerance, prompt_lengths=lengths
         )
+        if not verification.passed:
+            raise AssertionError(
+                f"{where}, chunked over {schedule.num_dispatches} dispatches, {path} "
+                f"embeddings, scattered block tables {_tables(tables)}: "
+                f"{verification.first_problem()}"
+            )
+
+
+def _check_oracle(
+    backend: Backend, example: _Example, oracle: Oracle, tolerance: float, where: str
+) -> None:
+    one_shot = _one_shot(backend, example.prompts, example.page_size)
+    expected = np.asarray(oracle(list(example.prompts)))
+    verification = compare_results(
+        one_shot,
+        expected,
+        tolerance=tolerance,
+        reference="the oracle",
+        prompt_lengths=example.lengths,
+    )
+    if not verification.passed:
+        raise AssertionError(f"{where}, one-shot: {verification.first_problem()}")
+
+
+def _tables(tables: BlockTables) -> str:
+    return str([tables.table(r).tolist() for r in range(tables.num_requests)])
+
+
+class _InputModifiedError(RuntimeError):
+    """The backend changed an array of the batch it was handed."""
+
+
+class _Watched:
+    """``backend`` with every dispatch's inputs compared before and after it runs."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    @property
+    def name(self) -> str:
+        return self._backend.name
+
+    @property
+    def tolerance(self) -> float:
+        return self._backend.tolerance
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._backend.hidden_size
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> Any:
+        return self._backend.new_cache(num_pages=num_pages, page_size=page_size)
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
+        return self._backend.embed(np.array(token_ids))
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        before = _inputs(batch)
+        output = self._backend.run_dispatch(batch, cache)
+        for field, value in _inputs(batch).items():
+            if not np.array_equal(value, before[field], equal_nan=value.dtype.kind == "f"):
+                raise _InputModifiedError(
+                    f"run_dispatch modified its input {field}; the arrays it is handed are "
+                    f"read-only, copy one to change it"
+                )
+        return output
+
+
+def _inputs(batch: DispatchInput) -> dict[str, npt.NDArray[Any]]:
+    arrays = {
+        f"batch.arrays.{field.name}": np.array(value)
+        for field in attrs.fields(type(batch.arrays))
+        if isinstance(value := getattr(batch.arrays, field.name), np.ndarray)
+    }
+    arrays["batch.token_ids"] = np.array(batch.token_ids)
+    if batch.input_embeddings is not None:
+        arrays["batch.input_embeddings"] = np.array(batch.input_embeddings)
+    return arrays

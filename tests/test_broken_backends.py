@@ -1,0 +1,320 @@
+"""check_backend catches every bug class a backend author can plant.
+
+Each backend here is the documented toy backend (``docs/examples/toy_backend.py``, which
+passes) with one deliberate bug, of the kinds real backends have shipped: index arithmetic
+that assumes contiguous pages, a host-embedding path that is ignored, a cache that is
+ignored or assumed zeroed, positions off by one, K/V written at the wrong slots, outputs in
+the wrong order, NaNs, a greedy id that is not the argmax, a wrong name, a missing output,
+inputs mutated in place. Every one must fail ``check_backend`` at its default settings, with
+a message that says what broke.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from pypto_sched import DispatchInput, DispatchOutput
+from pypto_sched.testing import check_backend
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "toy_backend.py"
+
+
+def _load_toy() -> Any:
+    spec = importlib.util.spec_from_file_location("examples_toy_backend", EXAMPLE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+toy = _load_toy()
+ToyBackend: Any = toy.ToyBackend
+
+
+def with_arrays(batch: DispatchInput, **changes: Any) -> DispatchInput:
+    """``batch`` with some of its kernel arrays replaced."""
+    return attrs.evolve(batch, arrays=attrs.evolve(batch.arrays, **changes))
+
+
+def row_of_each_token(batch: DispatchInput) -> npt.NDArray[np.int64]:
+    return np.repeat(np.arange(batch.arrays.num_rows), batch.arrays.query_lens)
+
+
+# -- paging and the cache -----------------------------------------------------------------
+
+
+class ContiguousPages(ToyBackend):  # type: ignore[misc]
+    """Assumes a request's pages follow its first one: slot = first page * size + position."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        arrays = batch.arrays
+        first = arrays.block_tables[:, :1].astype(np.int64)
+        width = arrays.block_tables.shape[1]
+        tables = np.where(arrays.block_tables >= 0, first + np.arange(width), -1)
+        rows = row_of_each_token(batch)
+        slots = first[rows, 0] * arrays.page_size + arrays.positions
+        num_slots = cache.keys.shape[0]
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(
+                batch,
+                block_tables=(tables % (num_slots // arrays.page_size)).astype(np.int32),
+                slot_mapping=slots % num_slots,
+            ),
+            cache,
+        )
+
+
+class WritesOneSlotLate(ToyBackend):  # type: ignore[misc]
+    """Writes each token's K/V at the slot after its own (reads go through the tables)."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        late = (batch.arrays.slot_mapping + 1) % cache.keys.shape[0]
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(batch, slot_mapping=late), cache
+        )
+
+
+class IgnoresTheCache(ToyBackend):  # type: ignore[misc]
+    """Attends only to the chunk: every dispatch runs on a fresh, empty cache."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        fresh = toy.ToyCache(num_pages=cache.keys.shape[0], page_size=1, hidden_size=16)
+        output = super().run_dispatch(batch, fresh)
+        cache.keys[batch.arrays.slot_mapping] = fresh.keys[batch.arrays.slot_mapping]
+        cache.values[batch.arrays.slot_mapping] = fresh.values[batch.arrays.slot_mapping]
+        return output  # type: ignore[no-any-return]
+
+
+class AssumesAZeroedCache(ToyBackend):  # type: ignore[misc]
+    """Adds K/V into its slots instead of overwriting them: right only on fresh pages."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        slots = batch.arrays.slot_mapping
+        old_keys, old_values = cache.keys[slots].copy(), cache.values[slots].copy()
+        output = super().run_dispatch(batch, cache)
+        cache.keys[slots] += old_keys
+        cache.values[slots] += old_values
+        return output  # type: ignore[no-any-return]
+
+
+class ReadsWholePages(ToyBackend):  # type: ignore[misc]
+    """Attends to every slot of the context's pages, past the context's end."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        page = batch.arrays.page_size
+        rounded = -(-batch.arrays.seq_lens // page) * page
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(batch, seq_lens=rounded.astype(np.int32)), cache
+        )
+
+
+class KeepsItsOwnCache(ToyBackend):  # type: ignore[misc]
+    """Keeps the first cache it made and uses it for every dispatch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._own: Any = None
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if self._own is None or self._own.keys.shape[0] < cache.keys.shape[0]:
+            self._own = cache
+        return super().run_dispatch(batch, self._own)  # type: ignore[no-any-return]
+
+
+# -- positions ------------------------------------------------------------------------------
+
+
+class ChunkLocalPositions(ToyBackend):  # type: ignore[misc]
+    """Counts positions from the chunk's start instead of the prompt's."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        starts = batch.arrays.token_starts[row_of_each_token(batch)]
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(batch, positions=(batch.arrays.positions - starts).astype(np.int32)),
+            cache,
+        )
+
+
+class OffByOneAfterTheFirstChunk(ToyBackend):  # type: ignore[misc]
+    """Positions one too far in every chunk but a prompt's first (``seq_len - query_len + 1``)."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        later = batch.arrays.token_starts[row_of_each_token(batch)] > 0
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(batch, positions=(batch.arrays.positions + later).astype(np.int32)),
+            cache,
+        )
+
+
+# -- embeddings -----------------------------------------------------------------------------
+
+
+class IgnoresHostEmbeddings(ToyBackend):  # type: ignore[misc]
+    """Looks the token ids up even when host embeddings are given."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            attrs.evolve(batch, input_embeddings=None), cache
+        )
+
+
+class ScalesHostEmbeddings(ToyBackend):  # type: ignore[misc]
+    """Its host path scales the embeddings (a normalisation the device path does not do)."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        x = batch.input_embeddings
+        scaled = None if x is None else x * np.sqrt(self.hidden_size)
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            attrs.evolve(batch, input_embeddings=scaled), cache
+        )
+
+
+# -- outputs --------------------------------------------------------------------------------
+
+
+class ReversedRows(ToyBackend):  # type: ignore[misc]
+    """Returns the final rows' outputs in reverse order."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        return DispatchOutput(
+            logits=_flip(output.logits), greedy_token_ids=_flip(output.greedy_token_ids)
+        )
+
+
+def _flip(rows: Any) -> Any:
+    return None if rows is None else rows[::-1]
+
+
+class NaNLogits(ToyBackend):  # type: ignore[misc]
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if output.logits is None:
+            return output  # type: ignore[no-any-return]
+        logits = output.logits.copy()
+        logits[-1, 5] = np.nan
+        return attrs.evolve(output, logits=logits)  # type: ignore[no-any-return]
+
+
+class GreedyNotArgmax(ToyBackend):  # type: ignore[misc]
+    """Greedy ids are the token after the argmax."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if output.greedy_token_ids is None:
+            return output  # type: ignore[no-any-return]
+        wrong = (output.greedy_token_ids + 1) % self.vocab_size
+        return attrs.evolve(output, greedy_token_ids=wrong)  # type: ignore[no-any-return]
+
+
+class GreedyOutsideTheVocabulary(ToyBackend):  # type: ignore[misc]
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if output.greedy_token_ids is None:
+            return output  # type: ignore[no-any-return]
+        return attrs.evolve(  # type: ignore[no-any-return]
+            output, greedy_token_ids=np.full_like(output.greedy_token_ids, self.vocab_size)
+        )
+
+
+class LogitsForEveryRow(ToyBackend):  # type: ignore[misc]
+    """Returns a logits row for intermediate chunks too."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        super().run_dispatch(batch, cache)
+        return DispatchOutput(logits=np.zeros((batch.arrays.num_rows, self.vocab_size)))
+
+
+class ReturnsNone(ToyBackend):  # type: ignore[misc]
+    """Returns None when nothing is asked, instead of DispatchOutput()."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> Any:
+        output = super().run_dispatch(batch, cache)
+        return output if batch.return_logits or batch.return_greedy else None
+
+
+class MutatesItsInputs(ToyBackend):  # type: ignore[misc]
+    """Makes the token ids writeable and reuses them as scratch space."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        batch.token_ids.flags.writeable = True
+        batch.token_ids[:] = 0
+        return output  # type: ignore[no-any-return]
+
+
+class MisnamedBackend(ToyBackend):  # type: ignore[misc]
+    """Registered as 'toy' but declares another name."""
+
+    name: ClassVar[str] = "toy2"
+
+
+# -- the suite ------------------------------------------------------------------------------
+
+DIFFERS = (
+    r"final logits of request \d+ at position \d+ differ from one-shot by .* at vocabulary "
+    r"column \d+"
+)
+GREEDY = r"greedy id \(vocabulary column\) \d+ of request \d+ at position \d+ is not an argmax"
+
+BROKEN: list[tuple[type[Any], str]] = [
+    (ContiguousPages, rf"scattered block tables .*: (?:{DIFFERS}|{GREEDY})"),
+    (WritesOneSlotLate, rf"device embeddings, scattered block tables .*: {DIFFERS}"),
+    (IgnoresTheCache, rf"chunked over \d+ dispatches, device embeddings.*: {DIFFERS}"),
+    (AssumesAZeroedCache, rf"device embeddings.*: {DIFFERS}"),
+    (ReadsWholePages, DIFFERS),
+    (KeepsItsOwnCache, rf"(?:{DIFFERS}|failed on dispatch)"),
+    (ChunkLocalPositions, rf"device embeddings.*: {DIFFERS}"),
+    (OffByOneAfterTheFirstChunk, rf"device embeddings.*: {DIFFERS}"),
+    (IgnoresHostEmbeddings, rf"host embeddings.*: {DIFFERS}"),
+    (ScalesHostEmbeddings, rf"host embeddings.*: {DIFFERS}"),
+    (ReversedRows, rf"(?:{DIFFERS}|{GREEDY})"),
+    (
+        NaNLogits,
+        r"logits must be finite: final row \d+ \(request \d+\) has nan at vocabulary column 5",
+    ),
+    (GreedyNotArgmax, GREEDY),
+    (GreedyOutsideTheVocabulary, r"greedy_token_ids must be in \[0, 64\), the vocabulary"),
+    (LogitsForEveryRow, r"malformed output for dispatch \d+ of \d+ .*: logits must be"),
+    (
+        ReturnsNone,
+        r"malformed output for dispatch \d+ of \d+ .*: expected a DispatchOutput, got NoneType",
+    ),
+    (MutatesItsInputs, r"run_dispatch modified its input batch.token_ids"),
+]
+
+
+def test_the_toy_backend_itself_passes() -> None:
+    check_backend(ToyBackend(), name="toy")
+
+
+@pytest.mark.parametrize(("broken", "message"), BROKEN, ids=[b.__name__ for b, _ in BROKEN])
+def test_every_planted_bug_is_caught_with_a_message_naming_it(
+    broken: type[Any], message: str
+) -> None:
+    with pytest.raises(AssertionError, match=message) as info:
+        check_backend(broken())
+    assert "seed 0, example" in str(info.value)  # names the example to reproduce it
+
+
+def test_a_backend_declaring_another_name_than_its_registration_fails() -> None:
+    with pytest.raises(AssertionError, match="backend registered as 'toy' declares name 'toy2'"):
+        check_backend(MisnamedBackend(), name="toy")
+
+
+def test_the_toy_backend_checks_itself_when_run_as_a_script() -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "toy backend passes check_backend\n"
