@@ -88,7 +88,8 @@ def render_schedule(
     _label(main, schedule)
     colourbar = figure.colorbar(_scalar_mappable(cmap, norm), ax=main, pad=0.01, aspect=30)
     colourbar.set_label("chunk size (tokens)")
-    figure.suptitle(title if title is not None else _title(schedule))
+    # A title is text, not mathtext: '$' in a user's title is drawn as written.
+    figure.suptitle(title if title is not None else _title(schedule), parse_math=False)
     # One legend for both panels, under them, where it covers nothing.
     handles = [*top.get_legend_handles_labels()[0], *main.get_legend_handles_labels()[0]]
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")

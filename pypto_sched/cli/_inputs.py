@@ -1,0 +1,104 @@
+"""From parsed options to the library's inputs: prompt lengths, cached prefixes, the planner
+configuration, and the schedule; with the bounds that keep a huge workload a clear error
+instead of memory exhaustion."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._config import PlannerConfig
+from .._policies import plan_prefill
+from .._schedule import Schedule
+from .._workloads import synthetic_lengths
+from ._errors import UsageError
+from ._lengths import MAX_PROMPTS, read_lengths
+
+__all__ = ["MAX_CHUNKS", "check_size", "config", "engine_args", "num_computed", "plan", "workload"]
+
+#: Most chunks a command plans: planning 10 million takes about 0.7 GB and 4 s, their JSON
+#: several times that.
+MAX_CHUNKS = 10_000_000
+
+_WORKLOAD_DEFAULTS = {"num_requests": 16, "seed": 0, "min_length": 16, "max_length": 4096}
+
+Lengths = npt.NDArray[np.int64]
+
+
+def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
+    """The prompt lengths and a short description of where they came from."""
+    if args.workload is None:
+        for option in ("num_requests", "min_length", "max_length"):
+            if getattr(args, option) is not None:
+                flag = "--" + option.replace("_", "-")
+                raise UsageError(f"{flag} applies only with --workload, not with a lengths list")
+        if args.lengths_file is not None:
+            return read_lengths("@" + args.lengths_file, name="--lengths-file"), "--lengths-file"
+        return read_lengths(args.lengths, name="--lengths"), "--lengths"
+    params = {
+        key: default if getattr(args, key) is None else getattr(args, key)
+        for key, default in _WORKLOAD_DEFAULTS.items()
+    }
+    if params["num_requests"] > MAX_PROMPTS:
+        raise UsageError(f"--num-requests: must be <= {MAX_PROMPTS}: {params['num_requests']}")
+    lengths = synthetic_lengths(args.workload, **params)
+    # The description is the options that draw the same lengths again.
+    source = f"--workload {args.workload} --num-requests {params['num_requests']}"
+    if args.workload != "seed":
+        source += (
+            f" --seed {params['seed']} --min-length {params['min_length']}"
+            f" --max-length {params['max_length']}"
+        )
+    return lengths, source
+
+
+def num_computed(args: argparse.Namespace) -> Lengths | None:
+    if args.num_computed is None:
+        return None
+    return read_lengths(args.num_computed, name="--num-computed")
+
+
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration options as :meth:`PlannerConfig.from_engine_args` takes them."""
+    return {
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
+        "max_num_seqs": args.max_num_seqs,
+        "page_size": args.page_size,
+        "policy": args.policy,
+        "max_num_partial_prefills": args.max_num_partial_prefills,
+    }
+
+
+def config(args: argparse.Namespace) -> PlannerConfig:
+    return PlannerConfig.from_engine_args(**engine_args(args))
+
+
+def check_size(lengths: Lengths, computed: Lengths | None, planner: PlannerConfig) -> None:
+    """Refuse, before planning, a workload whose schedule could not fit in memory.
+
+    Every chunk carries at most ``chunk_cap`` tokens, so the tokens to prefill divided by it
+    is a lower bound on the chunks, whatever the policy.
+    """
+    tokens = int(lengths.sum(dtype=np.int64))
+    if computed is not None and computed.size == lengths.size:
+        tokens -= int(np.minimum(computed, lengths).sum(dtype=np.int64))
+    least = -(-tokens // planner.chunk_cap)
+    if least > MAX_CHUNKS:
+        raise UsageError(
+            f"the workload's {tokens:,} tokens need at least {least:,} chunks of at most "
+            f"{planner.chunk_cap:,} tokens; the command line plans at most {MAX_CHUNKS:,} "
+            "(raise --max-num-batched-tokens or --long-prefill-token-threshold)"
+        )
+
+
+def plan(args: argparse.Namespace) -> tuple[Schedule, str]:
+    """The schedule the options describe, and where its lengths came from."""
+    lengths, source = workload(args)
+    computed = num_computed(args)
+    planner = config(args)
+    check_size(lengths, computed, planner)
+    return plan_prefill(lengths, planner, num_computed_tokens=computed), source

@@ -1,0 +1,157 @@
+"""The parser's building blocks: the parser class, a command's sub-parser with its examples,
+and the option groups several commands share (workload, planner configuration, format)."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .._config import POLICIES
+from .._workloads import WORKLOADS
+from ._errors import UsageError
+from ._lengths import GRAMMAR
+
+__all__ = [
+    "HELP_WIDTH",
+    "SEED",
+    "Example",
+    "Parser",
+    "add_command",
+    "add_config_options",
+    "add_format_option",
+    "add_workload_options",
+    "epilog",
+]
+
+#: Help text is filled to fit an 80-column terminal, as argparse fills its own.
+HELP_WIDTH = 78
+#: The seed's workload and limits, as the examples spell them.
+SEED = (
+    "--lengths 3338x16 --max-num-batched-tokens 8192 \\\n      --long-prefill-token-threshold 256"
+)
+
+#: One example of a command: what it shows, and the command line after ``pypto-sched``.
+Example = tuple[str, str]
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are :class:`UsageError` (one line, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def epilog(examples: Sequence[Example]) -> str:
+    lines = ["examples:"]
+    for what, example in examples:
+        lines.append(f"  # {what}")
+        lines.append(f"  pypto-sched {example}")
+    return "\n".join(lines)
+
+
+def add_command(
+    commands: argparse._SubParsersAction[Parser],
+    name: str,
+    *,
+    summary: str,
+    description: str,
+    examples: Sequence[Example],
+) -> Parser:
+    """A sub-parser for ``name`` with its description and examples."""
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(description, width=HELP_WIDTH),
+        epilog=epilog(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_format_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--format", choices=("text", "json"), default="text", help=help)
+
+
+def add_workload_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "workload (one of --lengths, --lengths-file, --workload)",
+        description=textwrap.fill(f"LIST syntax: {GRAMMAR}.", width=HELP_WIDTH - 2),
+    )
+    source = group.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--lengths",
+        metavar="LIST",
+        help="prompt lengths, e.g. '3338x16' (16 prompts of 3338 tokens) or '100,200,50x3'; "
+        "'@FILE' reads them from a file ('@-' from stdin)",
+    )
+    source.add_argument(
+        "--lengths-file",
+        metavar="PATH",
+        help="read the prompt lengths from a file, in the LIST syntax (same as --lengths @PATH)",
+    )
+    source.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        help="a named synthetic workload: seed (prompts of 3338 tokens), uniform, lognormal "
+        "(long-tailed), bimodal (4 in 5 short, 1 in 5 long)",
+    )
+    group.add_argument(
+        "--num-requests", type=int, metavar="N", help="--workload: prompts (default 16)"
+    )
+    group.add_argument(
+        "--min-length", type=int, metavar="N", help="--workload: shortest prompt (default 16)"
+    )
+    group.add_argument(
+        "--max-length", type=int, metavar="N", help="--workload: longest prompt (default 4096)"
+    )
+    group.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="random seed of --workload (and of run's token ids); default 0",
+    )
+    group.add_argument(
+        "--num-computed",
+        metavar="LIST",
+        help="tokens already cached per prompt (prefix hits), in the LIST syntax or '@FILE'",
+    )
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "planner configuration (as vLLM's flags: a threshold of 0 is off; the other limits "
+        "are off unless given)"
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        required=True,
+        metavar="N",
+        help="most tokens one dispatch may carry (required)",
+    )
+    group.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="per-request chunk cap; round_robin also lowers the budget to it (0: off)",
+    )
+    group.add_argument(
+        "--max-num-seqs", type=int, metavar="N", help="most rows per dispatch (default: no limit)"
+    )
+    group.add_argument(
+        "--page-size", type=int, metavar="N", help="non-final chunks end on multiples of N"
+    )
+    group.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="round_robin",
+        help="round_robin: the seed's behaviour (default); packed: co-scheduled chunks",
+    )
+    group.add_argument(
+        "--max-num-partial-prefills",
+        type=int,
+        metavar="N",
+        help="packed only: most requests part-way through prefill at once (default: no limit)",
+    )

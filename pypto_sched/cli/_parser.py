@@ -1,0 +1,36 @@
+"""The ``pypto-sched`` parser: the program's help, and one sub-parser per command module."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from . import backends, compare, plan, plot, run
+from ._options import HELP_WIDTH, Example, Parser, epilog
+
+__all__ = ["COMMANDS", "build_parser"]
+
+#: The command modules, in the order ``--help`` lists them.
+COMMANDS = (plan, compare, plot, run, backends)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    first_examples: list[Example] = [module.EXAMPLES[0] for module in COMMANDS]
+    parser = Parser(
+        prog="pypto-sched",
+        description=textwrap.fill(
+            "Plan chunked prefill: split prompts into dispatches within a token budget, "
+            "compare settings, draw schedules and run them on a backend.",
+            width=HELP_WIDTH,
+        ),
+        epilog="Run 'pypto-sched COMMAND --help' for each command's options and examples.\n"
+        "exit status: 0 success, 1 the work failed (e.g. --verify mismatch), 2 bad input\n\n"
+        + epilog(first_examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="COMMAND"
+    )
+    for module in COMMANDS:
+        module.add_parser(commands)
+    return parser

@@ -1,0 +1,91 @@
+"""Output: rich text on a console (the ``cli`` extra), or JSON that needs nothing more.
+
+Piped output is plain text without trailing spaces, at a fixed width, so that what a test or
+a script reads does not depend on the terminal that ran it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from ._errors import CommandFailed
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+
+__all__ = ["console", "emit", "grid", "percent", "print_json", "show", "table"]
+
+_PIPED_WIDTH = 200
+_TEXT_COLUMNS = frozenset(
+    {"policy", "name", "version", "entry point", "runs here", "option", "meaning"}
+)
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr); a clear error when rich is missing."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        raise CommandFailed(
+            "text output needs rich: pip install 'pypto-sched[cli]' (or use --format json)"
+        ) from None
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output is never wrapped to a terminal's width: tables keep their natural width.
+    width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPED_WIDTH
+    return Console(file=stream, width=width, markup=False, highlight=False, emoji=False)
+
+
+def emit(*items: RenderableType) -> None:
+    """Print ``items`` on stdout; when piped, as plain text without trailing spaces."""
+    out = console()
+    if out.is_terminal:
+        for item in items:
+            out.print(item)
+        return
+    with out.capture() as capture:
+        for item in items:
+            out.print(item, soft_wrap=isinstance(item, str))
+    lines = capture.get().splitlines()
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
+
+
+def print_json(data: object) -> None:
+    print(json.dumps(data))
+
+
+def table(*columns: str) -> Table:
+    """A table with a rule under its head; text columns left, numbers right."""
+    from rich import box
+    from rich.table import Table
+
+    result = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in columns:
+        result.add_column(column, justify="left" if column in _TEXT_COLUMNS else "right")
+    return result
+
+
+def grid() -> Table:
+    """Two columns, label and value, without borders."""
+    from rich.table import Table
+
+    result = Table.grid(padding=(0, 3))
+    result.add_column()
+    result.add_column()
+    return result
+
+
+def percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def show(value: object) -> str:
+    """A setting as the tables show it: ``off`` for ``None``, integers with commas."""
+    if value is None:
+        return "off"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,219 @@
+"""``pypto-sched run``: execute a schedule on an installed backend, with progress and a
+summary, and optionally verify it against a one-shot prefill.
+
+Everything but the options and the output is the library's: :func:`load_backend`,
+:func:`execute_schedule` (whose ``on_dispatch`` drives the progress bar) and
+:func:`verify_against_one_shot` (the one verification rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._errors import PyptoSchedError
+from .._verify import Verification, verify_against_one_shot
+from ..backends import Backend, load_backend
+from ..execute import execute_schedule
+from . import _progress, _render
+from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError
+from ._inputs import plan
+from ._options import (
+    Example,
+    Parser,
+    add_command,
+    add_config_options,
+    add_format_option,
+    add_workload_options,
+)
+from ._specs import backend_options
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from .._schedule import Schedule
+
+__all__ = ["EXAMPLES", "MAX_RUN_TOKENS", "add_parser", "handle"]
+
+EXAMPLES: list[Example] = [
+    (
+        "the seed's shape, a quarter as long, on the NumPy reference backend, verified",
+        "run --backend reference --lengths 834x16 --max-num-batched-tokens 8192 \\\n"
+        "      --long-prefill-token-threshold 256 --verify",
+    ),
+    (
+        "a one-layer model (options go to the backend's factory), packed, as JSON",
+        "run --backend reference --backend-option num_hidden_layers=1 --lengths 300x4 \\\n"
+        "      --max-num-batched-tokens 512 --policy packed --verify --format json",
+    ),
+]
+
+#: Most prompt tokens ``run`` draws token ids for.
+MAX_RUN_TOKENS = 100_000_000
+
+
+def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
+    parser = add_command(
+        commands,
+        "run",
+        summary="execute a schedule on an installed backend",
+        description="Plan a workload, run it dispatch by dispatch on an installed backend "
+        "with random prompts (token ids drawn with --seed, at most 100,000,000 tokens), and "
+        "summarise: time, tokens per second, each request's greedy next token. --verify runs "
+        "the same prompts as one dispatch (one-shot prefill) on the same backend and checks "
+        "the final logits within the backend's tolerance and the greedy ids up to near-ties; "
+        "a mismatch exits with status 1.",
+        examples=EXAMPLES,
+    )
+    parser.add_argument(
+        "--backend",
+        required=True,
+        metavar="NAME",
+        help="an installed backend (see 'pypto-sched backends')",
+    )
+    parser.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the backend's factory ('pypto-sched backends' lists them); VALUE is "
+        "read as JSON when it parses (numbers, true, null), else as a string (repeat for more)",
+    )
+    add_workload_options(parser)
+    add_config_options(parser)
+    parser.add_argument(
+        "--kv-page-size",
+        type=int,
+        metavar="N",
+        help="KV cache page size (default: --page-size if set, else 16)",
+    )
+    parser.add_argument("--verify", action="store_true", help="compare with one-shot prefill")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: when stderr is a terminal)",
+    )
+    add_format_option(parser, "text: a summary; json: the summary as an object")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    schedule, source = plan(args)
+    if int(schedule.num_computed_tokens.sum()):
+        raise UsageError("--num-computed: run starts from an empty KV cache; leave it out")
+    if schedule.num_tokens > MAX_RUN_TOKENS:
+        raise UsageError(
+            f"run draws token ids for at most {MAX_RUN_TOKENS:,} tokens: {schedule.num_tokens:,}"
+        )
+    backend = _load(args)
+    prompts = _token_ids(schedule, backend.vocab_size, args.seed or 0)
+    progress = _progress.bar(args)
+    with progress("prefill", schedule.num_dispatches) as on_dispatch:
+        started = time.perf_counter()
+        result = execute_schedule(
+            schedule,
+            backend,
+            prompts,
+            return_greedy=True,
+            page_size=args.kv_page_size,
+            on_dispatch=on_dispatch,
+        )
+        seconds = time.perf_counter() - started
+    summary: dict[str, Any] = {
+        "backend": backend.name,
+        "source": source,
+        "config": schedule.config.to_dict(),
+        "num_requests": schedule.num_requests,
+        "num_tokens": schedule.num_tokens,
+        "num_dispatches": schedule.num_dispatches,
+        "seconds": seconds,
+        "tokens_per_second": schedule.num_tokens / seconds if seconds > 0 else math.inf,
+        "greedy_token_ids": _ints(result.greedy_token_ids),
+        "verify": None,
+    }
+    verification = None
+    if args.verify:
+        with progress("one-shot", 1) as on_dispatch:
+            started = time.perf_counter()
+            verification = verify_against_one_shot(
+                schedule, backend, prompts, chunked=result, on_dispatch=on_dispatch
+            )
+            summary["verify"] = _verify_summary(verification, time.perf_counter() - started)
+    if args.format == "json":
+        _render.print_json(summary)
+    else:
+        _render.emit(*_summary_table(summary, verification))
+    if verification is not None and not verification.passed:
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _load(args: argparse.Namespace) -> Backend:
+    options = backend_options(args.backend_option)
+    try:
+        return load_backend(args.backend, **options)
+    except PyptoSchedError:
+        raise
+    except (TypeError, ValueError) as error:
+        # An option the factory does not take, or a value it refuses.
+        raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
+    except Exception as error:
+        raise CommandFailed(
+            f"backend {args.backend!r} could not be created: {type(error).__name__}: {error}"
+        ) from None
+
+
+def _token_ids(schedule: Schedule, vocab_size: int, seed: int) -> list[npt.NDArray[np.int64]]:
+    """Random prompts of the schedule's lengths, the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    return [
+        rng.integers(0, vocab_size, size=int(length), dtype=np.int64)
+        for length in schedule.prompt_lengths
+    ]
+
+
+def _ints(values: npt.NDArray[Any] | None) -> list[int] | None:
+    return None if values is None else [int(v) for v in values]
+
+
+def _verify_summary(verification: Verification, seconds: float) -> dict[str, Any]:
+    worst = verification.max_abs_logit_diff
+    agrees = verification.greedy_agrees
+    return {
+        "passed": verification.passed,
+        "max_abs_logit_diff": None if worst is None or math.isnan(worst) else worst,
+        "tolerance": verification.tolerance,
+        "greedy_agree": None if agrees is None else int(agrees.sum()),
+        "requests_agreeing": verification.requests_agreeing,
+        "problem": verification.first_problem(),
+        "one_shot_seconds": seconds,
+    }
+
+
+def _summary_table(
+    summary: Mapping[str, Any], verification: Verification | None
+) -> list[RenderableType]:
+    heading = (
+        f"{summary['num_requests']:,} requests, {summary['num_tokens']:,} tokens on backend "
+        f"{summary['backend']!r} ({summary['config']['policy']})"
+    )
+    table = _render.grid()
+    table.add_row("dispatches", f"{summary['num_dispatches']:,}")
+    table.add_row(
+        "time",
+        f"{summary['seconds']:.2f} s ({summary['tokens_per_second']:,.0f} tokens/s)",
+    )
+    greedy = summary["greedy_token_ids"] or []
+    more = f" ... ({len(greedy):,} in all)" if len(greedy) > 8 else ""
+    table.add_row("greedy next tokens", " ".join(str(t) for t in greedy[:8]) + more)
+    if verification is not None:
+        seconds = summary["verify"]["one_shot_seconds"]
+        table.add_row("verify", f"{verification.describe()}; one-shot run {seconds:.2f} s")
+    return [heading, table]
