@@ -95,7 +95,11 @@ ENTRY_POINT_GROUP = "pypto_sched.backends"
 class DispatchInput:
     """Everything a backend is told for one dispatch.
 
-    Token-level arrays are flat, rows concatenated, in the order of ``arrays.positions``.
+    Token-level arrays are flat, rows concatenated, in the order of ``arrays.positions``;
+    ``arrays.row_tokens(i)`` is row ``i``'s slice of them. Every array is read-only and must
+    stay unchanged: copy one (``np.array(x)``) to change it. Handing one to torch without a
+    copy (``torch.from_numpy``) works but warns that the array is not writable; that is safe
+    only if nothing writes to the tensor.
     """
 
     #: Positions, cumulative query lengths, context lengths, block tables, slots, final rows
@@ -123,7 +127,9 @@ class DispatchOutput:
 
     Row ``i`` of each array belongs to the ``i``-th final row of the dispatch, in row order
     (``DispatchArrays.final_requests``). What was not asked for is ``None``; the driver asks
-    nothing of a dispatch of intermediate chunks, which returns ``DispatchOutput()``.
+    nothing of a dispatch of intermediate chunks, which returns ``DispatchOutput()`` --
+    returning ``None`` itself is an error. Logits must be finite and greedy ids in ``[0,
+    vocab_size)``; the driver checks both.
     """
 
     #: ``[num_final_rows, vocab_size]`` logits when asked for, else ``None``.
@@ -134,8 +140,10 @@ class DispatchOutput:
 
 @runtime_checkable
 class Backend(Protocol):
-    """A dispatch executor. Register one under the ``pypto_sched.backends`` entry point and
-    check it with :func:`pypto_sched.testing.check_backend`."""
+    """A dispatch executor. Register one under the ``pypto_sched.backends`` entry point, with
+    ``name`` the entry point's name, and check it with
+    :func:`pypto_sched.testing.check_backend`. It holds weights but no per-batch state: the
+    KV cache is the object :meth:`new_cache` returns, handed back with every dispatch."""
 
     #: The name it is registered under.
     name: ClassVar[str]
@@ -263,7 +271,8 @@ def load_backend(name: str, **options: Any) -> Backend:
 
     Only that backend is imported. Raises :class:`BackendNotFoundError` (listing the
     installed names) for an unknown name, and :class:`BackendError` when the backend fails
-    to import or its factory returns something that is not a :class:`Backend`.
+    to import, its factory returns something that is not a :class:`Backend`, or the backend
+    declares a ``name`` other than the one it is registered under.
     """
     entry_point = _entry_point(name)
     backend = _factory(entry_point)(**options)
@@ -271,6 +280,11 @@ def load_backend(name: str, **options: Any) -> Backend:
         raise BackendError(
             f"backend {name!r} returned an object that does not implement the Backend "
             f"protocol: {type(backend).__name__}"
+        )
+    if backend.name != name:
+        raise BackendError(
+            f"backend {name!r} ({entry_point.value}) must declare the name it is registered "
+            f"under: it declares {backend.name!r}"
         )
     return backend
 

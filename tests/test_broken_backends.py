@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,7 +24,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pypto_sched import DispatchInput, DispatchOutput
+from pypto_sched import (
+    BackendError,
+    DispatchInput,
+    DispatchOutput,
+    backends,
+    load_backend,
+    refresh_backends,
+)
+from pypto_sched.backends import ENTRY_POINT_GROUP as GROUP
 from pypto_sched.testing import check_backend
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "toy_backend.py"
@@ -318,3 +328,35 @@ def test_the_toy_backend_checks_itself_when_run_as_a_script() -> None:
         [sys.executable, str(EXAMPLE)], capture_output=True, text=True, check=True
     )
     assert result.stdout == "toy backend passes check_backend\n"
+
+
+# -- registration -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pretend the toy backend is installed the way docs/writing-a-backend.md registers it,
+    and also under a second, wrong name."""
+    entry_points = [
+        EntryPoint(name=name, value="examples_toy_backend:create_backend", group=GROUP)
+        for name in ("toy", "toy2")
+    ]
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: entry_points)
+    refresh_backends()
+    yield
+    monkeypatch.undo()
+    refresh_backends()
+
+
+def test_the_registered_toy_backend_loads_and_passes_under_its_name(registered: None) -> None:
+    backend = load_backend("toy", seed=3)
+    check_backend(backend, name="toy", max_examples=5)
+
+
+def test_load_backend_refuses_a_backend_registered_under_another_name(registered: None) -> None:
+    with pytest.raises(
+        BackendError,
+        match=r"backend 'toy2' \(examples_toy_backend:create_backend\) must declare the name it "
+        r"is registered under: it declares 'toy'",
+    ):
+        load_backend("toy2")
