@@ -23,6 +23,7 @@ from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_ste
 from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
 from ._pool import PagePool
+from ._sampling import SamplingParams, sample_token
 from ._policies import plan_one_shot, plan_prefill
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
@@ -66,6 +67,7 @@ __all__ = [
     "Policy",
     "PrefillRequest",
     "PrefillState",
+    "SamplingParams",
     "PyptoSchedError",
     "Schedule",
     "ScheduleStats",
@@ -86,5 +88,6 @@ __all__ = [
     "plan_step",
     "plan_warmup",
     "refresh_backends",
+    "sample_token",
     "verify_against_one_shot",
 ]

@@ -1,0 +1,121 @@
+"""sample_token: greedy, and seeded sampling whose stream depends on (seed, request, token)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pypto_sched import InvalidConfigError, InvalidInputError, SamplingParams, sample_token
+
+logit_rows = st.lists(
+    st.floats(min_value=-20, max_value=20, allow_nan=False), min_size=1, max_size=40
+).map(np.array)
+sampled_params = st.builds(
+    SamplingParams,
+    temperature=st.floats(min_value=0.05, max_value=4),
+    top_k=st.none() | st.integers(min_value=1, max_value=50),
+    top_p=st.none() | st.floats(min_value=0.01, max_value=1),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+
+
+def plain_sample(logits: list[float], params: SamplingParams, request: int, token: int) -> int:
+    """The module docstring's rule, written as a loop over Python floats."""
+    scaled = [x / params.temperature for x in logits]
+    ranking = sorted(range(len(scaled)), key=lambda i: (-scaled[i], i))
+    if params.top_k is not None:
+        ranking = ranking[: params.top_k]
+    top = scaled[ranking[0]]
+    weights = [math.exp(scaled[i] - top) for i in ranking]
+    probabilities = [w / sum(weights) for w in weights]
+    if params.top_p is not None:
+        total, keep = 0.0, 0
+        for keep, p in enumerate(probabilities, start=1):  # noqa: B007
+            total += p
+            if total >= params.top_p * (1 - 1e-12):
+                break
+        ranking, probabilities = ranking[:keep], probabilities[:keep]
+        probabilities = [p / sum(probabilities) for p in probabilities]
+    draw = np.random.default_rng([params.seed, request, token]).random()
+    total = 0.0
+    for choice, p in zip(ranking, probabilities, strict=True):
+        total += p
+        if draw < total:
+            return choice
+    return ranking[-1]
+
+
+@given(logit_rows)
+def test_greedy_is_the_first_highest_logit(logits: np.ndarray) -> None:
+    chosen = sample_token(logits, SamplingParams(), request_index=3, token_index=7)
+    assert chosen == int(np.argmax(logits))
+    assert logits[chosen] == logits.max()
+
+
+@given(logit_rows, sampled_params, st.integers(0, 1000), st.integers(0, 1000))
+def test_sampling_follows_the_stated_rule(
+    logits: np.ndarray, params: SamplingParams, request: int, token: int
+) -> None:
+    chosen = sample_token(logits, params, request_index=request, token_index=token)
+    assert chosen == plain_sample(logits.tolist(), params, request, token)
+
+
+@given(logit_rows, sampled_params)
+def test_the_choice_depends_only_on_seed_request_and_token(
+    logits: np.ndarray, params: SamplingParams
+) -> None:
+    first = [sample_token(logits, params, request_index=2, token_index=t) for t in range(5)]
+    again = [sample_token(logits.copy(), params, request_index=2, token_index=t) for t in range(5)]
+    assert first == again
+
+
+def test_frequencies_follow_the_probabilities() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    params = SamplingParams(temperature=1.0, seed=11)
+    draws = [sample_token(logits, params, request_index=0, token_index=t) for t in range(4000)]
+    frequencies = np.bincount(draws, minlength=4) / len(draws)
+    assert np.allclose(frequencies, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_top_k_and_top_p_keep_only_the_most_likely() -> None:
+    logits = np.log(np.array([0.05, 0.5, 0.3, 0.15]))
+    top_k = SamplingParams(temperature=1.0, top_k=2)
+    top_p = SamplingParams(temperature=1.0, top_p=0.8)
+    for params in (top_k, top_p):
+        drawn = {sample_token(logits, params, request_index=1, token_index=t) for t in range(300)}
+        assert drawn == {1, 2}
+
+
+def test_streams_of_different_requests_differ() -> None:
+    logits = np.zeros(1000)
+    params = SamplingParams(temperature=1.0, seed=5)
+    one = [sample_token(logits, params, request_index=0, token_index=t) for t in range(20)]
+    two = [sample_token(logits, params, request_index=1, token_index=t) for t in range(20)]
+    assert one != two
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -1.0}, "'temperature' must be >= 0: -1.0"),
+        ({"temperature": math.nan}, "'temperature' must be a finite number"),
+        ({"top_k": 0}, "'top_k' must be >= 1: 0"),
+        ({"top_p": 0.0}, r"'top_p' must be a number in \(0, 1\]: 0.0"),
+        ({"top_p": 1.5}, r"'top_p' must be a number in \(0, 1\]"),
+        ({"seed": -1}, "'seed' must be >= 0"),
+    ],
+)
+def test_bad_params_name_the_field(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(InvalidConfigError, match=match):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_logits_are_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="one non-empty row"):
+        sample_token(np.zeros((2, 3)), SamplingParams(), request_index=0, token_index=0)
+    with pytest.raises(InvalidInputError, match="column 1 is nan"):
+        sample_token(np.array([0.0, np.nan]), SamplingParams(), request_index=0, token_index=0)
