@@ -1,70 +1,10 @@
 """Planning prefill one step at a time, for a server whose requests come and go.
 
-Theory of operation
-===================
-
-A server keeps a :class:`PrefillState`: the requests whose prefill is not finished, keyed by
-the server's own hashable ids, each with its prompt length and the tokens computed so far
-(prefix-cache hits plus the chunks already run). Before every device call it asks
-:func:`plan_step` for the next dispatch; the answer holds the rows to run, keyed by request
-id, and the state after them. States are immutable: :meth:`PrefillState.add`,
-:meth:`PrefillState.remove` and :func:`plan_step` return new states and leave the old one
-valid, so a dispatch that fails can simply be planned again from the state before it.
-
-A step's *room* is the dispatch budget and row limit less what the caller reserves for the
-decode tokens it runs in the same dispatch (decode first, as in Sarathi-Serve's stall-free
-batching): ``config.effective_budget - reserved_tokens`` tokens and ``max_num_seqs -
-reserved_rows`` rows. A step with no room is an empty dispatch, not an error. Chunk sizes,
-the chunk cap, page alignment and ``max_num_partial_prefills`` follow ``_policies.py``
-exactly; only the room differs.
-
-The policies, step by step
---------------------------
-``packed`` keeps the *started* requests (part-way through their prefill) in arrival order and
-the *waiting* ones in a FIFO queue. A step serves the started requests first, in arrival
-order, skipping one that cannot run a token in the room left; then it admits waiting requests
-in arrival order, stopping at the first that cannot run a token or that would be left
-part-way while ``max_num_partial_prefills`` requests already are.
-
-``round_robin`` keeps every request in one FIFO queue of turns. A step runs one chunk of the
-request at the head of the queue, ``min(remaining, room)`` tokens (page-aligned if not final);
-if it is unfinished it goes back to the tail. New requests join at the tail. If the head
-cannot run a token in the room left (only possible with ``page_size`` and reservations), the
-step is empty and the head keeps its turn. The seed's whole-batch rule -- "if everything fits,
-one dispatch of all" -- applies when a *run* begins: when no step has had to split since
-the state was last empty (``state.policy is None``) and every request in the state fits the
-room, in tokens and rows, the step runs them all, whole. Once a step has split, the state
-round-robins one request per dispatch until it drains, even if what is left would fit: that
-is what ``plan_prefill`` does with a batch.
-
-Equivalence: with no arrivals, removals or reservations, stepping a state until it is empty
-gives exactly the dispatches of ``plan_prefill`` for the same prompts, under both policies.
-
-A run's policy is fixed: stepping a state that is part-way through a run with a config of the
-other policy raises ``InvalidInputError``. The run ends, and any policy may start the next,
-when the state drains.
-
-Fairness
---------
-Counted in dispatches that carry rows (an empty step moves no request ahead of another):
-
-* ``round_robin``: a request waits at most ``k`` dispatches before its next chunk, where ``k``
-  is the number of other requests in the state when it was queued (when it arrived or ran its
-  last chunk). Requests that arrive later queue behind it and cannot delay it.
-* ``packed``: a started request ``r`` yields only to started requests older than it. In a
-  dispatch that skips it, those older requests fill every free row, or take more than
-  ``R - p`` of the ``R`` tokens of room (``p`` is ``page_size``, or 1 without pages); newer
-  requests and arrivals never displace it. With the same config and room in every dispatch:
-
-  - without ``page_size``, ``r`` runs in every dispatch until it finishes. (In the dispatch
-    where ``r`` last ran, every older request ran a whole ``min(remaining, chunk_cap)``
-    chunk and left room for ``r``; from then on each of them runs at most that.)
-  - with ``page_size``, ``r`` is skipped at most ``T // min(M, R - p + 1)`` times, ``T``
-    being the tokens the older started requests had left when ``r`` started and ``M`` the
-    rows of room. (A prefix hit can give an older request a short first chunk, and room left
-    over may be less than a page.)
-
-  Waiting requests are admitted strictly in arrival order.
+The rules -- what a step's room is, how each policy chooses its rows, the equivalence with
+``plan_prefill`` and the fairness bounds -- are stated once, with the offline planner's, in
+the theory of operation of ``_policies.py`` ("Online: one step at a time" and "Fairness"),
+and every choice here is made by a rule function of that module. This module holds the
+state a server keeps between steps and how stepping it stays cheap.
 
 How a step stays cheap
 ----------------------
@@ -83,7 +23,6 @@ very record.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
@@ -94,7 +33,14 @@ import numpy.typing as npt
 from ._config import PlannerConfig, Policy
 from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestError
 from ._persistent import PersistentMap, PersistentQueue
-from ._policies import chunk_size
+from ._policies import (
+    admits,
+    check_num_computed_tokens,
+    chunk_limit,
+    chunk_size,
+    fits_one_dispatch,
+    prefill_room,
+)
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -113,7 +59,7 @@ class _Request(NamedTuple):
     started: bool
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PrefillRequest:
     """A request's prefill progress, as ``state[request_id]`` reports it."""
 
@@ -128,7 +74,7 @@ class PrefillRequest:
         return self.prompt_length - self.num_computed_tokens
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class StepChunk:
     """One row of a planned step: positions ``start:start + length`` of a request's prompt."""
 
@@ -223,17 +169,7 @@ class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
         until it drains, it gives the dispatches of that schedule.
         """
         lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1, allow_empty=True)
-        if num_computed_tokens is None:
-            computed = np.zeros_like(lengths)
-        else:
-            computed = as_count_array(
-                "num_computed_tokens", num_computed_tokens, min_value=0, allow_empty=True
-            )
-            if computed.size != lengths.size:
-                raise InvalidInputError(
-                    f"'num_computed_tokens' must have one entry per prompt ({lengths.size}): "
-                    f"{computed.size} entries"
-                )
+        computed = check_num_computed_tokens(num_computed_tokens, lengths)
         state: PrefillState[int] = PrefillState()
         for index, (length, cached) in enumerate(
             zip(lengths.tolist(), computed.tolist(), strict=True)
@@ -254,11 +190,7 @@ class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
         """
         length = check_int("prompt_length", prompt_length, min_value=1)
         cached = check_int("num_computed_tokens", num_computed_tokens, min_value=0)
-        if cached >= length:
-            raise InvalidInputError(
-                f"'num_computed_tokens' must be < 'prompt_length' ({length}), leaving at least "
-                f"one token to prefill: {cached}"
-            )
+        check_num_computed_tokens([cached], np.array([length]))
         _check_hashable(request_id)
         if self._find(request_id) is not None:
             raise DuplicateRequestError(
@@ -291,6 +223,71 @@ class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
             self._num_tokens - (record.prompt_length - record.position),
             self._policy,
         )
+
+    def discard(self, request_id: RequestId) -> PrefillState[RequestId]:
+        """A state without ``request_id`` if it is here, else this state: an abort that need
+        not know whether the request has finished its prefill."""
+        if request_id not in self:
+            return self
+        return self.remove(request_id)
+
+    def apply(self, plan: StepPlan[RequestId]) -> PrefillState[RequestId]:
+        """This state after the dispatch ``plan`` describes has run.
+
+        ``plan`` was planned from an earlier state, and this one is that state changed only by
+        :meth:`add`, :meth:`remove` and :meth:`discard` while the dispatch ran: the requests
+        that arrived meanwhile are kept, and a request removed meanwhile stays removed (its
+        row is ignored). Applied to the state it was planned from, it gives ``plan.state``.
+        A request whose chunk ran rejoins ``round_robin``'s queue behind the requests that
+        arrived while it ran, as if queued when the dispatch ended; ``packed``'s newly
+        started requests follow its started ones, as in ``plan.state``.
+
+        Raises :class:`InvalidInputError` if a request of the plan is here at another
+        position than its chunk's start (the plan was applied already, or was made from
+        another state), or if the plan's policy is not the run's.
+        """
+        if not isinstance(plan, StepPlan):
+            raise InvalidInputError(f"'plan' must be a StepPlan: {type(plan).__name__}")
+        if not plan.rows:
+            return self
+        policy = plan.state._policy  # None: every row finished its request
+        if self._policy is not None and policy is not None and policy != self._policy:
+            raise InvalidInputError(
+                f"'plan' must be planned with {self._policy!r}, the policy of the run in "
+                f"progress: it was planned with {policy!r}"
+            )
+        requests, queue, started = self._requests, self._queue, list(self._started)
+        num_tokens = self._num_tokens
+        admitted: list[_Request] = []
+        for request_id, chunk in plan.rows.items():
+            record = self._find(request_id)
+            if record is None:  # removed while the dispatch ran
+                continue
+            if record.position != chunk.start:
+                raise InvalidInputError(
+                    f"'plan' must start request {request_id!r} where it is, at position "
+                    f"{record.position}: its chunk starts at {chunk.start} (applied twice, or "
+                    f"planned from another state?)"
+                )
+            num_tokens -= chunk.length
+            after = None
+            if not chunk.is_final:
+                after = _Request(request_id, record.prompt_length, chunk.end, True)
+            index = next((i for i, r in enumerate(started) if r is record), None)
+            if index is not None:  # packed: a started request
+                if after is None:
+                    del started[index]
+                else:
+                    started[index] = after
+            elif after is None:  # finished: its queue entry dies
+                requests = requests.delete(request_id)
+            elif policy == "round_robin":  # back to the tail of the queue
+                requests = requests.set(request_id, after)
+                queue = queue.push(after)
+            else:  # packed: it leaves the queue, started
+                requests = requests.delete(request_id)
+                admitted.append(after)
+        return self._evolve(requests, queue, (*started, *admitted), num_tokens, policy)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -409,13 +406,36 @@ def _check_hashable(request_id: object) -> None:
         ) from None
 
 
+class _Rows(Mapping[RequestId, StepChunk]):
+    """A plan's rows: a read-only mapping that pickles and copies like any value."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, chunks: dict[RequestId, StepChunk]) -> None:
+        self._chunks = chunks
+
+    def __getitem__(self, request_id: RequestId) -> StepChunk:
+        return self._chunks[request_id]
+
+    def __iter__(self) -> Iterator[RequestId]:
+        return iter(self._chunks)
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __repr__(self) -> str:
+        return repr(self._chunks)
+
+
 @attrs.frozen(kw_only=True)
 class StepPlan(Generic[RequestId]):
     """One planned dispatch and the state after it.
 
     ``rows`` maps each request id in the dispatch to its chunk, in the order the rows run
     (arrival order); it is read-only. ``state`` is the state once the dispatch has run:
-    requests whose final chunk is here have left it.
+    requests whose final chunk is here have left it; to apply the plan to a state that has
+    changed while the dispatch ran, use :meth:`PrefillState.apply`. Plans pickle and copy
+    (to ship them to worker processes).
     """
 
     rows: Mapping[RequestId, StepChunk]
@@ -445,16 +465,20 @@ def plan_step(
 ) -> StepPlan[RequestId]:
     """Plan the next prefill dispatch from ``state`` under ``config``.
 
-    ``reserved_tokens`` and ``reserved_rows`` keep that much of the dispatch budget
-    (``config.effective_budget``) and of ``config.max_num_seqs`` for the caller's decode
-    tokens. With no room left, or nothing that fits it, the plan has no rows and its state is
-    ``state``.
+    ``reserved_tokens`` and ``reserved_rows`` are what the caller's decode tokens take of
+    the dispatch: prefill gets ``min(config.effective_budget, max_num_batched_tokens -
+    reserved_tokens)`` tokens and ``max_num_seqs - reserved_rows`` rows, each at least 0
+    (a reservation above the dispatch leaves no room; it is not an error). Without
+    ``max_num_seqs`` rows are not limited and ``reserved_rows`` is ignored. With no room
+    left, or nothing that fits it, the plan has no rows and its state is ``state``.
     """
     if not isinstance(state, PrefillState):
         raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-    room_tokens, room_rows = _room(config, reserved_tokens, reserved_rows)
+    room_tokens, room_rows = prefill_room(
+        config, _count("reserved_tokens", reserved_tokens), _count("reserved_rows", reserved_rows)
+    )
     if state._policy is not None and state._policy != config.policy:
         raise InvalidInputError(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
@@ -462,28 +486,13 @@ def plan_step(
         )
     if not state or room_tokens == 0 or room_rows == 0:
         return StepPlan(rows=_NO_ROWS, state=state)
+    rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     if config.policy == "round_robin":
-        return _RoundRobinStep(state, config, room_tokens, room_rows).plan()
-    return _PackedStep(state, config, room_tokens, room_rows).plan()
+        return _RoundRobinStep(state, config, room_tokens, rows).plan()
+    return _PackedStep(state, config, room_tokens, rows).plan()
 
 
-_NO_ROWS: Mapping[Any, StepChunk] = types.MappingProxyType({})
-
-
-def _room(config: PlannerConfig, reserved_tokens: object, reserved_rows: object) -> tuple[int, int]:
-    """Tokens and rows left for prefill (``MAX_TOKENS`` rows when rows are not limited)."""
-    budget = config.effective_budget
-    tokens = _count("reserved_tokens", reserved_tokens)
-    if tokens > budget:
-        raise InvalidInputError(
-            f"'reserved_tokens' must be <= the dispatch budget, config.effective_budget = "
-            f"{budget}: {tokens}"
-        )
-    rows = _count("reserved_rows", reserved_rows)
-    limit = config.max_num_seqs
-    if limit is not None and rows > limit:
-        raise InvalidInputError(f"'reserved_rows' must be <= config.max_num_seqs = {limit}: {rows}")
-    return budget - tokens, MAX_TOKENS if limit is None else limit - rows
+_NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
 
 
 def _count(name: str, value: object) -> int:
@@ -508,8 +517,9 @@ class _Step(Generic[RequestId]):
         self.queue = state._queue
         self.rows: dict[RequestId, StepChunk] = {}
 
-    def chunk(self, record: _Request, limit: int) -> int:
-        """Tokens ``record`` may run with ``limit`` tokens allowed (0: none)."""
+    def chunk(self, record: _Request) -> int:
+        """Tokens ``record`` may run in the room left (0: none)."""
+        limit = chunk_limit(self.config.chunk_cap, self.tokens_left, self.rows_left)
         return chunk_size(record.position, record.prompt_length, limit, self.page)
 
     def run(self, record: _Request, size: int) -> _Request | None:
@@ -543,21 +553,19 @@ class _Step(Generic[RequestId]):
         next_state = self.state._evolve(
             self.requests, self.queue, started, self.state._num_tokens - tokens_run, policy
         )
-        return StepPlan(rows=types.MappingProxyType(self.rows), state=next_state)
+        return StepPlan(rows=_Rows(self.rows), state=next_state)
 
 
 class _RoundRobinStep(_Step[RequestId]):
     def plan(self) -> StepPlan[RequestId]:
         state = self.state
-        if (
-            state._policy is None
-            and state._num_tokens <= self.tokens_left
-            and len(state) <= self.rows_left
+        if state._policy is None and fits_one_dispatch(
+            state._num_tokens, len(state), self.tokens_left, self.rows_left
         ):
             return self.plan_whole_batch()
         record = self.next_in_queue()
         assert record is not None, "a non-empty round_robin state has a live queue entry"
-        size = self.chunk(record, self.tokens_left)
+        size = self.chunk(record)
         if size == 0:  # the head keeps its turn
             return StepPlan(rows=_NO_ROWS, state=state)
         self.queue = self.queue.pop()
@@ -578,21 +586,20 @@ class _RoundRobinStep(_Step[RequestId]):
 
 class _PackedStep(_Step[RequestId]):
     def plan(self) -> StepPlan[RequestId]:
-        cap = self.config.chunk_cap
         started: list[_Request] = []
         for record in self.state._started:
-            size = self.chunk(record, min(cap, self.tokens_left)) if self.rows_left else 0
+            size = self.chunk(record)
             after = self.run(record, size) if size else record
             if after is not None:
                 started.append(after)
-        max_partial = self.config.max_num_partial_prefills or MAX_TOKENS
+        max_partial = self.config.max_num_partial_prefills
+        # (With no room left no one is admitted; checking first spares the queue a walk.)
         while self.rows_left and self.tokens_left:
             head = self.next_in_queue()
             if head is None:
                 break
-            size = self.chunk(head, min(cap, self.tokens_left))
-            final = size == head.prompt_length - head.position
-            if size == 0 or (not final and len(started) >= max_partial):
+            size = self.chunk(head)
+            if not admits(size, head.prompt_length - head.position, len(started), max_partial):
                 break
             self.queue = self.queue.pop()
             self.requests = self.requests.delete(head.id)  # it leaves the queue

@@ -1,4 +1,4 @@
-"""Every scheduling rule of the planner.
+"""Every scheduling rule of the planner, offline and online.
 
 Theory of operation
 ===================
@@ -9,6 +9,12 @@ already in the KV cache (a prefix-cache hit); its prefill runs positions ``c .. 
 one device call: a list of chunks (rows) of distinct requests. A *schedule* is the list of
 dispatches that runs every request's prefill exactly once. The final chunk of a request is the
 only one whose logits are sampled.
+
+The planner is used two ways. Offline, :func:`plan_prefill` plans a whole batch at once and
+returns a :class:`~pypto_sched.Schedule`. Online, a server keeps a
+:class:`~pypto_sched.PrefillState` and asks :func:`~pypto_sched.plan_step` for one dispatch at
+a time, adding and removing requests between steps (``_online.py``). Both make every choice
+through the rule functions of this module, so the same inputs give the same dispatches.
 
 Invariants every schedule satisfies (``Schedule.validate`` checks them all):
 
@@ -24,6 +30,21 @@ Invariants every schedule satisfies (``Schedule.validate`` checks them all):
 
 Because ``page_size <= chunk_cap`` (checked by ``PlannerConfig``), from any position there is
 a page boundary within one chunk's reach, so every policy makes progress in every dispatch.
+
+The rules, one function each
+----------------------------
+* :func:`check_num_computed_tokens`: a prefix-cache hit leaves at least one token to prefill
+  (``0 <= c < L``).
+* :func:`chunk_size`: the tokens a request runs from ``start`` when ``limit`` are allowed: all
+  that is left if it fits (the final chunk), else up to the last page boundary in reach.
+  :func:`chunk_sizes` is the same rule over arrays; :func:`full_step` is what it gives from a
+  page boundary when more than ``limit`` is left.
+* :func:`chunk_limit`: what one request may run in a dispatch being filled: the chunk cap,
+  the tokens left, and nothing once the rows are used up.
+* :func:`admits`: whether ``packed`` takes the next waiting request.
+* :func:`fits_one_dispatch`: ``round_robin``'s whole-batch rule.
+* :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
+  reservations.
 
 Policy ``round_robin`` (the seed's behaviour)
 ---------------------------------------------
@@ -55,20 +76,92 @@ Because started requests come first, a started request waits for no newcomer, an
 new ones are admitted in order, requests start in request order. The dispatch count is then
 close to ``Schedule.lower_bound`` (the seed's case with budget 8192 and 16 rows takes 14).
 
-How the policies are computed fast
-----------------------------------
-``round_robin`` is computed whole in NumPy: each request's chunks follow from its own length,
-and a stable sort of all chunks by their index within their request gives round-robin order.
+Online: one step at a time
+--------------------------
+A server keeps a ``PrefillState``: the requests whose prefill is not finished, keyed by the
+server's own hashable ids, each with its prompt length and the tokens computed so far
+(prefix-cache hits plus the chunks already run). Before every device call it asks
+``plan_step`` for the next dispatch; the answer holds the rows to run, keyed by request id,
+and the state after them. States are immutable: ``add``, ``remove``, ``discard`` and
+``plan_step`` return new states and leave the old one valid, so a dispatch that fails can
+simply be planned again from the state before it, and ``state.apply(plan)`` applies a plan to
+a state that has gained or lost requests while the dispatch ran.
 
-Most rows of a ``packed`` schedule are a request running ``step = chunk_cap`` rounded down to
-a page multiple, dispatch after dispatch. ``_PackedPlanner`` keeps such requests as *steady*.
+A step's *room* is what the dispatch leaves for prefill once the caller has reserved room
+for the decode tokens it runs in the same dispatch (decode first, as in Sarathi-Serve's
+stall-free batching). Decode tokens count against ``max_num_batched_tokens`` under both
+policies: ``round_robin``'s threshold bounds prefill, so it lowers the prefill room, not the
+decodes a dispatch may carry. So the room is ``min(config.effective_budget,
+max_num_batched_tokens - reserved_tokens)`` tokens and ``max_num_seqs - reserved_rows`` rows,
+each clamped at 0: a reservation larger than the dispatch leaves no room (the planner does not
+police the caller's decode batch). Without ``max_num_seqs`` rows are not limited, and
+``reserved_rows`` takes nothing from prefill. A step with no room is an empty dispatch, not an
+error. Chunk sizes, the chunk cap, page alignment and ``max_num_partial_prefills`` follow the
+offline rules exactly; only the room differs.
+
+``packed`` keeps the *started* requests (part-way through their prefill) in arrival order and
+the *waiting* ones in a FIFO queue. A step serves the started requests first, in arrival
+order, skipping one that cannot run a token in the room left; then it admits waiting requests
+in arrival order, stopping at the first that cannot run a token or that would be left
+part-way while ``max_num_partial_prefills`` requests already are.
+
+``round_robin`` keeps every request in one FIFO queue of turns. A step runs one chunk of the
+request at the head of the queue, ``min(remaining, room)`` tokens (page-aligned if not final);
+if it is unfinished it goes back to the tail. New requests join at the tail. If the head
+cannot run a token in the room left (only possible with ``page_size`` and reservations), the
+step is empty and the head keeps its turn. The whole-batch rule -- "if everything fits,
+one dispatch of all" -- applies when a *run* begins: when no step has had to split since
+the state was last empty (``state.policy is None``) and every request in the state fits the
+room, in tokens and rows, the step runs them all, whole. Once a step has split, the state
+round-robins one request per dispatch until it drains, even if what is left would fit: that
+is what ``plan_prefill`` does with a batch.
+
+Equivalence: with no arrivals, removals or reservations, stepping a state until it is empty
+gives exactly the dispatches of ``plan_prefill`` for the same prompts, under both policies.
+
+A run's policy is fixed: stepping a state that is part-way through a run with a config of the
+other policy raises ``InvalidInputError``. The run ends, and any policy may start the next,
+when the state drains.
+
+Fairness
+--------
+Counted in dispatches that carry rows (an empty step moves no request ahead of another):
+
+* ``round_robin``: a request waits at most ``k`` dispatches before its next chunk, where ``k``
+  is the number of other requests in the state when it was queued (when it arrived or ran its
+  last chunk). Requests that arrive later queue behind it and cannot delay it.
+* ``packed``: a started request ``r`` yields only to started requests older than it. In a
+  dispatch that skips it, those older requests fill every free row, or take more than
+  ``R - p`` of the ``R`` tokens of room (``p`` is ``page_size``, or 1 without pages); newer
+  requests and arrivals never displace it. With the same config and room in every dispatch:
+
+  - without ``page_size``, ``r`` runs in every dispatch until it finishes. (In the dispatch
+    where ``r`` last ran, every older request ran a whole ``min(remaining, chunk_cap)``
+    chunk and left room for ``r``; from then on each of them runs at most that.)
+  - with ``page_size``, ``r`` is skipped at most ``T // min(M, R - p + 1)`` times, ``T``
+    being the tokens the older started requests had left when ``r`` started and ``M`` the
+    rows of room. (A prefix hit can give an older request a short first chunk, and room left
+    over may be less than a page.)
+
+  Waiting requests are admitted strictly in arrival order.
+
+How the offline policies are computed fast
+------------------------------------------
+``round_robin`` is computed whole in NumPy: each request's chunks follow from its own length
+by the chunk rule (its first chunk by :func:`chunk_sizes`, then :func:`full_step`-sized
+chunks, then what is left), and a stable sort of all chunks by their index within their
+request gives round-robin order.
+
+Most rows of a ``packed`` schedule are a request running ``step = full_step(chunk_cap,
+page)`` tokens, dispatch after dispatch. ``_PackedPlanner`` keeps such requests as *steady*.
 A request joins right after a chunk, and while it stays steady its future is known: that
 chunk, ``step`` tokens per dispatch until what is left fits in one chunk, then that last
 chunk. So it records this *run* of rows once, on joining, and cuts the record short in the
 rare dispatch where the budget or the row limit pushes it out. The Python work is per
 dispatch and per request, not per row; NumPy expands the runs into rows and sorts them
-stably by dispatch. ``tests/oracle.py`` states both policies as plain loops, and the tests
-check that they agree dispatch for dispatch.
+stably by dispatch. Every chunk that is not a steady step is sized by :func:`chunk_size` and
+admitted by :func:`admits`. ``tests/oracle.py`` states both policies as plain loops, sharing
+no code with this module, and the tests check that they agree dispatch for dispatch.
 """
 
 from __future__ import annotations
@@ -84,7 +177,7 @@ from ._errors import InvalidInputError
 from ._schedule import Schedule
 from ._validate import as_count_array, read_only
 
-__all__ = ["plan_prefill"]
+__all__ = ["plan_one_shot", "plan_prefill"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -105,7 +198,7 @@ def plan_prefill(
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
-    computed = _computed_tokens(num_computed_tokens, lengths)
+    computed = check_num_computed_tokens(num_computed_tokens, lengths)
     if config.policy == "round_robin":
         rows = _plan_round_robin(lengths, computed, config)
     else:
@@ -134,43 +227,119 @@ def plan_one_shot(
     the backend contract), and what fills a cache with prefixes.
     """
     lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
-    computed = _computed_tokens(num_computed_tokens, lengths)
+    computed = check_num_computed_tokens(num_computed_tokens, lengths)
     budget = max(int((lengths - computed).sum()), 1)
     return plan_prefill(
         lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
     )
 
 
-def _computed_tokens(values: object, lengths: IntArray) -> IntArray:
+# -- the rules ------------------------------------------------------------------------------
+# Each takes plain ints (or, where named, arrays of them), so that every planner -- offline,
+# online and any to come -- calls the same function for the same decision.
+
+
+def check_num_computed_tokens(
+    values: object, lengths: IntArray, *, name: str = "num_computed_tokens"
+) -> IntArray:
+    """The prefix-cache rule: per request, ``0 <= c < L`` tokens are already computed, so at
+    least one token is left to prefill. ``None`` means no hits.
+
+    Returns ``values`` as a read-only int64 array with one entry per length; raises
+    :class:`InvalidInputError` naming ``name``, the rule and the first value that breaks it.
+    """
     if values is None:
         return read_only(np.zeros_like(lengths))
-    computed = as_count_array("num_computed_tokens", values, min_value=0, allow_empty=True)
+    computed = as_count_array(name, values, min_value=0, allow_empty=True)
     if computed.size != lengths.size:
         raise InvalidInputError(
-            f"'num_computed_tokens' must have one entry per prompt ({lengths.size}): "
-            f"{computed.size} entries"
+            f"{name!r} must have one entry per prompt ({lengths.size}): {computed.size} entries"
         )
     full = computed >= lengths
     if full.any():
         index = int(np.flatnonzero(full)[0])
         raise InvalidInputError(
-            f"'num_computed_tokens' must be < the prompt length, leaving at least one token "
-            f"to prefill: item {index} is {int(computed[index])} for length "
-            f"{int(lengths[index])}"
+            f"{name!r} must be < the prompt length, leaving at least one token to prefill: "
+            f"item {index} is {int(computed[index])} for length {int(lengths[index])}"
         )
     return computed
 
 
 def chunk_size(start: int, length: int, limit: int, page: int) -> int:
     """The chunk rule every policy shares: the tokens a request at position ``start`` of a
-    ``length``-token prompt runs when ``limit`` tokens are allowed (the chunk cap, or less
-    when the budget left is smaller). All that is left when it fits (the final chunk);
-    otherwise up to the last multiple of ``page`` within reach (1 without ``page_size``),
-    which is 0 when no page boundary is in reach."""
+    ``length``-token prompt runs when ``limit`` tokens are allowed (see :func:`chunk_limit`).
+    All that is left when it fits (the final chunk); otherwise up to the last multiple of
+    ``page`` within reach (1 without ``page_size``), which is 0 when no page boundary is in
+    reach."""
     remaining = length - start
     if remaining <= limit:
         return remaining
-    return max((start + limit) // page * page - start, 0)
+    cut = (start + limit) // page * page - start
+    return cut if cut > 0 else 0
+
+
+def chunk_sizes(starts: IntArray, lengths: IntArray, limit: int, page: int) -> IntArray:
+    """:func:`chunk_size` for many requests at once (same ``limit`` and ``page``)."""
+    remaining = lengths - starts
+    cut = np.maximum((starts + limit) // page * page - starts, 0)
+    return np.where(remaining <= limit, remaining, cut)
+
+
+def full_step(limit: int, page: int) -> int:
+    """The chunk a request runs from a page boundary when more than ``limit`` tokens are
+    left and ``limit`` are allowed: :func:`chunk_size` of that case, ``limit`` rounded down to
+    a page multiple. A request that keeps getting ``limit`` runs chunks of this size until its
+    last."""
+    return chunk_size(0, limit + 1, limit, page)
+
+
+def chunk_limit(cap: int, tokens_left: int, rows_left: int) -> int:
+    """The most tokens one more row of a dispatch being filled may run: the per-request
+    ``cap``, and no more than the ``tokens_left`` of the budget; nothing once no row is
+    left."""
+    if rows_left <= 0:
+        return 0
+    return cap if cap < tokens_left else tokens_left
+
+
+def admits(size: int, remaining: int, num_partial: int, max_partial: int | None) -> bool:
+    """``packed``'s admission rule: whether a waiting request with ``remaining`` tokens to
+    prefill starts now with a chunk of ``size`` tokens (its :func:`chunk_size`), while
+    ``num_partial`` requests are part-way through their prefill.
+
+    It needs at least one token, and a chunk that leaves it part-way (``size < remaining``)
+    needs a free place under ``max_partial`` (``None``: no limit). Admission is in order, so a
+    request refused here holds back every request behind it.
+    """
+    if size <= 0:
+        return False
+    return size == remaining or max_partial is None or num_partial < max_partial
+
+
+def fits_one_dispatch(
+    num_tokens: int, num_requests: int, budget: int, max_rows: int | None
+) -> bool:
+    """``round_robin``'s whole-batch rule: requests holding ``num_tokens`` tokens to prefill
+    run in one dispatch, each whole, when the tokens fit ``budget`` and the requests fit
+    ``max_rows`` (``None``: no limit)."""
+    return num_tokens <= budget and (max_rows is None or num_requests <= max_rows)
+
+
+def prefill_room(
+    config: PlannerConfig, reserved_tokens: int, reserved_rows: int
+) -> tuple[int, int | None]:
+    """The tokens and rows a dispatch leaves for prefill once the caller has reserved
+    ``reserved_tokens`` and ``reserved_rows`` for its decode tokens (see the header).
+
+    Decode tokens count against ``max_num_batched_tokens`` under both policies; prefill also
+    stays within ``config.effective_budget``. A reservation above the dispatch leaves no room
+    (0, not an error). The rows are ``None`` when ``max_num_seqs`` is not set: rows are not
+    limited and ``reserved_rows`` takes nothing from prefill.
+    """
+    tokens = min(config.effective_budget, config.max_num_batched_tokens - reserved_tokens)
+    max_rows = config.max_num_seqs
+    rows = None if max_rows is None else max(max_rows - reserved_rows, 0)
+    return max(tokens, 0), rows
 
 
 # Each planner returns (dispatch_offsets, requests, starts, lengths, is_final), the row
@@ -183,8 +352,7 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
     budget = config.effective_budget
     remaining = lengths - computed
     n = lengths.size
-    rows_fit = config.max_num_seqs is None or n <= config.max_num_seqs
-    if rows_fit and int(remaining.sum()) <= budget:
+    if fits_one_dispatch(int(remaining.sum()), n, budget, config.max_num_seqs):
         one_dispatch = np.array([0, n], dtype=np.int64)
         return (
             one_dispatch,
@@ -193,13 +361,13 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
             remaining.astype(np.int32),
             np.ones(n, dtype=np.bool_),
         )
-    # Each request alone is split into chunks of at most `budget` tokens: the first runs from
-    # c to the last page boundary in reach, every later non-final one is `step` tokens (the
-    # budget rounded down to a page multiple), the final one is what is left once it fits.
+    # Alone in its dispatches, a request runs the chunk rule with `budget` allowed every time:
+    # its first chunk from c, then `step`-token chunks from page boundaries while more than
+    # the budget is left, then what is left once it fits.
     page = config.page_size or 1
-    step = budget // page * page
-    fits = remaining <= budget
-    first_end = np.where(fits, lengths, (computed + budget) // page * page)
+    step = full_step(budget, page)
+    first_end = computed + chunk_sizes(computed, lengths, budget, page)
+    fits = first_end == lengths
     middle = -(-np.maximum(lengths - first_end - budget, 0) // step)
     counts = np.where(fits, 1, 2 + middle)
     # One row per dispatch: chunk k of request r, in round-robin order. Round 0, the first n
@@ -272,9 +440,9 @@ class _PackedPlanner:
         self.budget = config.max_num_batched_tokens
         self.cap = config.chunk_cap
         self.page = config.page_size or 1
-        self.step = self.cap // self.page * self.page
-        self.max_rows = config.max_num_seqs or self.n
-        self.max_partial = config.max_num_partial_prefills or self.n
+        self.step = full_step(self.cap, self.page)
+        self.max_rows = config.max_num_seqs or self.n  # n rows: no limit, as an int
+        self.max_partial = config.max_num_partial_prefills
         # Request -> where its run starts in `runs`, in request order: a dict drops any
         # request in O(1) and popitem() takes the last.
         self.steady: dict[int, int] = {}
@@ -285,7 +453,7 @@ class _PackedPlanner:
         self.tail: list[int] = []
         self.num_dispatches = 0
         # Runs, flattened: first, count, request, start, head, last; first, count, ...
-        self.runs: list[int] = []
+        self.runs = array("q")
 
     # -- the dispatch loop ------------------------------------------------------------------
 
@@ -293,14 +461,14 @@ class _PackedPlanner:
         """Fill dispatches in order until every request has run.
 
         This is the hot loop: its work is per dispatch and per request, never per steady
-        row. What runs once per request is inlined, with the state in local variables;
-        rarer paths (shrinking ``steady``, serving the tail) are methods.
+        row. The state it touches on every request is held in local variables; rarer paths
+        (shrinking ``steady``, serving the tail) are methods.
         """
-        lengths, position, runs = self.lengths, self.position, self.runs
+        lengths, position = self.lengths, self.position
         steady, due_at, extra_at, tail = self.steady, self.due_at, self.extra_at, self.tail
         budget, cap, page, step = self.budget, self.cap, self.page, self.step
         max_rows, max_partial, n = self.max_rows, self.max_partial, self.n
-        write = runs.extend
+        write = self.runs.extend
         d = 0  # the dispatch being filled
         new = 0  # the first request not started
         while steady or tail or new < n:
@@ -318,34 +486,26 @@ class _PackedPlanner:
             all_steady = True
             if tail:
                 all_steady, left, rows = self._serve_tail(d, left, rows)
-            # New requests, in order, while they fit.
+            # New requests, in order, while they are admitted. (`left > 0` only saves the
+            # rules a call when the budget is spent: with no token left none is admitted.)
             r = new
-            while r < n and rows < max_rows and left > 0:
+            partial = len(steady) + len(tail)
+            while r < n and left > 0:
                 start = position[r]
                 remaining = lengths[r] - start
-                if remaining <= cap and remaining <= left:  # the whole prefill
-                    write((d, 1, r, start, remaining, remaining))
-                    left -= remaining
-                    rows += 1
-                    r += 1
-                    continue
-                # Cut by the cap or the budget, then down to a page boundary: not final.
-                # (chunk_size, inlined; conditional expressions, not min(): calls cost more.)
-                size = (start + (cap if cap < left else left)) // page * page - start
-                if size <= 0 or len(steady) + len(tail) >= max_partial:
+                limit = chunk_limit(cap, left, max_rows - rows)
+                size = chunk_size(start, lengths[r], limit, page)
+                if not admits(size, remaining, partial, max_partial):
                     break
                 left -= size
                 rows += 1
-                if all_steady:  # _join_steady, inlined
-                    over = remaining - size - cap
-                    steps = -(-over // step) if over > 0 else 0
-                    last = remaining - size - steps * step
-                    steady[r] = len(runs)
-                    write((d, steps + 2, r, start, size, last))
-                    due = d + 1 + steps
-                    due_at.setdefault(due, []).append(r)
-                    extra_at[due] = extra_at.get(due, 0) + last - step
+                if size == remaining:  # the whole prefill
+                    write((d, 1, r, start, size, size))
+                elif all_steady:
+                    partial += 1
+                    self._join_steady(r, d, start, size)
                 else:
+                    partial += 1
                     write((d, 1, r, start, size, size))
                     position[r] = start + size
                     tail.append(r)
@@ -384,13 +544,14 @@ class _PackedPlanner:
         all_steady = True
         tail: list[int] = []
         for r in self.tail:
-            size = self._chunk(r, left) if rows < self.max_rows else 0
+            limit = chunk_limit(self.cap, left, self.max_rows - rows)
+            size = chunk_size(position[r], lengths[r], limit, self.page)
             if size > 0:
                 left -= size
                 rows += 1
                 unfinished = position[r] + size < lengths[r]
                 if unfinished and all_steady:
-                    self._join_steady(r, d, size)
+                    self._join_steady(r, d, position[r], size)
                     continue
                 self.runs.extend((d, 1, r, position[r], size, size))
                 position[r] += size
@@ -403,23 +564,29 @@ class _PackedPlanner:
 
     # -- one request --------------------------------------------------------------------------
 
-    def _chunk(self, r: int, left: int) -> int:
-        """Tokens ``r`` runs with ``left`` budget (0: none)."""
-        return chunk_size(self.position[r], self.lengths[r], min(self.cap, left), self.page)
+    def _join_steady(self, r: int, d: int, start: int, size: int) -> None:
+        """Run a non-final chunk of ``size`` tokens of ``r`` from ``start`` in dispatch ``d``
+        and make ``r`` steady from the next dispatch on, recording its run from that chunk to
+        its last.
 
-    def _join_steady(self, r: int, d: int, size: int) -> None:
-        """Run a non-final chunk of ``size`` tokens of ``r`` in dispatch ``d`` and make ``r``
-        steady from the next dispatch on, recording its run from that chunk to its last."""
-        start, step = self.position[r], self.step
-        remaining = self.lengths[r] - start
-        over = remaining - size - self.cap
-        steps = -(-over // step) if over > 0 else 0
-        last = remaining - size - steps * step
-        self.steady[r] = len(self.runs)
-        self.runs.extend((d, steps + 2, r, start, size, last))
+        The run follows from the chunk rule: from the page boundary after that chunk, with
+        ``cap`` allowed, :func:`chunk_size` gives ``step`` tokens while more than ``cap`` are
+        left, then all that is left."""
+        step = self.step
+        after = self.lengths[r] - start - size  # left after this chunk
+        steps = -(-(after - self.cap) // step) if after > self.cap else 0
+        last = after - steps * step
+        runs = self.runs
+        self.steady[r] = len(runs)
+        runs.extend((d, steps + 2, r, start, size, last))
         due = d + 1 + steps
-        self.due_at.setdefault(due, []).append(r)
-        self.extra_at[due] = self.extra_at.get(due, 0) + last - step
+        due_at = self.due_at
+        if due in due_at:
+            due_at[due].append(r)
+        else:
+            due_at[due] = [r]
+        extra_at = self.extra_at
+        extra_at[due] = extra_at.get(due, 0) + last - step
 
     # -- output --------------------------------------------------------------------------------
 
@@ -431,7 +598,7 @@ class _PackedPlanner:
         run while another runs steady comes after it in the window), so sorting the rows
         stably by dispatch puts each dispatch's rows in request order.
         """
-        runs = np.frombuffer(array("q", self.runs), dtype=np.int64).reshape(-1, 6)
+        runs = np.frombuffer(self.runs, dtype=np.int64).reshape(-1, 6)
         first, counts, requests, starts, heads, lasts = runs.astype(np.int32).T
         step = self.step
         ends = np.cumsum(counts, dtype=np.int32)

@@ -8,6 +8,7 @@ header and the immutability of every state along the way.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import pickle
 import re
@@ -33,7 +34,12 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
-from pypto_sched.testing import planner_configs, prefill_states, schedules
+from pypto_sched.testing import (
+    planner_configs,
+    prefill_states,
+    prefill_states_with_configs,
+    schedules,
+)
 
 RR = PlannerConfig(max_num_batched_tokens=256)
 PACKED = PlannerConfig(max_num_batched_tokens=256, policy="packed")
@@ -152,8 +158,14 @@ class History:
         plan = plan_step(
             before, config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
         )
-        room_tokens = config.effective_budget - reserved_tokens
-        room_rows = None if config.max_num_seqs is None else config.max_num_seqs - reserved_rows
+        # Decode tokens count against the whole budget; prefill stays within the effective
+        # one; a reservation above the dispatch leaves no room.
+        room_tokens = max(
+            min(config.effective_budget, config.max_num_batched_tokens - reserved_tokens), 0
+        )
+        room_rows = (
+            None if config.max_num_seqs is None else max(config.max_num_seqs - reserved_rows, 0)
+        )
         self.check_rows(plan, room_tokens, room_rows)
         if config.policy == "packed":
             self.check_packed_skips(plan, room_tokens, room_rows)
@@ -257,8 +269,10 @@ def run_history(data: st.DataObject, config: PlannerConfig, *, reserve: bool) ->
         elif action == "step":
             tokens = rows = 0
             if reserve:
-                tokens = data.draw(st.integers(min_value=0, max_value=config.effective_budget))
-                rows = data.draw(st.integers(min_value=0, max_value=config.max_num_seqs or 2))
+                # Up to one past the budget and the rows: reservations above them clamp.
+                budget = config.max_num_batched_tokens
+                tokens = data.draw(st.integers(min_value=0, max_value=budget + 1))
+                rows = data.draw(st.integers(min_value=0, max_value=(config.max_num_seqs or 2) + 1))
             history.step(tokens, rows)
         history.remember()
     return history
@@ -427,9 +441,28 @@ def test_round_robin_head_keeps_its_turn_when_no_page_fits_the_room() -> None:
     assert list(plan_step(state.add(2, 3), config).rows) == [0]
 
 
-def test_reserved_rows_need_no_row_limit() -> None:
+def test_reserved_rows_are_ignored_without_a_row_limit() -> None:
     plan = plan_step(PrefillState.from_prompt_lengths([4, 4]), PACKED, reserved_rows=1000)
     assert plan.num_rows == 2
+
+
+@pytest.mark.parametrize("config", [RR, PACKED])
+def test_reservations_above_the_dispatch_clamp_to_no_room(config: PlannerConfig) -> None:
+    state = PrefillState.from_prompt_lengths([10, 20])
+    assert plan_step(state, config, reserved_tokens=10**6).state is state
+    rows_config = attrs.evolve(config, max_num_seqs=2)
+    assert plan_step(state, rows_config, reserved_rows=3).state is state
+    assert plan_step(state, rows_config, reserved_rows=1).num_rows == 1
+
+
+def test_round_robin_decode_tokens_count_against_the_whole_budget_not_the_threshold() -> None:
+    config = PlannerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=256)
+    state = PrefillState.from_prompt_lengths([1000])
+    # 700 decodes fit the 1024-token dispatch; prefill keeps its 256-token threshold ...
+    assert plan_step(state, config, reserved_tokens=700).rows[0].length == 256
+    # ... until the decodes leave less than that.
+    assert plan_step(state, config, reserved_tokens=900).rows[0].length == 124
+    assert plan_step(state, config, reserved_tokens=1024).rows == {}
 
 
 def peak_bytes_of_one_step(state: PrefillState[Any], config: PlannerConfig, **reserved: int) -> int:
@@ -514,11 +547,9 @@ def test_a_finished_request_has_left_the_state(config: PlannerConfig) -> None:
 @pytest.mark.parametrize(
     ("reserved", "message"),
     [
-        ({"reserved_tokens": 257}, "'reserved_tokens' must be <= the dispatch budget"),
         ({"reserved_tokens": -1}, "'reserved_tokens' must be >= 0: -1"),
         ({"reserved_tokens": True}, "'reserved_tokens' must be an int"),
         ({"reserved_tokens": 1.0}, "'reserved_tokens' must be an int"),
-        ({"reserved_rows": 5}, "'reserved_rows' must be <= config.max_num_seqs = 4: 5"),
         ({"reserved_rows": -2}, "'reserved_rows' must be >= 0: -2"),
     ],
 )
@@ -528,17 +559,11 @@ def test_bad_reservations_raise_naming_the_argument(reserved: dict[str, Any], me
         plan_step(PrefillState().add(1, 10), config, **reserved)
 
 
-def test_round_robin_reservations_are_checked_against_the_reduced_budget() -> None:
-    config = PlannerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=256)
-    with pytest.raises(InvalidInputError, match="effective_budget = 256: 300"):
-        plan_step(PrefillState().add(1, 10), config, reserved_tokens=300)
-
-
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
         ((1, 0), "'prompt_length' must be >= 1: 0"),
-        ((1, 10, 10), "'num_computed_tokens' must be < 'prompt_length' \\(10\\)"),
+        ((1, 10, 10), "'num_computed_tokens' must be < the prompt length.*10 for length 10"),
         ((1, 10, -1), "'num_computed_tokens' must be >= 0: -1"),
         ((1, "10"), "'prompt_length' must be an int"),
         (([1], 10), "'request_id' must be hashable"),
@@ -557,7 +582,7 @@ def test_bad_arguments_to_plan_step_and_from_prompt_lengths_raise() -> None:
         plan_step(PrefillState(), {})  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="one entry per prompt \\(2\\): 1 entries"):
         PrefillState.from_prompt_lengths([3, 4], num_computed_tokens=[0])
-    with pytest.raises(InvalidInputError, match="'num_computed_tokens' must be < 'prompt_length'"):
+    with pytest.raises(InvalidInputError, match="'num_computed_tokens' must be < the prompt len"):
         PrefillState.from_prompt_lengths([3], num_computed_tokens=[3])
     assert not PrefillState.from_prompt_lengths([])
 
@@ -624,3 +649,94 @@ def test_plan_rows_are_read_only() -> None:
         plan.rows[2] = StepChunk(start=0, length=1, is_final=True)  # type: ignore[index]
     assert plan.rows[1].end == 5
     assert plan.num_tokens == 5
+
+
+@given(prefill_states_with_configs(min_size=1))
+def test_a_plan_pickles_and_deep_copies_to_an_equal_plan(
+    drawn: tuple[PrefillState[Any], PlannerConfig],
+) -> None:
+    state, config = drawn
+    plan = plan_step(state, config)
+    for copied in (pickle.loads(pickle.dumps(plan)), copy.deepcopy(plan)):
+        assert copied == plan
+        assert list(copied.rows.items()) == list(plan.rows.items())
+        assert list(copied.state.items()) == list(plan.state.items())
+
+
+# -- applying a plan to a newer state, and aborts ---------------------------------------------
+
+
+@given(prefill_states_with_configs(), st.integers(min_value=0, max_value=3))
+def test_applying_a_plan_to_its_own_state_gives_the_plan_state(
+    drawn: tuple[PrefillState[Any], PlannerConfig], reserved_rows: int
+) -> None:
+    state, config = drawn
+    plan = plan_step(state, config, reserved_rows=reserved_rows)
+    applied = state.apply(plan)
+    assert applied == plan.state
+    assert applied.policy == plan.state.policy
+    assert applied.num_tokens == plan.state.num_tokens
+
+
+@given(prefill_states_with_configs(configs=planner_configs(policy=st.just("packed"))))
+def test_packed_arrivals_while_a_dispatch_runs_are_kept_as_if_added_after_it(
+    drawn: tuple[PrefillState[Any], PlannerConfig],
+) -> None:
+    state, config = drawn
+    plan = plan_step(state, config)
+    newer = state.add("late", 7, num_computed_tokens=2)
+    assert newer.apply(plan) == plan.state.add("late", 7, num_computed_tokens=2)
+
+
+def test_round_robin_requeues_a_chunk_behind_the_arrivals_of_its_dispatch() -> None:
+    config = PlannerConfig(max_num_batched_tokens=64)
+    state = PrefillState.from_prompt_lengths([100, 100])
+    plan = plan_step(state, config)  # request 0 runs 64 tokens
+    applied = state.add(2, 5).apply(plan)
+    assert list(applied) == [1, 2, 0]
+    assert applied[0].num_computed_tokens == 64
+    assert applied.num_tokens == 141
+    assert applied.policy == "round_robin"
+
+
+def test_a_request_removed_while_its_chunk_ran_stays_removed() -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=256, long_prefill_token_threshold=128, policy="packed"
+    )
+    state = PrefillState.from_prompt_lengths([300, 100, 300])
+    plan = plan_step(state, config)
+    assert [chunk.length for chunk in plan.rows.values()] == [128, 100, 28]
+    applied = state.remove(0).apply(plan)
+    assert list(applied) == [2]
+    assert applied.num_tokens == 272
+    assert applied == plan.state.remove(0)
+
+
+def test_a_whole_batch_plan_ends_the_run_and_arrivals_start_the_next() -> None:
+    state = PrefillState.from_prompt_lengths([10, 20])
+    plan = plan_step(state, RR)
+    applied = state.add(5, 1000).apply(plan)
+    assert list(applied) == [5]
+    assert applied.policy is None
+
+
+def test_applying_a_plan_twice_or_to_another_run_raises() -> None:
+    state = PrefillState.from_prompt_lengths([300, 100])
+    plan = plan_step(state, PACKED)
+    with pytest.raises(InvalidInputError, match="at position 256: its chunk starts at 0"):
+        plan.state.apply(plan)
+    round_robin = plan_step(PrefillState.from_prompt_lengths([300, 100]), RR)
+    with pytest.raises(InvalidInputError, match="'plan' must be planned with 'packed'"):
+        plan.state.apply(round_robin)
+    with pytest.raises(InvalidInputError, match="'plan' must be a StepPlan: dict"):
+        state.apply({})  # type: ignore[arg-type]
+    assert state.apply(plan_step(state, PACKED, reserved_tokens=256)) is state
+
+
+def test_discard_removes_a_request_if_present_and_is_a_no_op_otherwise() -> None:
+    state = PrefillState.from_prompt_lengths([10, 20])
+    assert state.discard(0) == state.remove(0)
+    assert state.discard(7) is state
+    assert state.discard([]) is state  # type: ignore[arg-type]
+    finished = plan_step(state, RR).state
+    assert finished.discard(0) is finished
