@@ -134,10 +134,6 @@ def _boolean(_self: object, field: attrs.Attribute[Any], value: object) -> None:
         raise InvalidInputError(f"{field.name!r} must be a bool: {value!r}")
 
 
-def _default_kv_heads(config: ModelConfig) -> int:
-    return config.num_attention_heads
-
-
 @attrs.frozen(kw_only=True)
 class ModelConfig:
     """The shape of a Qwen3 decoder, with Hugging Face's field names and
@@ -149,10 +145,9 @@ class ModelConfig:
     intermediate_size: int = attrs.field(default=22016, validator=_dimension)
     num_hidden_layers: int = attrs.field(default=32, validator=_dimension)
     num_attention_heads: int = attrs.field(default=32, validator=_dimension)
-    #: Defaults to ``num_attention_heads`` (multi-head attention).
-    num_key_value_heads: int = attrs.field(
-        default=attrs.Factory(_default_kv_heads, takes_self=True), validator=_dimension
-    )
+    #: 32 when absent, as in transformers (which reads an explicit ``null`` as
+    #: ``num_attention_heads``).
+    num_key_value_heads: int = attrs.field(default=32, validator=_dimension)
     head_dim: int = attrs.field(default=128, validator=_dimension)
     rms_norm_eps: float = attrs.field(default=1e-6, validator=_positive_finite)
     #: The RoPE base.
@@ -186,11 +181,9 @@ class ModelConfig:
         if not isinstance(data, Mapping):
             raise CheckpointError(f"{source}: must hold a JSON object: {type(data).__name__}")
         _check_supported(data, source)
-        fields = {
-            name: data[name]
-            for name in _HF_FIELDS
-            if name in data and not (name == "num_key_value_heads" and data[name] is None)
-        }
+        fields = {name: data[name] for name in _HF_FIELDS if name in data}
+        if "num_key_value_heads" in data and data["num_key_value_heads"] is None:
+            fields["num_key_value_heads"] = data.get("num_attention_heads", 32)
         fields["rope_theta"] = _rope_theta(data, source)
         try:
             return cls(**fields)
@@ -442,14 +435,15 @@ def _entry(name: str, entry: object, source: str) -> TensorInfo:
 
 def _check_tiling(tensors: Mapping[str, TensorInfo], data_size: int, source: str) -> None:
     """The tensors' byte ranges, in order, must cover ``[0, data_size)`` exactly."""
-    position = 0
+    position, previous = 0, None
     for info in sorted(tensors.values(), key=lambda info: (info.begin, info.end)):
         if info.begin != position:
-            problem = "overlaps the previous tensor" if info.begin < position else "leaves a gap"
+            after = "the start of the data" if previous is None else f"tensor {previous!r}"
+            problem = "overlaps" if info.begin < position else "leaves a gap after"
             raise _bad(
                 source,
                 f"tensor {info.name!r}: data_offsets {[info.begin, info.end]} {problem} "
-                f"(expected to begin at {position})",
+                f"{after} (expected to begin at {position})",
             )
         if info.end > data_size:
             raise _bad(
@@ -457,7 +451,7 @@ def _check_tiling(tensors: Mapping[str, TensorInfo], data_size: int, source: str
                 f"tensor {info.name!r}: data_offsets {[info.begin, info.end]} run past the "
                 f"{data_size} data bytes",
             )
-        position = info.end
+        position, previous = info.end, info.name
     if position != data_size:
         raise _bad(source, f"the tensors cover {position} of the {data_size} data bytes")
 
