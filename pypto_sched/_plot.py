@@ -19,6 +19,7 @@ drawing leaves no state behind.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -93,7 +94,10 @@ def render_schedule(
     # One legend for both panels, under them, where it covers nothing.
     handles = [*top.get_legend_handles_labels()[0], *main.get_legend_handles_labels()[0]]
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")
-    figure.savefig(path, format=FORMATS[path.suffix.lower()], dpi=dpi)
+    with warnings.catch_warnings():
+        # A character the font lacks is drawn as a box; saying so on stderr helps no one.
+        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        figure.savefig(path, format=FORMATS[path.suffix.lower()], dpi=dpi)
     return chosen
 
 
