@@ -19,6 +19,9 @@ from pypto_sched import BackendError, BackendNotFoundError, backends
 from pypto_sched.backends import (
     ENTRY_POINT_GROUP,
     Backend,
+    BackendStatus,
+    backend_status,
+    backend_statuses,
     build_backends,
     list_backends,
     load_backend,
@@ -30,7 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from pypto_sched.backends import DispatchOutput
+from pypto_sched.backends import DispatchOutput, describe_factory
 
 
 class FakeBackend:
@@ -53,6 +56,41 @@ class FakeBackend:
 
 
 NOT_CALLABLE = 42
+
+
+class DeclaredBackend(FakeBackend):
+    options = {"seed": "seed of the weights"}
+
+    @classmethod
+    def create(cls, **options):
+        return cls(**options)
+
+    @staticmethod
+    def is_available():
+        return False, "no device here"
+
+
+@describe_factory(options={"size": "the size"}, is_available=lambda: True)
+def described(**options):
+    return FakeBackend(**options)
+
+
+def broken_check(**options):
+    return FakeBackend(**options)
+
+
+def _raise():
+    raise OSError("driver missing")
+
+
+broken_check.is_available = _raise
+
+
+def odd_answer(**options):
+    return FakeBackend(**options)
+
+
+odd_answer.is_available = lambda: "maybe"
 
 
 def not_a_backend(**options):
@@ -199,3 +237,80 @@ def test_the_reference_backend_is_registered() -> None:
     backend = load_backend("reference", seed=1, hidden_size=16)
     assert backend.name == "reference"
     assert backend.hidden_size == 16
+
+
+# -- status: what each backend is, without building it ----------------------------------------
+
+
+@pytest.fixture
+def declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    points = [
+        entry_point("class", "fake_plugins:FakeBackend"),
+        entry_point("classmethod", "fake_plugins:DeclaredBackend.create"),
+        entry_point("function", "fake_plugins:described"),
+        entry_point("check-raises", "fake_plugins:broken_check"),
+        entry_point("check-odd", "fake_plugins:odd_answer"),
+        BROKEN_EP,
+    ]
+    monkeypatch.setattr(backends, "entry_points", lambda *, group: points)
+    refresh_backends()
+
+
+@pytest.mark.usefixtures("declared")
+def test_statuses_list_every_registered_backend_sorted_without_warnings() -> None:
+    statuses = backend_statuses()  # a warning would fail this suite
+    assert [s.name for s in statuses] == [
+        "check-odd",
+        "check-raises",
+        "class",
+        "classmethod",
+        "function",
+        "npu",
+    ]
+    assert all(isinstance(s, BackendStatus) for s in statuses)
+
+
+@pytest.mark.usefixtures("declared")
+@pytest.mark.parametrize(
+    ("name", "available", "reason", "options"),
+    [
+        ("class", True, "", {}),
+        ("classmethod", False, "no device here", {"seed": "seed of the weights"}),
+        ("function", True, "", {"size": "the size"}),
+        ("check-raises", False, "its availability check failed: OSError: driver missing", {}),
+        (
+            "check-odd",
+            False,
+            "its availability check must return a bool or (bool, reason): 'maybe'",
+            {},
+        ),
+        (
+            "npu",
+            False,
+            "backend 'npu' (broken_plugin:Backend) failed to load: ImportError: libhccl.so: "
+            "cannot open shared object file",
+            {},
+        ),
+    ],
+)
+def test_a_status_reads_what_the_factory_or_its_class_declares(
+    name: str, available: bool, reason: str, options: dict[str, str]
+) -> None:
+    status = backend_status(name)
+    assert (status.available, status.reason, dict(status.options)) == (available, reason, options)
+    assert status.to_dict()["options"] == options
+
+
+@pytest.mark.usefixtures("declared")
+def test_a_status_names_the_entry_point_and_cannot_be_changed() -> None:
+    status = backend_status("classmethod")
+    assert status.entry_point == "fake_plugins:DeclaredBackend.create"
+    assert status.distribution is None  # a hand-made entry point has no distribution
+    with pytest.raises(TypeError):
+        status.options["seed"] = "other"  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("declared")
+def test_the_status_of_an_unknown_name_lists_the_installed_backends() -> None:
+    with pytest.raises(BackendNotFoundError, match=r"installed: 'check-odd', .*\): 'nope'"):
+        backend_status("nope")
