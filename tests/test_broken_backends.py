@@ -360,3 +360,10 @@ def test_load_backend_refuses_a_backend_registered_under_another_name(registered
         r"is registered under: it declares 'toy'",
     ):
         load_backend("toy2")
+
+
+def test_the_docs_show_the_toy_backend_file_verbatim() -> None:
+    # docs/writing-a-backend.md runs the code it shows (tests/test_docs.py); this keeps the
+    # file a reader copies the same code.
+    page = (EXAMPLE.parent.parent / "writing-a-backend.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```\n" in page

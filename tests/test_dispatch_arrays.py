@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -263,3 +266,31 @@ def test_a_row_outside_the_dispatch_is_rejected(row: int, message: str) -> None:
         first.context_slots(row)
     with pytest.raises(InvalidInputError, match="'row' must be"):
         first.row_tokens(row)
+
+
+def test_torch_warns_on_a_zero_copy_view_of_a_read_only_array_and_not_on_a_copy() -> None:
+    # What docs/writing-a-backend.md says about handing the arrays to torch. Torch warns once
+    # per process, so the check runs in a fresh one.
+    pytest.importorskip("torch")
+    code = """
+import warnings
+import numpy as np
+import torch
+from pypto_sched import PlannerConfig, dispatch_arrays, plan_pages, plan_prefill
+
+schedule = plan_prefill([5, 3], PlannerConfig(max_num_batched_tokens=8))
+arrays = dispatch_arrays(schedule.dispatch(0), plan_pages([5, 3], page_size=4, num_pages=3))
+positions = arrays.positions
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    copied = torch.tensor(positions)
+    torch.from_numpy(np.array(positions))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    view = torch.from_numpy(positions)
+assert [str(w.message)[:37] for w in caught] == ["The given NumPy array is not writable"]
+assert view.data_ptr() == positions.ctypes.data  # zero-copy: the same memory
+assert copied.data_ptr() != positions.ctypes.data
+assert copied.tolist() == view.tolist() == positions.tolist()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
