@@ -39,8 +39,10 @@ from ._policies import (
     chunk_limit,
     chunk_size,
     fits_one_dispatch,
+    page_room,
     prefill_room,
 )
+from ._pool import PagePool
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -440,6 +442,9 @@ class StepPlan(Generic[RequestId]):
 
     rows: Mapping[RequestId, StepChunk]
     state: PrefillState[RequestId]
+    #: With a pool given to :func:`plan_step`: that pool once the rows' pages are held
+    #: (request ids are the state's); else ``None``.
+    pool: PagePool[RequestId] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -462,6 +467,7 @@ def plan_step(
     *,
     reserved_tokens: int = 0,
     reserved_rows: int = 0,
+    pool: PagePool[RequestId] | None = None,
 ) -> StepPlan[RequestId]:
     """Plan the next prefill dispatch from ``state`` under ``config``.
 
@@ -471,6 +477,12 @@ def plan_step(
     (a reservation above the dispatch leaves no room; it is not an error). Without
     ``max_num_seqs`` rows are not limited and ``reserved_rows`` is ignored. With no room
     left, or nothing that fits it, the plan has no rows and its state is ``state``.
+
+    With a KV page ``pool`` (keyed by the same request ids), a chunk is planned only if the
+    pages it needs are free (:func:`~pypto_sched._policies.page_room`): a request runs at most
+    what its pages plus the free pages hold, requests are admitted only while pages last, and
+    ``round_robin``'s whole batch runs at once only if the pool holds all of it. ``plan.pool``
+    is the pool with the rows' pages held.
     """
     if not isinstance(state, PrefillState):
         raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
@@ -484,12 +496,14 @@ def plan_step(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
             f"until the state drains: {config.policy!r}"
         )
+    if pool is not None and not isinstance(pool, PagePool):
+        raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
     if not state or room_tokens == 0 or room_rows == 0:
-        return StepPlan(rows=_NO_ROWS, state=state)
+        return StepPlan(rows=_NO_ROWS, state=state, pool=pool)
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     if config.policy == "round_robin":
-        return _RoundRobinStep(state, config, room_tokens, rows).plan()
-    return _PackedStep(state, config, room_tokens, rows).plan()
+        return _RoundRobinStep(state, config, room_tokens, rows, pool).plan()
+    return _PackedStep(state, config, room_tokens, rows, pool).plan()
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
@@ -505,9 +519,15 @@ class _Step(Generic[RequestId]):
     """One step being planned: its rows and the state's parts as the step changes them."""
 
     def __init__(
-        self, state: PrefillState[RequestId], config: PlannerConfig, tokens: int, rows: int
+        self,
+        state: PrefillState[RequestId],
+        config: PlannerConfig,
+        tokens: int,
+        rows: int,
+        pool: PagePool[RequestId] | None,
     ) -> None:
         self.state = state
+        self.pool = pool
         self.config = config
         self.page = config.page_size or 1
         self.room_tokens = tokens
@@ -519,7 +539,14 @@ class _Step(Generic[RequestId]):
 
     def chunk(self, record: _Request) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
-        limit = chunk_limit(self.config.chunk_cap, self.tokens_left, self.rows_left)
+        tokens_left = self.tokens_left
+        if self.pool is not None:
+            pool = self.pool
+            room = page_room(
+                record.position, len(pool.pages(record.id)), pool.num_free, pool.page_size
+            )
+            tokens_left = min(tokens_left, room)
+        limit = chunk_limit(self.config.chunk_cap, tokens_left, self.rows_left)
         return chunk_size(record.position, record.prompt_length, limit, self.page)
 
     def run(self, record: _Request, size: int) -> _Request | None:
@@ -528,6 +555,8 @@ class _Step(Generic[RequestId]):
         position = record.position + size
         final = position == record.prompt_length
         self.rows[record.id] = StepChunk(start=record.position, length=size, is_final=final)
+        if self.pool is not None:
+            self.pool = self.pool.hold(record.id, position)
         self.tokens_left -= size
         self.rows_left -= 1
         return None if final else _Request(record.id, record.prompt_length, position, True)
@@ -542,32 +571,42 @@ class _Step(Generic[RequestId]):
             self.queue = self.queue.pop()
         return None
 
+    def pool_holds_everything(self) -> bool:
+        """Whether the pool (if any) holds every request of the state whole."""
+        pool = self.pool
+        if pool is None:
+            return True
+        missing = sum(pool.missing_pages(r.id, r.prompt_length) for r in self.state._in_order())
+        return missing <= pool.num_free
+
     def plan(self) -> StepPlan[RequestId]:
         raise NotImplementedError
 
     def finish(self, started: tuple[_Request, ...], policy: Policy) -> StepPlan[RequestId]:
         """The plan of the rows added so far; with none, the state is left as it was."""
         if not self.rows:
-            return StepPlan(rows=_NO_ROWS, state=self.state)
+            return StepPlan(rows=_NO_ROWS, state=self.state, pool=self.pool)
         tokens_run = self.room_tokens - self.tokens_left
         next_state = self.state._evolve(
             self.requests, self.queue, started, self.state._num_tokens - tokens_run, policy
         )
-        return StepPlan(rows=_Rows(self.rows), state=next_state)
+        return StepPlan(rows=_Rows(self.rows), state=next_state, pool=self.pool)
 
 
 class _RoundRobinStep(_Step[RequestId]):
     def plan(self) -> StepPlan[RequestId]:
         state = self.state
-        if state._policy is None and fits_one_dispatch(
-            state._num_tokens, len(state), self.tokens_left, self.rows_left
+        if (
+            state._policy is None
+            and fits_one_dispatch(state._num_tokens, len(state), self.tokens_left, self.rows_left)
+            and self.pool_holds_everything()
         ):
             return self.plan_whole_batch()
         record = self.next_in_queue()
         assert record is not None, "a non-empty round_robin state has a live queue entry"
         size = self.chunk(record)
         if size == 0:  # the head keeps its turn
-            return StepPlan(rows=_NO_ROWS, state=state)
+            return StepPlan(rows=_NO_ROWS, state=state, pool=self.pool)
         self.queue = self.queue.pop()
         after = self.run(record, size)
         if after is None:

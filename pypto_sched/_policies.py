@@ -41,6 +41,8 @@ The rules, one function each
   page boundary when more than ``limit`` is left.
 * :func:`chunk_limit`: what one request may run in a dispatch being filled: the chunk cap,
   the tokens left, and nothing once the rows are used up.
+* :func:`page_room`: with a KV page pool, what a request's pages plus the free pages hold;
+  it bounds a chunk like the budget left (admission by free pages).
 * :func:`admits`: whether ``packed`` takes the next waiting request.
 * :func:`fits_one_dispatch`: ``round_robin``'s whole-batch rule.
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
@@ -300,6 +302,15 @@ def chunk_limit(cap: int, tokens_left: int, rows_left: int) -> int:
     if rows_left <= 0:
         return 0
     return cap if cap < tokens_left else tokens_left
+
+
+def page_room(position: int, pages_held: int, pages_free: int, page_size: int) -> int:
+    """Admission by free pages: the most tokens a request at ``position`` may run when it holds
+    ``pages_held`` KV pages and ``pages_free`` are free. A chunk is planned only if the pages it
+    needs can be had (vLLM V1 admits a request only when its slots can be allocated), so this
+    bounds the tokens allowed like the budget left does (:func:`chunk_limit`)."""
+    room = (pages_held + pages_free) * page_size - position
+    return room if room > 0 else 0
 
 
 def admits(size: int, remaining: int, num_partial: int, max_partial: int | None) -> bool:

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pypto_sched import CacheTooSmallError, InvalidInputError, PagePool
+from pypto_sched import (
+    CacheTooSmallError,
+    InvalidInputError,
+    PagePool,
+    PlannerConfig,
+    Policy,
+    PrefillState,
+    plan_step,
+)
 
 requests = st.integers(min_value=0, max_value=7)
 
@@ -138,3 +146,45 @@ def test_capacity_questions_agree_with_hold(num_pages: int, page_size: int) -> N
 def test_bad_input_names_the_argument(call: object, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         call()  # type: ignore[operator]
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=8),
+    st.sampled_from(["round_robin", "packed"]),
+    st.integers(min_value=4, max_value=64),
+)
+def test_plan_step_with_an_ample_pool_plans_the_same_rows(
+    lengths: list[int], policy: Policy, budget: int
+) -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=budget, long_prefill_token_threshold=16, policy=policy
+    )
+    state = PrefillState.from_prompt_lengths(lengths)
+    pool = PagePool[int](num_pages=sum(lengths), page_size=1)
+    while state:
+        plain = plan_step(state, config)
+        pooled = plan_step(state, config, pool=pool)
+        assert dict(pooled.rows) == dict(plain.rows)
+        assert pooled.pool is not None
+        pool = pooled.pool
+        for request, chunk in pooled.rows.items():
+            assert pool.capacity(request) >= chunk.start + chunk.length
+        state = plain.state
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=6),
+    st.sampled_from(["round_robin", "packed"]),
+    st.integers(min_value=1, max_value=12),
+)
+def test_plan_step_never_plans_a_chunk_beyond_the_free_pages(
+    lengths: list[int], policy: Policy, num_pages: int
+) -> None:
+    config = PlannerConfig(max_num_batched_tokens=32, page_size=4, policy=policy)
+    state = PrefillState.from_prompt_lengths(lengths)
+    pool = PagePool[int](num_pages=num_pages, page_size=4)
+    plan = plan_step(state, config, pool=pool)
+    assert plan.pool is not None
+    assert plan.pool.num_used == sum(-(-(c.start + c.length) // 4) for c in plan.rows.values())
+    for request, chunk in plan.rows.items():
+        assert plan.pool.capacity(request) >= chunk.start + chunk.length
