@@ -13,18 +13,32 @@ from typing import TYPE_CHECKING, Any
 from ._conformance import check_backend
 
 if TYPE_CHECKING:  # what type checkers see for the lazily imported names
-    from ._strategies import planner_configs, prefill_states, prompt_lengths, schedules
+    from ._strategies import (
+        planner_configs,
+        prefill_states,
+        prefill_states_with_configs,
+        prompt_lengths,
+        schedules,
+    )
 
 #: Public names defined in modules that import Hypothesis: name -> private module. A name
 #: added here is also added to ``__all__`` and imported under ``TYPE_CHECKING`` above.
 _LAZY: dict[str, str] = {
     "planner_configs": "._strategies",
     "prefill_states": "._strategies",
+    "prefill_states_with_configs": "._strategies",
     "prompt_lengths": "._strategies",
     "schedules": "._strategies",
 }
 
-__all__ = ["check_backend", "planner_configs", "prefill_states", "prompt_lengths", "schedules"]
+__all__ = [
+    "check_backend",
+    "planner_configs",
+    "prefill_states",
+    "prefill_states_with_configs",
+    "prompt_lengths",
+    "schedules",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,18 +1,33 @@
 """Hypothesis strategies for the planner's inputs and outputs, for use in other projects' tests.
 
-They follow Hypothesis's own API style: plural names, keyword-only arguments, bounds named
-``min_value``/``max_value`` and ``min_size``/``max_size``, a strategy wherever a value should
-vary (wrap a constant in ``st.just``), :class:`~hypothesis.errors.InvalidArgument` for
-arguments that can never produce a value, and values that are valid by construction, not by
-filtering. Defaults keep generated plans small enough to run in a test: where a default
-depends on another drawn value (prompt lengths depend on the config's chunk cap) it is
-``None`` in the signature and documented.
+They follow Hypothesis's own API style (its ``guides/api-style.rst``):
+
+* Plural names; keyword-only arguments; bounds named ``min_value``/``max_value`` and
+  ``min_size``/``max_size``; a strategy wherever a value should vary (wrap a constant in
+  ``st.just``); ``allow_*`` flags for what a test may want to leave out.
+* Every argument is checked lazily, as Hypothesis checks its own: calling a strategy
+  function never raises, drawing from it raises :class:`~hypothesis.errors.InvalidArgument`
+  for an argument that is wrong, or for a value that a strategy passed as an argument
+  draws and that can never be used, naming the argument and the value.
+* Values are valid by construction: every draw is used, nothing is filtered, assumed away
+  or retried. (One exception belongs to Hypothesis, not to us: ids from a ``request_ids``
+  strategy you pass are drawn as ``st.lists(..., unique=True)``, which redraws duplicates.)
+* Defaults are bounded so that every example plans in milliseconds: lengths up to 4,096
+  tokens, budgets up to 512, 10 requests; where a default depends on another drawn value
+  it follows that value (default prompt lengths are up to four of the drawn config's
+  chunks, and the default config of a schedule of long prompts you pass has chunks large
+  enough to plan them in a few hundred dispatches).
+* Reprs are the public call, ``schedules(max_size=3)``: each strategy is an
+  ``st.composite``, whose repr Hypothesis builds from the function and its arguments.
+
+How each default is derived is stated by the function that draws it; the sizes are the
+constants below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeGuard, TypeVar
 
 try:
     from hypothesis import strategies as st
@@ -22,6 +37,9 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "the strategies of pypto_sched.testing need Hypothesis; install it with "
         "pip install 'pypto-sched[testing]'"
     ) from error
+
+import attrs
+import numpy as np
 
 from pypto_sched import (
     POLICIES,
@@ -34,36 +52,76 @@ from pypto_sched import (
 from pypto_sched._online import PrefillState, plan_step
 from pypto_sched._validate import MAX_TOKENS
 
-__all__ = ["planner_configs", "prefill_states", "prompt_lengths", "schedules"]
+__all__ = [
+    "planner_configs",
+    "prefill_states",
+    "prefill_states_with_configs",
+    "prompt_lengths",
+    "schedules",
+]
 
 T = TypeVar("T")
 
-#: The default bound of ``max_num_batched_tokens`` in :func:`planner_configs`.
-_MAX_BUDGET = 512
-#: Default prompt lengths reach this many chunks (of the drawn config's chunk cap).
-_MAX_CHUNKS_PER_PROMPT = 4
-#: Default prompt lengths of :func:`prefill_states` with no configs to relate them to.
-_MAX_UNRELATED_LENGTH = 1024
-#: The number of requests drawn when ``max_size`` is ``None``.
-_DEFAULT_MAX_SIZE = 10
+#: ``prompt_lengths(max_value=None)`` draws up to ``min_value + LENGTH_SPAN - 1``.
+LENGTH_SPAN = 4096
+#: A default budget is drawn from ``BUDGET_SPAN`` values, ``[1, 512]`` unless raised.
+BUDGET_SPAN = 512
+#: Default prompt lengths reach this many chunks of the drawn config's chunk cap.
+CHUNKS_PER_PROMPT = 4
+#: The default config of ``schedules(prompt_lengths=...)`` has a chunk cap of at least the
+#: schedule's tokens over this, so the schedule has at most about twice this many dispatches
+#: (pages can halve a chunk) plus one per request.
+CHUNKS_PER_SCHEDULE = 128
+#: Default upper bounds of the optional limits a config draws.
+MAX_NUM_SEQS = 16
+MAX_NUM_PARTIAL_PREFILLS = 8
+#: The number of requests drawn when ``max_size`` is ``None`` (or ``min_size`` if larger).
+DEFAULT_MAX_SIZE = 10
 
 
-def prompt_lengths(*, min_value: int = 1, max_value: int | None = None) -> st.SearchStrategy[int]:
+# -- prompt lengths -----------------------------------------------------------------------------
+
+
+@st.composite
+def prompt_lengths(draw: st.DrawFn, *, min_value: int = 1, max_value: int | None = None) -> int:
     """Prompt lengths: ints in ``[min_value, max_value]``.
 
-    ``max_value=None`` means the largest length the planner accepts, ``2**31 - 1``; bound it
-    when the lengths will be planned with a small budget, or the plan will be long.
+    ``max_value=None`` means ``min_value + 4095`` (lengths up to 4,096 with the default
+    ``min_value``); the largest length the planner accepts is ``2**31 - 1``.
     """
-    low = _check_count("min_value", min_value, minimum=1)
-    high = MAX_TOKENS if max_value is None else _check_count("max_value", max_value, minimum=1)
-    if high > MAX_TOKENS:
-        raise InvalidArgument(f"max_value={high} must be <= {MAX_TOKENS}, the largest length")
+    low = _check_int("min_value", min_value, min_value=1, max_value=MAX_TOKENS)
+    if max_value is None:
+        high = min(low + LENGTH_SPAN - 1, MAX_TOKENS)
+    else:
+        high = _check_int("max_value", max_value, min_value=1, max_value=MAX_TOKENS)
     if low > high:
         raise InvalidArgument(f"min_value={low} must be <= max_value={high}")
-    return st.integers(min_value=low, max_value=high)
+    return draw(st.integers(min_value=low, max_value=high))
 
 
+# -- configs ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class _FieldStrategies:
+    """The strategies passed to :func:`planner_configs`, one per config field (``None``:
+    the default)."""
+
+    policy: st.SearchStrategy[Policy] | None = None
+    max_num_batched_tokens: st.SearchStrategy[int] | None = None
+    long_prefill_token_threshold: st.SearchStrategy[int | None] | None = None
+    max_num_seqs: st.SearchStrategy[int | None] | None = None
+    page_size: st.SearchStrategy[int | None] | None = None
+    max_num_partial_prefills: st.SearchStrategy[int | None] | None = None
+
+    def check(self) -> None:
+        for name, value in attrs.asdict(self, recurse=False).items():
+            _check_strategy(name, value)
+
+
+@st.composite
 def planner_configs(
+    draw: st.DrawFn,
     *,
     policy: st.SearchStrategy[Policy] | None = None,
     max_num_batched_tokens: st.SearchStrategy[int] | None = None,
@@ -71,115 +129,205 @@ def planner_configs(
     max_num_seqs: st.SearchStrategy[int | None] | None = None,
     page_size: st.SearchStrategy[int | None] | None = None,
     max_num_partial_prefills: st.SearchStrategy[int | None] | None = None,
-) -> st.SearchStrategy[PlannerConfig]:
+) -> PlannerConfig:
     """Valid :class:`~pypto_sched.PlannerConfig` values; each argument draws that field.
 
     By default: any policy; a budget in ``[1, 512]``; each optional limit either off
     (``None``) or on: the threshold up to twice the budget, the page size up to the chunk
-    cap, up to 16 rows and up to 8 partial prefills. Defaults adapt to what you pass, so the
-    config stays valid: with a ``page_size`` strategy, the default threshold is at least the
-    page drawn. ``max_num_partial_prefills`` is drawn for ``packed`` configs only. A strategy
-    you pass that yields a combination ``PlannerConfig`` rejects (a page larger than the
-    budget, say) raises ``InvalidArgument`` when drawn.
+    cap, up to 16 rows and up to 8 partial prefills. Defaults adapt to what you pass so the
+    config stays valid: with a ``page_size`` strategy, the default budget and threshold are
+    at least the page drawn (the budget in ``[page, page + 511]``).
+    ``max_num_partial_prefills`` is drawn for ``packed`` configs only.
+
+    Raises ``InvalidArgument`` when drawn if an argument is not a strategy, if a strategy
+    draws a value the field cannot take (``max_num_batched_tokens=st.just(0)``), or if the
+    strategies you pass draw a combination ``PlannerConfig`` rejects (a page larger than the
+    budget, say).
     """
-    strategies = {
-        "policy": policy,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "long_prefill_token_threshold": long_prefill_token_threshold,
-        "max_num_seqs": max_num_seqs,
-        "page_size": page_size,
-        "max_num_partial_prefills": max_num_partial_prefills,
-    }
-    for name, value in strategies.items():
-        _check_strategy(name, value)
-    return _planner_configs(
-        _or_default(policy, st.sampled_from(POLICIES)),
-        _or_default(max_num_batched_tokens, st.integers(min_value=1, max_value=_MAX_BUDGET)),
-        long_prefill_token_threshold,
-        _or_default(max_num_seqs, _optional_counts(1, 16)),
-        page_size,
-        _or_default(max_num_partial_prefills, _optional_counts(1, 8)),
+    given = _FieldStrategies(
+        policy=policy,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        max_num_seqs=max_num_seqs,
+        page_size=page_size,
+        max_num_partial_prefills=max_num_partial_prefills,
     )
+    given.check()
+    return _draw_config(draw, given, min_chunk_cap=1)
 
 
-@st.composite
-def _planner_configs(
-    draw: st.DrawFn,
-    policies: st.SearchStrategy[Policy],
-    budgets: st.SearchStrategy[int],
-    thresholds: st.SearchStrategy[int | None] | None,
-    batch_sizes: st.SearchStrategy[int | None],
-    page_sizes: st.SearchStrategy[int | None] | None,
-    partial_limits: st.SearchStrategy[int | None],
-) -> PlannerConfig:
-    policy = draw(policies)
-    budget = draw(budgets)
-    if page_sizes is None:  # the default page size fits the chunk cap
-        threshold = draw(_or_default(thresholds, _optional_counts(1, 2 * budget)))
-        chunk_cap = budget if threshold is None else min(budget, threshold)
-        page = draw(_optional_counts(1, chunk_cap))
-    else:  # the default threshold leaves room for the page size passed
-        page = draw(page_sizes)
-        threshold = draw(_or_default(thresholds, _optional_counts(page or 1, 2 * budget)))
-    batch_size = draw(batch_sizes)
-    partial = draw(partial_limits) if policy == "packed" else None
+def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int) -> PlannerConfig:
+    """A config from ``given`` whose defaults leave a chunk cap of at least
+    ``min_chunk_cap`` (strategies you pass are drawn as they are)."""
+    policy = _draw_policy(draw, given.policy)
+    page = None
+    if given.page_size is not None:  # drawn first: the default budget and threshold follow it
+        page = _draw_limit(draw, "page_size", given.page_size)
+    floor = max(min_chunk_cap, page or 1)
+    if given.max_num_batched_tokens is None:
+        high = min(floor + BUDGET_SPAN - 1, MAX_TOKENS)
+        budget = draw(st.integers(min_value=floor, max_value=high))
+    else:
+        budget = _draw_count(draw, "max_num_batched_tokens", given.max_num_batched_tokens)
+    if given.long_prefill_token_threshold is None:
+        threshold = draw(_optional_counts(floor, min(2 * budget, MAX_TOKENS)))
+    else:
+        threshold = _draw_limit(
+            draw, "long_prefill_token_threshold", given.long_prefill_token_threshold
+        )
+    if given.page_size is None:  # the default page fits the chunk cap
+        page = draw(_optional_counts(1, budget if threshold is None else min(budget, threshold)))
+    if given.max_num_seqs is None:
+        seqs = draw(_optional_counts(1, MAX_NUM_SEQS))
+    else:
+        seqs = _draw_limit(draw, "max_num_seqs", given.max_num_seqs)
+    partial = None
+    if policy == "packed" and given.max_num_partial_prefills is None:
+        partial = draw(_optional_counts(1, MAX_NUM_PARTIAL_PREFILLS))
+    elif policy == "packed" and given.max_num_partial_prefills is not None:
+        partial = _draw_limit(draw, "max_num_partial_prefills", given.max_num_partial_prefills)
+    fields = {
+        "policy": policy,
+        "max_num_batched_tokens": budget,
+        "long_prefill_token_threshold": threshold,
+        "max_num_seqs": seqs,
+        "page_size": page,
+        "max_num_partial_prefills": partial,
+    }
     try:
         return PlannerConfig(
+            policy=policy,
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
-            max_num_seqs=batch_size,
+            max_num_seqs=seqs,
             page_size=page,
-            policy=policy,
             max_num_partial_prefills=partial,
         )
     except InvalidConfigError as error:
+        drawn = ", ".join(f"{name}={value!r}" for name, value in fields.items())
         raise InvalidArgument(
-            f"planner_configs() drew values PlannerConfig rejects: {error}"
+            f"planner_configs() drew a combination PlannerConfig rejects ({drawn}): {error}"
         ) from error
 
 
+def _draw_policy(draw: st.DrawFn, strategy: st.SearchStrategy[Policy] | None) -> Policy:
+    if strategy is None:
+        return draw(st.sampled_from(POLICIES))
+    value = draw(strategy)
+    if value not in POLICIES:
+        choices = ", ".join(repr(policy) for policy in POLICIES)
+        raise _drew("policy", value, f"a policy must be one of {choices}")
+    return value
+
+
+def _draw_count(draw: st.DrawFn, name: str, strategy: st.SearchStrategy[Any]) -> int:
+    """An int in ``[1, MAX_TOKENS]`` from a strategy the user passed as ``name``."""
+    value = draw(strategy)
+    if not _is_count(value):
+        raise _drew(name, value, f"it must be an int in [1, {MAX_TOKENS}]")
+    return int(value)
+
+
+def _draw_limit(draw: st.DrawFn, name: str, strategy: st.SearchStrategy[Any]) -> int | None:
+    """``None`` (off) or an int in ``[1, MAX_TOKENS]``, from a strategy passed as ``name``."""
+    value = draw(strategy)
+    if value is not None and not _is_count(value):
+        raise _drew(name, value, f"it must be None or an int in [1, {MAX_TOKENS}]")
+    return None if value is None else int(value)
+
+
+def _draw_planner_config(
+    draw: st.DrawFn, configs: st.SearchStrategy[PlannerConfig] | None, *, min_chunk_cap: int = 1
+) -> PlannerConfig:
+    """A config from ``configs``, or from :func:`planner_configs`' defaults."""
+    if configs is None:
+        return _draw_config(draw, _FieldStrategies(), min_chunk_cap=min_chunk_cap)
+    value = draw(configs)
+    if not isinstance(value, PlannerConfig):
+        raise _drew("configs", value, "a config must be a PlannerConfig")
+    return value
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+
+@st.composite
 def schedules(
+    draw: st.DrawFn,
     *,
     configs: st.SearchStrategy[PlannerConfig] | None = None,
     prompt_lengths: st.SearchStrategy[int] | None = None,
     min_size: int = 1,
     max_size: int | None = None,
     allow_prefix_hits: bool = True,
-) -> st.SearchStrategy[Schedule]:
-    """Schedules planned by :func:`~pypto_sched.plan_prefill` for ``min_size`` to ``max_size``
-    requests (a schedule holds at least one).
+) -> Schedule:
+    """Schedules planned by :func:`~pypto_sched.plan_prefill` for ``min_size`` to
+    ``max_size`` requests (a schedule holds at least one; ``max_size=None`` means 10, or
+    ``min_size`` if larger).
 
     ``configs`` defaults to :func:`planner_configs`; ``prompt_lengths`` to lengths of up to
-    four chunks of the drawn config's chunk cap. With ``allow_prefix_hits``, requests may
-    start with some tokens already computed.
+    four chunks of the drawn config's chunk cap. With ``prompt_lengths`` and no
+    ``configs``, the lengths are drawn first and the default config's chunk cap is at least
+    their sum over 128, so a schedule has at most about 256 dispatches plus one per request
+    however long the prompts. With ``allow_prefix_hits``, requests may start with some
+    tokens already computed (``0 <= c < length``).
+
+    Raises ``InvalidArgument`` when drawn for a bad argument, or when ``configs`` draws
+    something other than a ``PlannerConfig`` or ``prompt_lengths`` a length the planner
+    rejects.
     """
     _check_strategy("configs", configs)
     _check_strategy("prompt_lengths", prompt_lengths)
     low, high = _check_sizes(min_size, max_size, minimum=1)
     _check_bool("allow_prefix_hits", allow_prefix_hits)
-    return _schedules(
-        _or_default(configs, planner_configs()), prompt_lengths, low, high, allow_prefix_hits
-    )
+    if prompt_lengths is None:
+        config = _draw_planner_config(draw, configs)
+        lengths = draw(st.lists(_default_lengths(config), min_size=low, max_size=high))
+        computed = _draw_prefix_hits(draw, lengths, allow_prefix_hits)
+    else:  # the lengths first: a default config follows them
+        lengths = _draw_lengths(draw, prompt_lengths, low, high)
+        computed = _draw_prefix_hits(draw, lengths, allow_prefix_hits)
+        min_chunk_cap = min(-(-sum(lengths) // CHUNKS_PER_SCHEDULE), MAX_TOKENS)
+        config = _draw_planner_config(draw, configs, min_chunk_cap=min_chunk_cap)
+    return plan_prefill(lengths, config, num_computed_tokens=computed)
+
+
+def _default_lengths(config: PlannerConfig) -> st.SearchStrategy[int]:
+    return st.integers(min_value=1, max_value=_longest_default(config.chunk_cap))
+
+
+def _longest_default(chunk_cap: int) -> int:
+    """The longest default prompt length: four chunks."""
+    return min(CHUNKS_PER_PROMPT * chunk_cap, MAX_TOKENS)
+
+
+def _draw_lengths(
+    draw: st.DrawFn, strategy: st.SearchStrategy[Any], min_size: int, max_size: int
+) -> list[int]:
+    lengths = draw(st.lists(strategy, min_size=min_size, max_size=max_size))
+    return [_checked_length(length) for length in lengths]
+
+
+def _checked_length(value: object) -> int:
+    if not _is_count(value):
+        rule = f"a prompt length must be an int in [1, {MAX_TOKENS}]"
+        raise _drew("prompt_lengths", value, rule)
+    return int(value)
+
+
+def _draw_prefix_hits(draw: st.DrawFn, lengths: list[int], allowed: bool) -> list[int]:
+    """Tokens already computed per prompt: ``0 <= c < length``, or all 0."""
+    if not allowed:
+        return [0] * len(lengths)
+    return [draw(st.integers(min_value=0, max_value=length - 1)) for length in lengths]
+
+
+# -- prefill states -----------------------------------------------------------------------------
 
 
 @st.composite
-def _schedules(
-    draw: st.DrawFn,
-    configs: st.SearchStrategy[PlannerConfig],
-    lengths: st.SearchStrategy[int] | None,
-    min_size: int,
-    max_size: int,
-    allow_prefix_hits: bool,
-) -> Schedule:
-    config = draw(configs)
-    if lengths is None:
-        lengths = _prompt_lengths(max_value=_MAX_CHUNKS_PER_PROMPT * config.chunk_cap)
-    drawn = draw(st.lists(lengths, min_size=min_size, max_size=max_size))
-    computed = [draw(_prefix_hits(length, allow_prefix_hits)) for length in drawn]
-    return plan_prefill(drawn, config, num_computed_tokens=computed)
-
-
 def prefill_states(
+    draw: st.DrawFn,
     *,
     configs: st.SearchStrategy[PlannerConfig] | None = None,
     request_ids: st.SearchStrategy[Hashable] | None = None,
@@ -187,82 +335,203 @@ def prefill_states(
     min_size: int = 0,
     max_size: int | None = None,
     allow_prefix_hits: bool = True,
-) -> st.SearchStrategy[PrefillState[Any]]:
+) -> PrefillState[Any]:
     """:class:`~pypto_sched.PrefillState` values holding ``min_size`` to ``max_size``
-    requests.
+    requests (``max_size=None`` means 10, or ``min_size`` if larger).
 
-    With ``configs=None`` every request is waiting, in arrival order. Otherwise a config is
-    drawn and the state is the end of a drawn history of arrivals, removals and
-    :func:`~pypto_sched.plan_step` calls under it (with drawn reservations), so requests may
-    be part-way and the state may be part-way through a run of that config's policy: pass
-    ``configs=st.just(config)`` to step the state further with a known config.
+    A config is drawn from ``configs`` (default :func:`planner_configs`) and the state is
+    the end of a drawn history under it: arrivals, removals and
+    :func:`~pypto_sched.plan_step` calls with drawn reservations. So requests may be
+    waiting, part-way (started, not finished) or just arrived, and the state may be in the
+    middle of a run of the config's policy (``state.policy``). With the default
+    ``prompt_lengths``, at least a quarter of the states drawn hold a part-way request,
+    whatever the config. To step the state further you need its config: draw both with
+    :func:`prefill_states_with_configs`.
 
-    ``request_ids`` defaults to non-negative ints (an id may come back after its request has
-    left); ``prompt_lengths`` to lengths of up to four chunks of the drawn config's chunk
-    cap, or up to 1024 tokens with no configs.
+    ``request_ids`` defaults to distinct ints in ``range(max_size)`` (an id may come back
+    after its request has left); a strategy you pass must be able to draw ``min_size``
+    distinct hashable ids. ``prompt_lengths`` defaults to lengths of up to four chunks of
+    the drawn config's chunk cap.
+
+    Raises ``InvalidArgument`` when drawn for a bad argument, or when a strategy passed
+    draws a value that cannot be used: a config that is not a ``PlannerConfig``, an id that
+    is not hashable, a length the planner rejects.
     """
+    state, _config = _draw_state(
+        draw,
+        configs=configs,
+        request_ids=request_ids,
+        prompt_lengths=prompt_lengths,
+        min_size=min_size,
+        max_size=max_size,
+        allow_prefix_hits=allow_prefix_hits,
+    )
+    return state
+
+
+@st.composite
+def prefill_states_with_configs(
+    draw: st.DrawFn,
+    *,
+    configs: st.SearchStrategy[PlannerConfig] | None = None,
+    request_ids: st.SearchStrategy[Hashable] | None = None,
+    prompt_lengths: st.SearchStrategy[int] | None = None,
+    min_size: int = 0,
+    max_size: int | None = None,
+    allow_prefix_hits: bool = True,
+) -> tuple[PrefillState[Any], PlannerConfig]:
+    """``(state, config)`` pairs: a state drawn as by :func:`prefill_states` (same
+    arguments) and the config of its history, ready for ``plan_step(state, config)``."""
+    return _draw_state(
+        draw,
+        configs=configs,
+        request_ids=request_ids,
+        prompt_lengths=prompt_lengths,
+        min_size=min_size,
+        max_size=max_size,
+        allow_prefix_hits=allow_prefix_hits,
+    )
+
+
+def _draw_state(
+    draw: st.DrawFn,
+    *,
+    configs: st.SearchStrategy[PlannerConfig] | None,
+    request_ids: st.SearchStrategy[Hashable] | None,
+    prompt_lengths: st.SearchStrategy[int] | None,
+    min_size: object,
+    max_size: object,
+    allow_prefix_hits: object,
+) -> tuple[PrefillState[Any], PlannerConfig]:
+    """A state and its config: a drawn history, then, in most draws, steps that leave a
+    request part-way, then arrivals up to a drawn size of at least ``min_size``."""
     _check_strategy("configs", configs)
     _check_strategy("request_ids", request_ids)
     _check_strategy("prompt_lengths", prompt_lengths)
     low, high = _check_sizes(min_size, max_size, minimum=0)
-    _check_bool("allow_prefix_hits", allow_prefix_hits)
-    return _prefill_states(
-        configs,
-        _or_default(request_ids, st.integers(min_value=0)),
-        prompt_lengths,
-        low,
-        high,
-        allow_prefix_hits,
+    allowed = _check_bool("allow_prefix_hits", allow_prefix_hits)
+    config = _draw_planner_config(draw, configs)
+    history = _History(
+        draw=draw,
+        config=config,
+        lengths=prompt_lengths,
+        allow_prefix_hits=allowed,
+        free=_draw_id_pool(draw, request_ids, low, high),
     )
+    history.run(draw(st.lists(st.sampled_from(_ACTIONS), max_size=3 * history.capacity)))
+    if draw(st.sampled_from(_LEAVE_PART_WAY)):
+        history.leave_part_way()
+    missing = max(low - len(history.state), 0)
+    room = history.capacity - len(history.state)
+    for _ in range(draw(st.integers(min_value=missing, max_value=room))):
+        history.arrive()
+    return history.state, config
 
 
-@st.composite
-def _prefill_states(
-    draw: st.DrawFn,
-    configs: st.SearchStrategy[PlannerConfig] | None,
-    ids: st.SearchStrategy[Hashable],
-    lengths: st.SearchStrategy[int] | None,
-    min_size: int,
-    max_size: int,
-    allow_prefix_hits: bool,
-) -> PrefillState[Any]:
-    config = None if configs is None else draw(configs)
-    if lengths is None:
-        longest = (
-            _MAX_UNRELATED_LENGTH if config is None else _MAX_CHUNKS_PER_PROMPT * config.chunk_cap
+_ACTIONS: tuple[Literal["add", "remove", "step"], ...] = ("add", "remove", "step")
+#: Whether a history ends by leaving a request part-way. Three of four choices say yes, so
+#: that about half the draws do (Hypothesis favours the first choice, as it favours False
+#: in a plain boolean: too much for "at least a quarter"); shrinking goes to the first, no.
+_LEAVE_PART_WAY = (False, True, True, True)
+
+
+@attrs.define(kw_only=True)
+class _History:
+    """The history :func:`prefill_states` draws, one change at a time.
+
+    ``free`` holds the ids of the pool that are not in the state: an id goes back when its
+    request leaves (removed or finished), so it may arrive again.
+    """
+
+    draw: st.DrawFn
+    config: PlannerConfig
+    #: The ``prompt_lengths`` passed, or ``None`` for the default (up to four chunks).
+    lengths: st.SearchStrategy[Any] | None
+    allow_prefix_hits: bool
+    free: list[Any]
+    state: PrefillState[Any] = attrs.field(factory=PrefillState)
+    capacity: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.capacity = len(self.free)
+
+    def run(self, actions: list[Literal["add", "remove", "step"]]) -> None:
+        for action in actions:
+            if action == "add" and self.free:
+                self.arrive()
+            elif action == "remove" and self.state:
+                request_id = self.draw(st.sampled_from(list(self.state)))
+                self.state = self.state.remove(request_id)
+                self.free.append(request_id)
+            elif action == "step" and self.state:
+                tokens = self.draw(st.integers(min_value=0, max_value=self.config.effective_budget))
+                rows = self.draw(st.integers(min_value=0, max_value=self.config.max_num_seqs or 0))
+                self.step(reserved_tokens=tokens, reserved_rows=rows)
+
+    def arrive(self, *, longer_than_a_chunk: bool = False) -> None:
+        """Add a request with a free id; ``longer_than_a_chunk`` (default lengths only)
+        leaves it more than ``chunk_cap`` tokens to prefill."""
+        index = self.draw(st.integers(min_value=0, max_value=len(self.free) - 1))
+        self.free[index], self.free[-1] = self.free[-1], self.free[index]
+        cap = self.config.chunk_cap
+        if self.lengths is not None:
+            length = _checked_length(self.draw(self.lengths))
+        else:
+            shortest = cap + 1 if longer_than_a_chunk else 1
+            length = self.draw(st.integers(min_value=shortest, max_value=_longest_default(cap)))
+        cached = 0
+        if self.allow_prefix_hits:
+            most = length - cap - 1 if longer_than_a_chunk else length - 1
+            cached = self.draw(st.integers(min_value=0, max_value=most))
+        self.state = self.state.add(self.free.pop(), length, num_computed_tokens=cached)
+
+    def step(self, *, reserved_tokens: int = 0, reserved_rows: int = 0) -> None:
+        plan = plan_step(
+            self.state, self.config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
         )
-        lengths = _prompt_lengths(max_value=longest)
-    state: PrefillState[Any] = PrefillState()
+        self.state = plan.state
+        self.free.extend(plan.finished)
 
-    def arrive(request_id: Hashable) -> None:
-        nonlocal state
-        length = draw(lengths)
-        cached = draw(_prefix_hits(length, allow_prefix_hits))
-        state = state.add(request_id, length, num_computed_tokens=cached)
+    def is_part_way(self) -> bool:
+        return any(request.is_started for request in self.state.values())
 
-    if config is not None:
-        actions = st.sampled_from(["add", "remove", "step"])
-        for action in draw(st.lists(actions, max_size=3 * max_size)):
-            if action == "add" and len(state) < max_size:
-                request_id = draw(ids)
-                if request_id not in state:  # else the arrival is skipped
-                    arrive(request_id)
-            elif action == "remove" and state:
-                state = state.remove(draw(st.sampled_from(list(state))))
-            elif action == "step":
-                tokens = draw(st.integers(min_value=0, max_value=config.effective_budget))
-                rows = draw(st.integers(min_value=0, max_value=config.max_num_seqs or 0))
-                state = plan_step(state, config, reserved_tokens=tokens, reserved_rows=rows).state
-    missing = draw(
-        st.integers(min_value=max(min_size - len(state), 0), max_value=max_size - len(state))
-    )
-    fresh = ids.filter(lambda request_id: request_id not in state)
-    for request_id in draw(st.lists(fresh, min_size=missing, max_size=missing, unique=True)):
-        arrive(request_id)
-    return state
+    def leave_part_way(self) -> None:
+        """Step with no reservations until a request is part-way.
+
+        A step with no reservations runs at least the first request in the state's order,
+        at most ``chunk_cap`` tokens of it, so it leaves that request part-way if more
+        remain, and otherwise finishes every request it runs: after at most ``len(state)``
+        steps a request is part-way or the state is empty. An empty state gets a request
+        longer than a chunk (if the default lengths can draw one), which one step leaves
+        part-way.
+        """
+        while self.state and not self.is_part_way():
+            self.step()
+        can_be_long = self.lengths is None and self.config.chunk_cap < MAX_TOKENS
+        if not self.state and self.free and can_be_long:
+            self.arrive(longer_than_a_chunk=True)
+            self.step()
 
 
-_prompt_lengths = prompt_lengths  # the arguments named `prompt_lengths` shadow it
+def _draw_id_pool(
+    draw: st.DrawFn, strategy: st.SearchStrategy[Any] | None, min_size: int, max_size: int
+) -> list[Any]:
+    """The distinct ids a state's history uses: ``range(max_size)`` by default."""
+    if strategy is None:
+        return list(range(max_size))
+    checked = strategy.map(_checked_id)
+    return draw(st.lists(checked, min_size=min_size, max_size=max_size, unique=True))
+
+
+def _checked_id(value: object) -> Hashable:
+    try:
+        hash(value)
+    except TypeError:
+        raise _drew("request_ids", value, "request ids must be hashable") from None
+    return value
+
+
+# -- helpers ------------------------------------------------------------------------------------
 
 
 def _optional_counts(low: int, high: int) -> st.SearchStrategy[int | None]:
@@ -272,48 +541,51 @@ def _optional_counts(low: int, high: int) -> st.SearchStrategy[int | None]:
     return st.none() | st.integers(min_value=low, max_value=high)
 
 
-def _prefix_hits(length: int, allowed: bool) -> st.SearchStrategy[int]:
-    """Tokens already computed for a prompt of ``length``: ``0 <= c < length``."""
-    if not allowed:
-        return st.just(0)
-    return st.integers(min_value=0, max_value=length - 1)
+def _is_count(value: object) -> TypeGuard[int | np.integer[Any]]:
+    """Whether ``value`` is an int in ``[1, MAX_TOKENS]`` (NumPy ints too, bools not)."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool | np.bool_):
+        return False
+    return bool(1 <= value <= MAX_TOKENS)
 
 
-def _or_default(
-    strategy: st.SearchStrategy[T] | None, default: st.SearchStrategy[T]
-) -> st.SearchStrategy[T]:
-    # Not `strategy or default`: Hypothesis warns when a strategy is used as a bool.
-    return default if strategy is None else strategy
+def _drew(name: str, value: object, rule: str) -> InvalidArgument:
+    """The error for a strategy passed as ``name`` that drew a value it must not.
+
+    (Not the strategy's repr: Hypothesis hands a composite its arguments unwrapped, whose
+    reprs are internal class names.)
+    """
+    return InvalidArgument(f"{name} drew {value!r} ({type(value).__name__}), but {rule}")
 
 
-# -- argument checks ------------------------------------------------------------------------
-
-
-def _check_strategy(name: str, value: object) -> None:
+def _check_strategy(name: str, value: T) -> T:
     if value is not None and not isinstance(value, st.SearchStrategy):
         raise InvalidArgument(
             f"{name}={value!r} must be a strategy or None; wrap a constant in st.just()"
         )
+    return value
 
 
-def _check_bool(name: str, value: object) -> None:
+def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name}={value!r} must be a bool")
+    return value
 
 
-def _check_count(name: str, value: object, *, minimum: int) -> int:
+def _check_int(name: str, value: object, *, min_value: int, max_value: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidArgument(f"{name}={value!r} must be an int")
-    if value < minimum:
-        raise InvalidArgument(f"{name}={value} must be >= {minimum}")
+    if value < min_value:
+        raise InvalidArgument(f"{name}={value} must be >= {min_value}")
+    if max_value is not None and value > max_value:
+        raise InvalidArgument(f"{name}={value} must be <= {max_value}")
     return value
 
 
 def _check_sizes(min_size: object, max_size: object, *, minimum: int) -> tuple[int, int]:
-    low = _check_count("min_size", min_size, minimum=minimum)
+    low = _check_int("min_size", min_size, min_value=minimum)
     if max_size is None:
-        return low, max(low, _DEFAULT_MAX_SIZE)
-    high = _check_count("max_size", max_size, minimum=minimum)
+        return low, max(low, DEFAULT_MAX_SIZE)
+    high = _check_int("max_size", max_size, min_value=minimum)
     if low > high:
         raise InvalidArgument(f"min_size={low} must be <= max_size={high}")
     return low, high
