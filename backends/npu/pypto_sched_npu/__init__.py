@@ -3,8 +3,10 @@ with torch_npu.
 
 Load a Hugging Face Qwen3 checkpoint with :meth:`NpuBackend.from_checkpoint` (or
 ``pypto_sched.backends.load_backend("npu", checkpoint=...)``) and run schedules through it
-with the pypto_sched driver. torch_npu is optional and imported only when an NPU is asked
-for or detected (:func:`npu_availability`).
+with the pypto_sched driver. The checkpoint is read by the shared reader
+:mod:`pypto_sched.checkpoints` and the model described by its ``ModelConfig``. torch_npu
+is optional and imported only when an NPU is asked for or detected
+(:func:`npu_availability`).
 """
 
 from ._availability import (
@@ -13,9 +15,9 @@ from ._availability import (
     npu_availability,
     refresh_availability,
 )
-from ._errors import CheckpointError, NpuUnavailableError
+from ._errors import NpuUnavailableError
 from ._kv_cache import PagedKVCache
-from ._loader import Checkpoint, Qwen3Config, expected_tensors, load_checkpoint
+from ._loader import Checkpoint, load_checkpoint
 from .backend import DTYPES, NpuBackend
 from .ops import OPS_CHOICES, OpsChoice
 
@@ -24,14 +26,11 @@ __all__ = [
     "FORCE_CPU_ENV",
     "OPS_CHOICES",
     "Checkpoint",
-    "CheckpointError",
     "NpuAvailability",
     "NpuBackend",
     "NpuUnavailableError",
     "OpsChoice",
     "PagedKVCache",
-    "Qwen3Config",
-    "expected_tensors",
     "load_checkpoint",
     "npu_availability",
     "refresh_availability",

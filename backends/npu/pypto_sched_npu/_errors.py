@@ -1,14 +1,11 @@
-"""The errors this backend raises beyond those of :mod:`pypto_sched`."""
+"""The errors this backend raises beyond those of :mod:`pypto_sched` (checkpoint problems are
+:class:`pypto_sched.CheckpointError`, raised by the shared reader)."""
 
 from __future__ import annotations
 
 from pypto_sched import PyptoSchedError
 
-__all__ = ["CheckpointError", "NpuUnavailableError"]
-
-
-class CheckpointError(PyptoSchedError, ValueError):
-    """A checkpoint directory cannot be loaded; the message names the file and the tensor."""
+__all__ = ["NpuUnavailableError"]
 
 
 class NpuUnavailableError(PyptoSchedError, RuntimeError):

@@ -4,6 +4,9 @@ Layout per layer: ``[num_pages, page_size, num_kv_heads, head_dim]`` (what
 ``npu_scatter_pa_kv_cache`` calls the ``"Norm"`` cache mode). Slot ``s`` is page
 ``s // page_size``, offset ``s % page_size``; a dispatch writes only its own slots
 (``DispatchArrays.slot_mapping``) and reads a row's context through its block table.
+:meth:`PagedKVCache.check_fits` enforces the first rule before any kernel runs, on every op
+path: a token's slot must be the one its row's block table gives its position, so a
+planning or allocation bug cannot write into another request's page.
 
 The cache object is fixed (frozen) but its tensors are device memory the dispatches write to.
 """
@@ -11,6 +14,7 @@ The cache object is fixed (frozen) but its tensors are device memory the dispatc
 from __future__ import annotations
 
 import attrs
+import numpy as np
 import torch
 
 from pypto_sched import DispatchArrays, InvalidInputError
@@ -80,7 +84,8 @@ class PagedKVCache:
         return cls(num_pages=num_pages, page_size=page_size, layers=layers)
 
     def check_fits(self, arrays: DispatchArrays) -> None:
-        """Raise :class:`InvalidInputError` unless ``arrays`` addresses pages of this cache."""
+        """Raise :class:`InvalidInputError` unless ``arrays`` addresses pages of this cache
+        and writes each token only to the slot of its position in its row's pages."""
         if arrays.page_size != self.page_size:
             raise InvalidInputError(
                 f"the dispatch's page_size must match the cache's {self.page_size}: "
@@ -90,4 +95,25 @@ class PagedKVCache:
             raise InvalidInputError(
                 f"the dispatch's block tables must address pages in [0, {self.num_pages}): "
                 f"page {int(arrays.block_tables.max())}"
+            )
+        self._check_writes(arrays)
+
+    def _check_writes(self, arrays: DispatchArrays) -> None:
+        rows = np.repeat(np.arange(arrays.num_rows), np.diff(arrays.cu_seqlens))
+        positions = arrays.positions.astype(np.int64)
+        # One extra column of -1 stands for every page index past the end of a table.
+        tables = np.pad(arrays.block_tables.astype(np.int64), ((0, 0), (0, 1)), constant_values=-1)
+        page_index = np.minimum(positions // self.page_size, tables.shape[1] - 1)
+        pages = tables[rows, page_index]
+        own_slots = pages * self.page_size + positions % self.page_size
+        wrong = (pages < 0) | (own_slots != arrays.slot_mapping)
+        if wrong.any():
+            token = int(np.flatnonzero(wrong)[0])
+            row = int(rows[token])
+            slot = int(arrays.slot_mapping[token])
+            table = [int(page) for page in arrays.block_tables[row] if page >= 0]
+            raise InvalidInputError(
+                f"row {row} would write position {int(positions[token])} of request "
+                f"{int(arrays.requests[row])} to slot {slot} (page {slot // self.page_size}), "
+                f"outside its pages {table}"
             )

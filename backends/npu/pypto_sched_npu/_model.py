@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from pypto_sched import DispatchArrays
+from pypto_sched.checkpoints import ModelConfig
 
 from ._kv_cache import LayerKV, PagedKVCache
-from ._loader import Checkpoint, Qwen3Config
+from ._loader import Checkpoint
 from .ops import AttentionShape, DispatchAttention, Ops
 
 __all__ = ["LayerWeights", "Qwen3Model"]
@@ -47,7 +48,7 @@ class LayerWeights:
 class Qwen3Model:
     """Weights and ops; :meth:`forward` runs one dispatch."""
 
-    config: Qwen3Config
+    config: ModelConfig
     ops: Ops
     embed_tokens: torch.Tensor
     layers: tuple[LayerWeights, ...]
@@ -67,8 +68,8 @@ class Qwen3Model:
     @property
     def attention_shape(self) -> AttentionShape:
         return AttentionShape(
-            num_heads=self.config.num_heads,
-            num_kv_heads=self.config.num_kv_heads,
+            num_heads=self.config.num_attention_heads,
+            num_kv_heads=self.config.num_key_value_heads,
             head_dim=self.config.head_dim,
         )
 
@@ -86,7 +87,7 @@ class Qwen3Model:
             return torch.cat([tensors[name] for name in names]).to(device)
 
         layers = []
-        for i in range(config.num_layers):
+        for i in range(config.num_hidden_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
             bias = config.attention_bias
             layers.append(
@@ -164,16 +165,20 @@ class Qwen3Model:
         rows are attended for and returned."""
         config, ops = self.config, self.ops
         tokens, eps, dim = hidden.shape[0], config.rms_norm_eps, config.head_dim
-        q_size = config.num_heads * dim
-        kv_size = config.num_kv_heads * dim
+        q_size = config.num_attention_heads * dim
+        kv_size = config.num_key_value_heads * dim
         x = ops.rms_norm(hidden, weights.input_norm, eps)
         qkv = F.linear(x, weights.qkv, weights.qkv_bias)
         query, key = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
         value = qkv[:, q_size + kv_size :]
-        query = ops.rms_norm(query.reshape(tokens, config.num_heads, dim), weights.q_norm, eps)
-        key = ops.rms_norm(key.reshape(tokens, config.num_kv_heads, dim), weights.k_norm, eps)
+        query = ops.rms_norm(
+            query.reshape(tokens, config.num_attention_heads, dim), weights.q_norm, eps
+        )
+        key = ops.rms_norm(
+            key.reshape(tokens, config.num_key_value_heads, dim), weights.k_norm, eps
+        )
         query, key = ops.rotary(query, key, cos, sin)
-        attention.write_kv(key, value.reshape(tokens, config.num_kv_heads, dim), kv)
+        attention.write_kv(key, value.reshape(tokens, config.num_key_value_heads, dim), kv)
         if keep is not None and keep.numel() == 0:
             return hidden[keep]
         attended = attention.attend(query, kv).reshape(tokens, q_size)

@@ -125,7 +125,7 @@ class NpuBackend:
     def __repr__(self) -> str:
         config = self._model.config
         return (
-            f"NpuBackend(layers={config.num_layers}, hidden={config.hidden_size}, "
+            f"NpuBackend(layers={config.num_hidden_layers}, hidden={config.hidden_size}, "
             f"dtype={self.dtype}, device={self.device}, ops={self.ops_name!r})"
         )
 
@@ -138,10 +138,10 @@ class NpuBackend:
         self._model.ops.check_page_size(page_size)
         config = self._model.config
         return PagedKVCache.allocate(
-            num_layers=config.num_layers,
+            num_layers=config.num_hidden_layers,
             num_pages=num_pages,
             page_size=page_size,
-            num_kv_heads=config.num_kv_heads,
+            num_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim,
             dtype=self._model.ops.kv_cache_dtype(self.dtype, self.device),
             device=self.device,

@@ -18,15 +18,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-import torch
 
-from pypto_sched_npu import NpuBackend, refresh_availability
+# Without these, the whole directory is skipped with the reason (not a collection error).
+pytest.importorskip("torch", reason="the npu backend runs on torch")
+transformers = pytest.importorskip("transformers", reason="the oracle is transformers' Qwen3")
 
-transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+from pypto_sched_npu import NpuBackend, refresh_availability  # noqa: E402
 
 FAKE_PATH = Path(__file__).with_name("fake_torch_npu.py")
 
-#: Tiny checkpoints: transformers config overrides and how to save them.
+#: Tiny checkpoints: transformers config overrides and how to save them. Together they cover
+#: tied and untied embeddings, a sharded checkpoint, bfloat16 weights, head_dim both equal to
+#: and different from hidden/heads, one KV head, attention biases, and RoPE bases other than
+#: the default (transformers 5 writes them inside ``rope_parameters``).
 #: head_dim 64 lets the NPU path use npu_apply_rotary_pos_emb; "sharded" has head_dim 32 to
 #: exercise its portable fallback.
 TINY_MODELS: dict[str, dict[str, Any]] = {
@@ -37,6 +43,7 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
             "num_key_value_heads": 2,
             "head_dim": 64,
             "tie_word_embeddings": True,
+            "rope_theta": 1_000_000.0,
         },
         "save": {},
     },
@@ -48,6 +55,7 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
             "head_dim": 64,
             "tie_word_embeddings": False,
             "attention_bias": True,
+            "rope_theta": 500.0,
         },
         "save": {},
     },

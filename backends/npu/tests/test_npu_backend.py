@@ -4,11 +4,13 @@ the budget, and clear errors for misuse."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -167,7 +169,7 @@ def test_the_npu_path_runs_each_kernel_once_per_layer(
         _batch(arrays, logits=True, greedy=True),
         backend.new_cache(num_pages=tables.num_pages, page_size=128),
     )
-    layers = backend.model.config.num_layers
+    layers = backend.model.config.num_hidden_layers
     assert dict(fake_npu_module.CALLS) == {
         "npu_scatter_pa_kv_cache": layers,
         "npu_fused_infer_attention_score": layers,
@@ -245,6 +247,31 @@ def test_a_dispatch_paged_differently_from_the_cache_is_rejected(backends: Backe
     one_page = backend.new_cache(num_pages=1, page_size=4)
     with pytest.raises(InvalidInputError, match=r"pages in \[0, 1\): page 1"):
         backend.run_dispatch(_batch(two_pages, logits=True, greedy=False), one_page)
+
+
+@pytest.mark.parametrize("ops", PATHS)
+@pytest.mark.parametrize("target", ["spare page", "other request's page"])
+def test_a_write_outside_the_requests_pages_is_refused_before_any_kernel_runs(
+    ops: str, target: str, backends: Backends
+) -> None:
+    backend, page = backends("tied", ops=ops), PAGE[ops]
+    lengths = [6, 9]
+    spare = sum(-(-n // page) for n in lengths)  # the page after the requests' own
+    schedule = plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=100))
+    tables = plan_pages(lengths, page_size=page, num_pages=spare + 1)
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    slots = arrays.slot_mapping.copy()
+    slots[7] = spare * page + 1 if target == "spare page" else 1  # request 1's position 1
+    bad = attrs.evolve(arrays, slot_mapping=slots)
+    cache = backend.new_cache(num_pages=spare + 1, page_size=page)
+    message = (
+        rf"row 1 would write position 1 of request 1 to slot {slots[7]} "
+        rf"\(page {slots[7] // page}\), outside its pages "
+        + re.escape(str(tables.table(1).tolist()))
+    )
+    with pytest.raises(InvalidInputError, match=message):
+        backend.run_dispatch(_batch(bad, logits=True, greedy=False), cache)
+    assert not any(kv.key.any() or kv.value.any() for kv in cache.layers)
 
 
 def test_host_embeddings_of_the_wrong_shape_are_rejected(backends: Backends) -> None:

@@ -1,5 +1,7 @@
-"""The loader reads tied, untied and sharded checkpoints in any float dtype, and every problem
-is a CheckpointError naming the file (and, for weights, the tensor)."""
+"""The loader reads tied, untied and sharded checkpoints in any float dtype through the shared
+reader (pypto_sched.checkpoints), and every problem is a CheckpointError naming the file (and,
+for weights, the tensor). The reader's own hostile-input table is tests/test_checkpoints.py;
+this file checks what reaches the npu backend."""
 
 from __future__ import annotations
 
@@ -12,13 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pypto_sched_npu import (
-    CheckpointError,
-    NpuBackend,
-    Qwen3Config,
-    expected_tensors,
-    load_checkpoint,
-)
+from pypto_sched import CheckpointError
+from pypto_sched.checkpoints import expected_tensors, read_config
+from pypto_sched_npu import NpuBackend, load_checkpoint
 
 Edit = Callable[[Path], None]
 
@@ -67,27 +65,27 @@ def test_loads_tied_untied_and_sharded_checkpoints(checkpoints: dict[str, Path])
     assert sharded.config.head_dim == 32
 
 
-def test_reads_the_config_fields_the_forward_needs(checkpoints: dict[str, Path]) -> None:
-    config = Qwen3Config.from_file(checkpoints["untied"] / "config.json")
-    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (4, 1, 64)
-    assert (config.hidden_size, config.intermediate_size, config.num_layers) == (96, 128, 2)
-    assert config.rope_theta == 10000.0
+def test_the_model_is_described_with_hugging_face_field_names(
+    checkpoints: dict[str, Path], backends: Callable[..., NpuBackend]
+) -> None:
+    config = read_config(checkpoints["untied"])
+    assert backends("untied").model.config == config
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 1, 64)
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (96, 128, 2)
+    # transformers 5 writes the RoPE base inside rope_parameters only.
+    data = json.loads((checkpoints["untied"] / "config.json").read_text())
+    assert "rope_theta" not in data
+    assert data["rope_parameters"]["rope_theta"] == config.rope_theta == 500.0
 
 
-def test_accepts_the_transformers_4_rope_spelling() -> None:
-    data = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "vocab_size": 8,
-        "hidden_size": 8,
-        "intermediate_size": 8,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "rope_theta": 500000.0,
-        "rope_scaling": None,
-    }
-    config = Qwen3Config.from_dict(data)
-    assert config.rope_theta == 500000.0
-    assert (config.num_kv_heads, config.head_dim) == (2, 4)
+def test_bfloat16_weights_keep_their_bits(checkpoints: dict[str, Path]) -> None:
+    shard = sorted(checkpoints["sharded"].glob("model-*.safetensors"))[0]
+    stored = load_file(shard)
+    loaded = load_checkpoint(checkpoints["sharded"], dtype=torch.bfloat16)
+    assert stored
+    for name, tensor in stored.items():
+        assert tensor.dtype == torch.bfloat16
+        assert torch.equal(loaded.tensors[name], tensor)
 
 
 @pytest.mark.parametrize("stored", [torch.float16, torch.bfloat16, torch.float32])
@@ -115,8 +113,12 @@ def _llama(d: Path) -> None:
     _edit_config(d, architectures=["LlamaForCausalLM"], model_type="llama")
 
 
+def _string_boolean(d: Path) -> None:
+    _edit_config(d, tie_word_embeddings="false")
+
+
 def _no_hidden_size(d: Path) -> None:
-    _edit_config(d, hidden_size=None)
+    _edit_config(d, hidden_size=None)  # transformers' default, 4096, is not this model's
 
 
 def _yarn(d: Path) -> None:
@@ -125,6 +127,13 @@ def _yarn(d: Path) -> None:
 
 def _sliding(d: Path) -> None:
     _edit_config(d, use_sliding_window=True)
+
+
+def _bad_header(d: Path) -> None:
+    path = d / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[8] = ord("[")  # the header is no longer a JSON object
+    path.write_bytes(bytes(data))
 
 
 def _no_weights(d: Path) -> None:
@@ -158,13 +167,19 @@ def _untied_without_head(d: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (_missing_config, r"config\.json: the checkpoint has no config\.json"),
-        (_bad_json, r"config\.json: not valid JSON"),
-        (_llama, r"config\.json: 'architectures' must include 'Qwen3ForCausalLM'.*Llama"),
-        (_no_hidden_size, r"config\.json: missing required key 'hidden_size'"),
-        (_yarn, r"config\.json: only the default rotary embedding.*'yarn'"),
+        (_missing_config, r"config\.json: cannot read config\.json"),
+        (_bad_json, r"config\.json is not valid JSON"),
+        (_llama, r"config\.json: 'model_type' must be 'qwen3': 'llama'"),
+        (_string_boolean, r"config\.json: 'tie_word_embeddings' must be a bool: 'false'"),
+        (
+            _no_hidden_size,
+            r"model\.safetensors: tensor 'model\.embed_tokens\.weight' must have shape "
+            r"\[101, 4096\] for this config: \[101, 64\]",
+        ),
+        (_yarn, r"config\.json: 'rope_parameters': 'rope_type' must be 'default'.*'yarn'"),
         (_sliding, r"config\.json: 'use_sliding_window' must be false"),
         (_no_weights, r"has neither model\.safetensors nor model\.safetensors\.index\.json"),
+        (_bad_header, r"model\.safetensors: the safetensors header is not valid JSON"),
         (
             _missing_tensor,
             r"tensor 'model\.layers\.1\.self_attn\.k_norm\.weight' is in none of "
@@ -178,7 +193,7 @@ def _untied_without_head(d: Path) -> None:
         (
             _int_weights,
             r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.up_proj\.weight' "
-            r"must be float32, float16 or bfloat16: I8",
+            r"must be one of \['F64', 'F32', 'F16', 'BF16'\]: I8",
         ),
         (_untied_without_head, r"tensor 'lm_head\.weight' is in none of"),
     ],
@@ -205,7 +220,7 @@ def test_a_missing_shard_names_the_shard_and_a_tensor_in_it(
     index = json.loads((directory / "model.safetensors.index.json").read_text())
     name, shard = sorted(index["weight_map"].items())[0]
     (directory / shard).unlink()
-    with pytest.raises(CheckpointError, match=rf"{shard}: shard listed in .* for '{name}'"):
+    with pytest.raises(CheckpointError, match=rf"{shard}: the shard .* lists for tensor '{name}'"):
         load_checkpoint(directory)
 
 
@@ -217,5 +232,5 @@ def test_a_tensor_the_index_misplaces_names_the_shard(copy_of: Callable[[str], P
     name = next(n for n, s in index["weight_map"].items() if s == shards[0])
     index["weight_map"][name] = shards[1]
     path.write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=rf"{shards[1]}: tensor '{name}' is listed here"):
+    with pytest.raises(CheckpointError, match=rf"{shards[1]}: tensor '{name}' is listed in"):
         load_checkpoint(directory)
