@@ -14,7 +14,7 @@ from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
 __all__ = ["BlockTables", "plan_pages"]
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class BlockTables:
     """Per request, the KV-cache pages holding positions ``0, page_size, 2 * page_size, ...``.
 

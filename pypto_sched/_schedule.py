@@ -50,7 +50,7 @@ _READABLE_VERSIONS: dict[int, Callable[[object], object]] = {1: _config_v1, 2: l
 IntArray = npt.NDArray[np.int64]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Chunk:
     """One row of a dispatch: tokens ``start:start + length`` of request ``request``."""
 
@@ -65,7 +65,7 @@ class Chunk:
         return self.start + self.length
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class Dispatch:
     """One device call: its rows as read-only array views into the schedule."""
 
@@ -123,7 +123,7 @@ class _Dispatches(Sequence[Dispatch]):
             yield self._schedule.dispatch(index)
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class Schedule:
     """Which tokens of which request run in which dispatch.
 
@@ -233,7 +233,12 @@ class Schedule:
     @functools.cached_property
     def stats(self) -> ScheduleStats:
         """Summary figures: dispatches vs lower bound, tokens, utilization, finishing."""
-        return ScheduleStats.of(self)
+        return ScheduleStats.from_arrays(
+            tokens_per_dispatch=self.tokens_per_dispatch,
+            finish_dispatch=self.finish_dispatch,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            lower_bound=self.lower_bound,
+        )
 
     # -- equality and hashing ----------------------------------------------------------------
 

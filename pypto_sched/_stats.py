@@ -1,14 +1,16 @@
-"""Summary figures of a schedule: what the CLI prints and ``compare`` tabulates."""
+"""Summary figures of a schedule: what the CLI prints and ``compare`` tabulates.
+
+Built from a schedule's arrays (:meth:`ScheduleStats.from_arrays`), so this module does not
+import ``_schedule.py``, which imports it.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import numpy as np
-
-if TYPE_CHECKING:
-    from ._schedule import Schedule
+import numpy.typing as npt
 
 __all__ = ["ScheduleStats"]
 
@@ -32,22 +34,31 @@ class ScheduleStats:
     worst_finish_dispatch: int
 
     @classmethod
-    def of(cls, schedule: Schedule) -> ScheduleStats:
-        """The figures of ``schedule`` (what :attr:`Schedule.stats` returns, cached)."""
-        tokens = schedule.tokens_per_dispatch
-        finish = schedule.finish_dispatch
+    def from_arrays(
+        cls,
+        *,
+        tokens_per_dispatch: npt.NDArray[np.int64],
+        finish_dispatch: npt.NDArray[np.int64],
+        max_num_batched_tokens: int,
+        lower_bound: int,
+    ) -> ScheduleStats:
+        """The figures of a schedule whose dispatches carry ``tokens_per_dispatch`` tokens and
+        whose requests finish in dispatches ``finish_dispatch`` (what
+        :attr:`Schedule.stats` returns, cached)."""
+        tokens = tokens_per_dispatch
+        utilization = tokens / max_num_batched_tokens
         return cls(
-            num_requests=schedule.num_requests,
-            num_tokens=schedule.num_tokens,
-            num_dispatches=schedule.num_dispatches,
-            lower_bound=schedule.lower_bound,
+            num_requests=int(finish_dispatch.size),
+            num_tokens=int(tokens.sum()),
+            num_dispatches=int(tokens.size),
+            lower_bound=lower_bound,
             min_tokens_per_dispatch=int(tokens.min()),
             mean_tokens_per_dispatch=float(tokens.mean()),
             max_tokens_per_dispatch=int(tokens.max()),
-            mean_utilization=float(np.mean(schedule.utilization)),
-            min_utilization=float(np.min(schedule.utilization)),
-            mean_finish_dispatch=float(finish.mean()),
-            worst_finish_dispatch=int(finish.max()),
+            mean_utilization=float(utilization.mean()),
+            min_utilization=float(utilization.min()),
+            mean_finish_dispatch=float(finish_dispatch.mean()),
+            worst_finish_dispatch=int(finish_dispatch.max()),
         )
 
     def to_dict(self) -> dict[str, Any]:

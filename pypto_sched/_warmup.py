@@ -11,7 +11,7 @@ from ._validate import check_int
 __all__ = ["WarmupShape", "plan_warmup"]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class WarmupShape:
     """A dispatch of ``num_rows`` rows of ``tokens_per_row`` tokens each."""
 

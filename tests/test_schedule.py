@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from hypothesis import given
 from test_planner import Case, cases, rows_of
 
+import pypto_sched
 from pypto_sched import (
     FORMAT_VERSION,
     Chunk,
@@ -19,6 +22,7 @@ from pypto_sched import (
     InvalidScheduleError,
     PlannerConfig,
     Schedule,
+    ScheduleStats,
     plan_prefill,
 )
 
@@ -488,3 +492,98 @@ def test_version_1_json_still_loads_with_its_old_knob_name() -> None:
     data["version"] = 1
     data["config"]["max_batch_size"] = data["config"].pop("max_num_seqs")
     assert Schedule.from_dict(data) == schedule
+
+
+# -- module structure ------------------------------------------------------------------------
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each module of ``pypto_sched`` and the package modules it imports, read from the
+    source (imports under ``TYPE_CHECKING`` included). Imports of a module's own packages
+    are left out (they run first anyway, and the root imports the public surface), and so is
+    the root itself."""
+    root = Path(pypto_sched.__file__).parent
+    modules: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = path.with_suffix("").relative_to(root.parent).parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                names = {f"{base}.{alias.name}" for alias in node.names}
+                found.update(names if names & modules.keys() else {base})
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        # A module's own packages run before it whatever it imports: not edges.
+        packages = {name.rsplit(".", k)[0] for k in range(name.count(".") + 1)}
+        graph[name] = {m for m in found if m in modules and m not in packages}
+    del graph["pypto_sched"]
+    return graph
+
+
+def test_the_package_modules_import_each_other_without_a_cycle() -> None:
+    graph = package_imports()
+    assert graph["pypto_sched._schedule"] >= {"pypto_sched._check", "pypto_sched._stats"}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, "import cycle: " + " -> ".join((*path, module))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
+
+
+def test_the_checker_and_the_stats_do_not_import_the_schedule() -> None:
+    graph = package_imports()
+    for module in ("pypto_sched._check", "pypto_sched._stats"):
+        assert "pypto_sched._schedule" not in graph[module]
+
+
+def test_stats_from_arrays_are_the_schedule_figures(seed: Schedule) -> None:
+    stats = ScheduleStats.from_arrays(
+        tokens_per_dispatch=np.array([4, 8, 2]),
+        finish_dispatch=np.array([2, 0]),
+        max_num_batched_tokens=8,
+        lower_bound=2,
+    )
+    assert stats == ScheduleStats(
+        num_requests=2,
+        num_tokens=14,
+        num_dispatches=3,
+        lower_bound=2,
+        min_tokens_per_dispatch=2,
+        mean_tokens_per_dispatch=14 / 3,
+        max_tokens_per_dispatch=8,
+        mean_utilization=14 / 24,
+        min_utilization=0.25,
+        mean_finish_dispatch=1.0,
+        worst_finish_dispatch=2,
+    )
+    assert seed.stats.num_dispatches == 224
+    assert seed.stats.num_tokens == 16 * 3338
+    assert seed.stats.worst_finish_dispatch == 223
+
+
+def test_a_broken_invariant_names_the_value_found() -> None:
+    good = plan_prefill([6, 6], PlannerConfig(max_num_batched_tokens=4))
+    lengths = good.lengths.copy()
+    lengths[0] = 5
+    bad = copy.copy(good)
+    object.__setattr__(bad, "lengths", lengths)
+    with pytest.raises(
+        InvalidScheduleError, match=r"chunk cap \(4\) tokens: first at row 0, which has length 5"
+    ):
+        bad.validate()

@@ -66,39 +66,51 @@ def test_seed_rule_batch_b_budget_e_warms_b_rows_of_e_div_b_or_e_rows_of_one(
         (
             PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256),
             16,
-            (WarmupShape(16, 16), WarmupShape(1, 256)),
+            (
+                WarmupShape(num_rows=16, tokens_per_row=16),
+                WarmupShape(num_rows=1, tokens_per_row=256),
+            ),
         ),
         (
             PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=2),
             4,
-            (WarmupShape(2, 1), WarmupShape(1, 2)),
+            (WarmupShape(num_rows=2, tokens_per_row=1), WarmupShape(num_rows=1, tokens_per_row=2)),
         ),
         (
             PlannerConfig(max_num_batched_tokens=4),
             4,
-            (WarmupShape(4, 1), WarmupShape(1, 4)),
+            (WarmupShape(num_rows=4, tokens_per_row=1), WarmupShape(num_rows=1, tokens_per_row=4)),
         ),
         (
             PlannerConfig(max_num_batched_tokens=8192),
             16,
-            (WarmupShape(16, 512), WarmupShape(1, 8192)),
+            (
+                WarmupShape(num_rows=16, tokens_per_row=512),
+                WarmupShape(num_rows=1, tokens_per_row=8192),
+            ),
         ),
         (
             PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256),
             1,
-            (WarmupShape(1, 256),),
+            (WarmupShape(num_rows=1, tokens_per_row=256),),
         ),
         (
             PlannerConfig(
                 max_num_batched_tokens=8192, long_prefill_token_threshold=256, policy="packed"
             ),
             16,
-            (WarmupShape(16, 256), WarmupShape(1, 256)),
+            (
+                WarmupShape(num_rows=16, tokens_per_row=256),
+                WarmupShape(num_rows=1, tokens_per_row=256),
+            ),
         ),
         (
             PlannerConfig(max_num_batched_tokens=8192, max_num_seqs=8),
             16,
-            (WarmupShape(8, 1024), WarmupShape(1, 8192)),
+            (
+                WarmupShape(num_rows=8, tokens_per_row=1024),
+                WarmupShape(num_rows=1, tokens_per_row=8192),
+            ),
         ),
     ],
     ids=[
@@ -120,6 +132,6 @@ def test_warmup_shapes_of_known_configs(
 def test_max_seq_len_caps_tokens_per_row() -> None:
     config = PlannerConfig(max_num_batched_tokens=8192)
     assert plan_warmup(config, batch_size=2, max_seq_len=100) == (
-        WarmupShape(2, 100),
-        WarmupShape(1, 100),
+        WarmupShape(num_rows=2, tokens_per_row=100),
+        WarmupShape(num_rows=1, tokens_per_row=100),
     )
