@@ -7,7 +7,9 @@ plain-loop planner in ``tests/oracle.py``.
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import itertools
 from collections import Counter
 
@@ -18,7 +20,23 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from oracle import Row, oracle_plan
 
-from pypto_sched import POLICIES, PlannerConfig, Policy, Schedule, plan_prefill
+from pypto_sched import (
+    POLICIES,
+    PlannerConfig,
+    Policy,
+    PrefillState,
+    Schedule,
+    plan_prefill,
+    plan_step,
+)
+from pypto_sched._policies import (
+    admits,
+    chunk_limit,
+    chunk_size,
+    chunk_sizes,
+    fits_one_dispatch,
+    full_step,
+)
 
 ANY_POLICY: st.SearchStrategy[Policy] = st.sampled_from(POLICIES)
 
@@ -477,3 +495,141 @@ def test_packed_equal_lengths_one_request_over_the_rows_a_budget_fills_runs_alon
     assert schedule.num_dispatches == 227
     solo = [d for d in schedule.dispatches if d.num_rows == 1]
     assert Counter(int(d.requests[0]) for d in solo) == {15: 113}
+
+
+# -- the rule functions ------------------------------------------------------------------------
+# Each scheduling decision is one function of ``_policies.py``; these state each rule from
+# its definition in the header, and check that both planners make the decision through it.
+
+
+@st.composite
+def chunk_inputs(draw: st.DrawFn) -> tuple[int, int, int, int]:
+    """(start, length, limit, page) with ``0 <= start < length`` and ``page <= limit``."""
+    length = draw(st.integers(1, 2000))
+    start = draw(st.integers(0, length - 1))
+    limit = draw(st.integers(1, 600))
+    page = draw(st.integers(1, limit))
+    return start, length, limit, page
+
+
+@given(chunk_inputs())
+def test_chunk_size_runs_all_that_is_left_if_it_fits_else_up_to_a_page_boundary(
+    inputs: tuple[int, int, int, int],
+) -> None:
+    start, length, limit, page = inputs
+    size = chunk_size(start, length, limit, page)
+    if length - start <= limit:
+        assert size == length - start
+    else:
+        assert 0 <= size <= limit
+        assert size == 0 or (start + size) % page == 0
+        # The last boundary in reach: one more page would pass the limit.
+        assert (start + size) // page * page + page > start + limit
+
+
+@given(st.lists(chunk_inputs(), min_size=1, max_size=20), st.data())
+def test_chunk_sizes_is_chunk_size_for_each_request(
+    inputs: list[tuple[int, int, int, int]], data: st.DataObject
+) -> None:
+    limit = min(limit for _, _, limit, _ in inputs)
+    page = data.draw(st.integers(1, limit))
+    starts = np.array([start for start, _, _, _ in inputs], dtype=np.int64)
+    lengths = np.array([length for _, length, _, _ in inputs], dtype=np.int64)
+    expected = [chunk_size(s, n, limit, page) for s, n in zip(starts, lengths, strict=True)]
+    assert chunk_sizes(starts, lengths, limit, page).tolist() == expected
+
+
+@given(chunk_inputs(), st.integers(1, 10))
+def test_full_step_is_the_chunk_from_any_page_boundary_with_more_than_the_limit_left(
+    inputs: tuple[int, int, int, int], pages: int
+) -> None:
+    _, _, limit, page = inputs
+    start = pages * page
+    assert full_step(limit, page) == chunk_size(start, start + limit + 1, limit, page)
+    assert full_step(limit, page) == limit // page * page
+
+
+@pytest.mark.parametrize(
+    ("cap", "tokens_left", "rows_left", "expected"),
+    [(256, 1000, 3, 256), (256, 100, 3, 100), (256, 1000, 0, 0), (256, 0, 5, 0)],
+)
+def test_chunk_limit_is_the_cap_within_the_budget_left_while_a_row_is_free(
+    cap: int, tokens_left: int, rows_left: int, expected: int
+) -> None:
+    assert chunk_limit(cap, tokens_left, rows_left) == expected
+
+
+@pytest.mark.parametrize(
+    ("size", "remaining", "num_partial", "max_partial", "expected"),
+    [
+        (0, 10, 0, None, False),  # no token runs
+        (10, 10, 5, 1, True),  # a whole prefill needs no partial place
+        (4, 10, 0, 1, True),
+        (4, 10, 1, 1, False),  # part-way, and the partial places are taken
+        (4, 10, 99, None, True),
+    ],
+)
+def test_admits_needs_a_token_and_a_partial_place_for_a_chunk_that_leaves_it_part_way(
+    size: int, remaining: int, num_partial: int, max_partial: int | None, expected: bool
+) -> None:
+    assert admits(size, remaining, num_partial, max_partial) is expected
+
+
+@pytest.mark.parametrize(
+    ("tokens", "requests", "budget", "max_rows", "expected"),
+    [(256, 16, 256, None, True), (257, 1, 256, None, False), (10, 5, 256, 4, False)],
+)
+def test_fits_one_dispatch_needs_the_tokens_in_the_budget_and_the_requests_in_the_rows(
+    tokens: int, requests: int, budget: int, max_rows: int | None, expected: bool
+) -> None:
+    assert fits_one_dispatch(tokens, requests, budget, max_rows) is expected
+
+
+def test_no_planner_rounds_to_a_page_but_the_chunk_rule() -> None:
+    """The page rounding ``x // page * page`` appears only in ``chunk_size`` and its array
+    form: the planners call them rather than restate the rule."""
+    from pypto_sched import _online, _policies
+
+    for module in (_policies, _online):
+        tree = ast.parse(inspect.getsource(module))
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            for node in ast.walk(function):
+                rounds = (
+                    isinstance(node, ast.BinOp)
+                    and isinstance(node.op, ast.Mult)
+                    and isinstance(node.left, ast.BinOp)
+                    and isinstance(node.left.op, ast.FloorDiv)
+                )
+                assert not rounds or function.name in {"chunk_size", "chunk_sizes"}, (
+                    f"{module.__name__}.{function.name} rounds to a page itself"
+                )
+
+
+def test_both_planners_admit_through_the_one_admission_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replace ``admits`` by a stricter rule (no request may start part-way while another
+    is): offline and online plans change, and still agree."""
+    from pypto_sched import _online, _policies
+
+    def one_partial_at_most(size: int, remaining: int, num_partial: int, _: int | None) -> bool:
+        return size > 0 and (size == remaining or num_partial == 0)
+
+    config = PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=32)
+    config = attrs.evolve(config, policy="packed")
+    lengths = [100, 20, 100, 100]
+    before = rows_of(plan_prefill(lengths, config))
+    monkeypatch.setattr(_policies, "admits", one_partial_at_most)
+    monkeypatch.setattr(_online, "admits", one_partial_at_most)
+    offline = rows_of(plan_prefill(lengths, config))
+    assert offline != before
+    assert offline == oracle_plan(lengths, attrs.evolve(config, max_num_partial_prefills=1))
+    state = PrefillState.from_prompt_lengths(lengths)
+    online: list[list[Row]] = []
+    while state:
+        plan = plan_step(state, config)
+        online.append([(r, c.start, c.length, c.is_final) for r, c in plan.rows.items()])
+        state = plan.state
+    assert online == offline
