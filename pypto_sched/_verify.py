@@ -77,7 +77,7 @@ class Verification:
     @property
     def num_requests(self) -> int:
         arrays = (self.logits_difference, self.greedy_token_ids)
-        return next(int(a.size) for a in arrays if a is not None)
+        return next((int(a.size) for a in arrays if a is not None), 0)
 
     @property
     def max_abs_logit_diff(self) -> float | None:
@@ -240,7 +240,10 @@ def verify_against_one_shot(
     it is ``None`` the schedule is run here too, asking logits and greedy ids, from a fresh
     cache whose cached prefixes (``schedule.num_computed_tokens``) are written first with
     :func:`~pypto_sched.execute.write_prefixes`. ``on_dispatch`` sees the dispatches run
-    here (the chunked ones first, when run here, then the one-shot one).
+    here (the chunked ones first, when run here, then the one-shot one). ``page_size`` is the
+    KV page size of a chunked run made here (default: the schedule's ``config.page_size``,
+    else :data:`~pypto_sched.execute.DEFAULT_PAGE_SIZE`); the one-shot run uses the chunked
+    run's.
     """
     if not isinstance(backend, Backend):
         raise InvalidInputError(
