@@ -465,17 +465,19 @@ def test_round_robin_decode_tokens_count_against_the_whole_budget_not_the_thresh
     assert plan_step(state, config, reserved_tokens=1024).rows == {}
 
 
-def peak_bytes_of_one_step(state: PrefillState[Any], config: PlannerConfig, **reserved: int) -> int:
+def peak_bytes_of_one_step(
+    state: PrefillState[Any], config: PlannerConfig, *, reserved_tokens: int = 0
+) -> int:
     tracemalloc.start()
     try:
-        plan_step(state, config, **reserved)
+        plan_step(state, config, reserved_tokens=reserved_tokens)
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
 
 
 @pytest.mark.parametrize(
-    ("config", "reserved"),
+    ("config", "reserved_tokens"),
     [
         # packed: "long" is part-way and the partial limit keeps the next request waiting.
         (
@@ -485,15 +487,15 @@ def peak_bytes_of_one_step(state: PrefillState[Any], config: PlannerConfig, **re
                 max_num_partial_prefills=1,
                 policy="packed",
             ),
-            {},
+            0,
         ),
         # round_robin: "long" is at the head and no page of it fits the room left.
-        (PlannerConfig(max_num_batched_tokens=512, page_size=64), {"reserved_tokens": 500}),
+        (PlannerConfig(max_num_batched_tokens=512, page_size=64), 500),
     ],
     ids=["packed-admission-blocked", "round-robin-head-keeps-its-turn"],
 )
 def test_a_step_that_takes_no_one_from_the_queue_never_walks_it(
-    config: PlannerConfig, reserved: dict[str, int]
+    config: PlannerConfig, reserved_tokens: int
 ) -> None:
     # Memory, not time, so that a busy machine cannot make it flaky: a walk over the
     # waiting requests would allocate for each of them.
@@ -504,7 +506,7 @@ def test_a_step_that_takes_no_one_from_the_queue_never_walks_it(
             state = plan_step(state, config).state  # "long" starts
         for request_id in range(waiting):
             state = state.add(request_id, 4096)
-        peaks.append(peak_bytes_of_one_step(state, config, **reserved))
+        peaks.append(peak_bytes_of_one_step(state, config, reserved_tokens=reserved_tokens))
     assert peaks[1] < peaks[0] + 4096, peaks
 
 
