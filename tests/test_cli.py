@@ -569,6 +569,19 @@ def test_help_teaches_each_command_with_an_example(
         assert "3338" in out
 
 
+@pytest.mark.parametrize("command", [[], ["plan"], ["compare"], ["plot"], ["run"], ["backends"]])
+def test_help_fits_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    # The usage block is argparse's own layout, which cannot break a group of options.
+    body = out[out.index("\n\n") :]
+    assert [line for line in body.splitlines() if len(line) > 80] == []
+
+
 @needs_matplotlib
 def test_help_examples_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Every example in a --help text that needs no backend is a working command."""

@@ -93,6 +93,7 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--workload",
         choices=WORKLOADS,
+        metavar="NAME",
         help="a named synthetic workload: seed (prompts of 3338 tokens), uniform, lognormal "
         "(long-tailed), bimodal (4 in 5 short, 1 in 5 long)",
     )
@@ -120,8 +121,11 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "planner configuration (as vLLM's flags: a threshold of 0 is off; the other limits "
-        "are off unless given)"
+        "planner configuration",
+        description=textwrap.fill(
+            "As in vLLM's flags, a threshold of 0 is off; the other limits are off unless given.",
+            width=HELP_WIDTH - 2,
+        ),
     )
     group.add_argument(
         "--max-num-batched-tokens",

@@ -39,8 +39,8 @@ EXAMPLES: list[Example] = [
     ("the seed's workload under both policies", f"compare {SEED} --max-num-seqs 16"),
     (
         "what the threshold does under packed",
-        "compare --workload seed --max-num-batched-tokens 8192 --policy packed \\\n"
-        "      --max-num-seqs 16 --vary threshold=0,256,1024",
+        "compare --workload seed --max-num-batched-tokens 8192 \\\n"
+        "      --policy packed --max-num-seqs 16 --vary threshold=0,256,1024",
     ),
     (
         "two hand-written configurations on 64 lognormal prompts",

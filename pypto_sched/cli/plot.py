@@ -26,7 +26,8 @@ EXAMPLES: list[Example] = [
     (
         "10,000 dispatches drawn as an image, as SVG",
         "plot --workload uniform --num-requests 1000 --max-length 20000 \\\n"
-        "      --max-num-batched-tokens 2048 --long-prefill-token-threshold 2048 -o big.svg",
+        "      --max-num-batched-tokens 2048 --long-prefill-token-threshold 2048 \\\n"
+        "      -o big.svg",
     ),
 ]
 

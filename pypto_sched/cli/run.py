@@ -43,14 +43,15 @@ __all__ = ["EXAMPLES", "MAX_RUN_TOKENS", "add_parser", "handle"]
 
 EXAMPLES: list[Example] = [
     (
-        "the seed's shape, a quarter as long, on the NumPy reference backend, verified",
-        "run --backend reference --lengths 834x16 --max-num-batched-tokens 8192 \\\n"
-        "      --long-prefill-token-threshold 256 --verify",
+        "the seed's shape, a quarter as long, on the NumPy reference backend",
+        "run --backend reference --lengths 834x16 \\\n"
+        "      --max-num-batched-tokens 8192 --long-prefill-token-threshold 256 --verify",
     ),
     (
         "a one-layer model (options go to the backend's factory), packed, as JSON",
-        "run --backend reference --backend-option num_hidden_layers=1 --lengths 300x4 \\\n"
-        "      --max-num-batched-tokens 512 --policy packed --verify --format json",
+        "run --backend reference --backend-option num_hidden_layers=1 \\\n"
+        "      --lengths 300x4 --max-num-batched-tokens 512 --policy packed --verify \\\n"
+        "      --format json",
     ),
 ]
 
