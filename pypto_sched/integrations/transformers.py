@@ -1,0 +1,371 @@
+"""pypto_sched as the scheduler of transformers' continuous batching.
+
+transformers' continuous-batching server (``model.generate_batch``,
+``model.init_continuous_batching``) asks a pluggable scheduler for every batch it runs; the
+schedulers it offers are the classes of
+``transformers.generation.continuous_batching.scheduler.SCHEDULER_MAPPING``, chosen by the
+``scheduler_type`` of its ``ContinuousBatchingConfig``. :func:`register` puts
+:class:`PyptoScheduler`, configured once with a :class:`~pypto_sched.PlannerConfig`, into that
+mapping; nothing else of the server is touched.
+
+How a batch is built
+====================
+The server owns the requests, the paged KV cache and its budgets; the planner owns the
+prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
+
+1. *Reconcile.* The scheduler keeps a :class:`~pypto_sched.PrefillState` of the requests
+   whose prefill is not finished (the server's waiting and prefilling requests), keyed by
+   the server's request ids. Requests the server has finished, cancelled or failed leave
+   it; new ones join it in arrival order; one whose progress the server changed on its own
+   (a prefix-cache hit, a CPU offload, a forked child) joins it again where it now is.
+2. *Decode first.* Decoding requests run one token each, in the server's order, within the
+   dispatch's tokens and rows (below).
+3. *Prefill.* :func:`~pypto_sched.plan_step` plans the prefill rows with the decode tokens
+   and rows reserved: the policy, the chunk cap, page alignment and the partial-prefill
+   limit all come from the planner.
+4. *The server's checks.* Each planned row then goes through the server's own checks, in
+   order: new requests wait while ``block_new_requests`` is set or the cache is under the
+   safety margin (one prefill row still runs then), a row must fit the cache budget, and
+   its cache blocks must be allocated. A row refused there does not run; the state advances
+   only by the rows that run (the plan restricted to them), so a refused request keeps its
+   place and is planned again next batch. A refused active request is reported in
+   ``starved_requests``; when nothing runs because the cache is full the batch is ``None``,
+   and the server offloads requests and asks again.
+
+The dispatch's limits are the tighter of the server's and the config's: at most
+``min(token_budget, max_num_batched_tokens)`` tokens and ``min(max_requests_per_batch,
+max_num_seqs)`` rows; the page size is the server's cache page size (a config that sets
+another ``page_size`` is refused), so no non-final chunk ends inside a page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import attrs
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.generation.continuous_batching.requests import (
+    FutureRequestState,
+    RequestState,
+    RequestStatus,
+)
+from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, Scheduler
+
+from .. import InvalidConfigError, PlannerConfig, PrefillState, StepChunk, plan_step
+
+__all__ = ["PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
+
+#: The default ``scheduler_type`` :func:`register` uses.
+DEFAULT_NAME = "pypto_sched"
+
+_PREFILLING = (RequestStatus.PENDING, RequestStatus.PREFILLING)
+
+
+@attrs.frozen(kw_only=True)
+class ScheduledRow:
+    """One request in a batch the server runs: positions ``start:start + length``."""
+
+    request_id: str
+    start: int
+    length: int
+    #: A prefill chunk (``False``: a decode token).
+    is_prefill: bool
+    #: Whether the request's prefill is complete after this row (always for decodes).
+    is_final: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@attrs.frozen(kw_only=True)
+class ScheduledBatch:
+    """A batch :class:`PyptoScheduler` gave the server, decode rows first, and the budgets
+    the server offered for it."""
+
+    rows: tuple[ScheduledRow, ...]
+    token_budget: int
+    cache_budget: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(row.length for row in self.rows)
+
+
+#: Called with every non-empty batch, before the server runs it.
+BatchObserver = Callable[[ScheduledBatch], None]
+
+
+def register(
+    config: PlannerConfig,
+    *,
+    name: str = DEFAULT_NAME,
+    on_batch: BatchObserver | None = None,
+) -> type[PyptoScheduler]:
+    """Offer pypto_sched to transformers' continuous batching as ``scheduler_type=name``.
+
+    Puts a :class:`PyptoScheduler` subclass configured with ``config`` (and ``on_batch``,
+    called with every batch it schedules) into the server's ``SCHEDULER_MAPPING`` under
+    ``name``, replacing what was there, and returns it. The server picks it up for every
+    continuous-batching run whose config says ``scheduler_type=name``.
+    """
+    if not isinstance(config, PlannerConfig):
+        raise InvalidConfigError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    if not isinstance(name, str) or not name:
+        raise InvalidConfigError(f"'name' must be a non-empty string: {name!r}")
+    observers = () if on_batch is None else (on_batch,)
+
+    class Registered(PyptoScheduler):
+        planner_config = config
+        batch_observers = observers
+
+    Registered.__qualname__ = Registered.__name__ = f"PyptoScheduler[{name}]"
+    SCHEDULER_MAPPING[name] = Registered
+    return Registered
+
+
+@attrs.define
+class _Batch:
+    """A batch being built: what runs, and what is left of the budgets."""
+
+    tokens_left: int
+    rows_left: int
+    cache_left: int
+    decode_fast_path: bool
+    in_safety_margin: bool
+    scheduled: list[FutureRequestState] = attrs.Factory(list)
+    rows: list[ScheduledRow] = attrs.Factory(list)
+    leaving_waiting: set[str] = attrs.Factory(set)
+    allocation_failed: bool = False
+
+    def rows_used(self, config: PlannerConfig) -> int:
+        assert config.max_num_seqs is not None  # PyptoScheduler.step_config sets it
+        return config.max_num_seqs - self.rows_left
+
+
+class PyptoScheduler(Scheduler):
+    """A transformers continuous-batching scheduler whose prefill chunks pypto_sched plans.
+
+    Use :func:`register` rather than this class: it is configured through the class
+    attributes :func:`register` sets, because the server builds its scheduler itself.
+    """
+
+    #: The planner's config (set by :func:`register`).
+    planner_config: ClassVar[PlannerConfig]
+    #: Called with every batch (set by :func:`register`).
+    batch_observers: ClassVar[tuple[BatchObserver, ...]] = ()
+
+    def __init__(
+        self, cache: PagedAttentionCache, safety_margin: float | None, max_requests_per_batch: int
+    ) -> None:
+        # The server's FIFO default: stop admitting prefills when under 15% of the cache is free.
+        super().__init__(
+            cache, 0.15 if safety_margin is None else safety_margin, max_requests_per_batch
+        )
+        self.page_size = max(
+            allocator.tokens_per_page for allocator in cache.cache_allocators.values()
+        )
+        self._step_configs: dict[int, PlannerConfig] = {}
+        self.step_config(cache.max_batch_tokens)  # a config that cannot fit fails here
+
+    def reset(self) -> None:
+        super().reset()
+        self.prefill_state: PrefillState[str] = PrefillState()
+
+    def step_config(self, token_budget: int) -> PlannerConfig:
+        """The planner config of a dispatch the server allows ``token_budget`` tokens: the
+        config given to :func:`register` within the server's limits and on its pages."""
+        config = self._step_configs.get(token_budget)
+        if config is not None:
+            return config
+        given = self.planner_config
+        if given.page_size is not None and given.page_size != self.page_size:
+            raise InvalidConfigError(
+                "'page_size' must be unset or the server's cache page size "
+                f"({self.page_size}): {given.page_size}"
+            )
+        rows = self.max_requests_per_batch
+        if given.max_num_seqs is not None:
+            rows = min(rows, given.max_num_seqs)
+        tokens = min(token_budget, given.max_num_batched_tokens)
+        try:
+            config = attrs.evolve(
+                given, max_num_batched_tokens=tokens, max_num_seqs=rows, page_size=self.page_size
+            )
+        except InvalidConfigError as error:
+            raise InvalidConfigError(
+                f"the planner config does not fit the server (page size {self.page_size}, "
+                f"{token_budget} tokens a batch): {error}"
+            ) from error
+        self._step_configs[token_budget] = config
+        return config
+
+    # -- the batch ------------------------------------------------------------------------------
+
+    def schedule_batch(
+        self, token_budget: int, cache_budget: int
+    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+        config = self.step_config(token_budget)
+        self._reconcile()
+        assert config.max_num_seqs is not None  # step_config sets it
+        batch = _Batch(
+            tokens_left=config.max_num_batched_tokens,
+            rows_left=config.max_num_seqs,
+            cache_left=cache_budget,
+            decode_fast_path=self.cache.max_blocks_per_request > 0,
+            in_safety_margin=self._try_to_meet_safety_margin(),
+        )
+        self.starved_requests = []
+        self._schedule_decodes(batch)
+        self._schedule_prefill(config, batch)
+        self._cleanup_waiting_queue(batch.leaving_waiting)
+        if not batch.scheduled and batch.allocation_failed:
+            return None, batch.decode_fast_path, 0, 0
+        if batch.rows:
+            scheduled = ScheduledBatch(
+                rows=tuple(batch.rows), token_budget=token_budget, cache_budget=cache_budget
+            )
+            for observer in self.batch_observers:
+                observer(scheduled)
+        num_q_tokens = config.max_num_batched_tokens - batch.tokens_left
+        return (
+            batch.scheduled,
+            batch.decode_fast_path,
+            num_q_tokens,
+            cache_budget - batch.cache_left,
+        )
+
+    def _reconcile(self) -> None:
+        """Bring the prefill state in line with the server's requests (see the module doc)."""
+        state = self.prefill_state
+        for request_id in list(state):
+            server = self._server_request(request_id)
+            if server is None or server.status not in _PREFILLING:
+                state = state.remove(request_id)
+                continue
+            planned = state[request_id]
+            length, computed = _progress(server)
+            if (planned.prompt_length, planned.num_computed_tokens) != (length, computed):
+                state = state.remove(request_id).add(
+                    request_id, length, num_computed_tokens=computed
+                )
+        arrived = [s for s in self.active_requests.values() if s.status == RequestStatus.PREFILLING]
+        arrived += [self.waiting_requests[rid] for rid in self.waiting_requests_order]
+        for server in arrived:
+            if server.request_id not in state and server.remaining_prefill_tokens:
+                length, computed = _progress(server)
+                state = state.add(server.request_id, length, num_computed_tokens=computed)
+        self.prefill_state = state
+
+    def _plannable(self, skipped: set[str], *, new_requests: bool) -> PrefillState[str]:
+        """The state to plan from: without the requests ``skipped`` in this batch, and
+        without the new (waiting) ones unless ``new_requests``."""
+        state = self.prefill_state
+        for request_id in skipped:
+            state = state.discard(request_id)
+        if not new_requests:
+            for request_id in self.waiting_requests:
+                state = state.discard(request_id)
+        return state
+
+    def _server_request(self, request_id: str) -> RequestState | None:
+        return self.active_requests.get(request_id) or self.waiting_requests.get(request_id)
+
+    def _schedule_decodes(self, batch: _Batch) -> None:
+        for state in list(self.active_requests.values()):
+            if batch.tokens_left <= 0 or batch.rows_left <= 0:
+                return
+            if state.status == RequestStatus.DECODING:
+                tokens = self._infer_request_tokens(state, batch.leaving_waiting)
+                self._run_row(state, tokens, min(len(tokens), batch.tokens_left), batch)
+
+    def _schedule_prefill(self, config: PlannerConfig, batch: _Batch) -> None:
+        """Plan the prefill rows in the room the decodes left, and run those the server
+        accepts.
+
+        A plan whose rows the server all refuses is planned again without them (and
+        without the new requests, once a new one found no free cache block), until a row
+        runs or nothing is left to plan: a request whose blocks cannot be allocated is then
+        reported starved, so the server frees blocks (by offloading) instead of waiting for
+        a new request that cannot start.
+        """
+        skipped: set[str] = set()
+        new_requests = not self.block_new_requests
+        while batch.in_safety_margin or not batch.scheduled:
+            plan = plan_step(
+                self._plannable(skipped, new_requests=new_requests),
+                config,
+                reserved_tokens=config.max_num_batched_tokens - batch.tokens_left,
+                reserved_rows=batch.rows_used(config),
+            )
+            ran: dict[str, StepChunk] = {}
+            for request_id, chunk in plan.rows.items():
+                if not batch.in_safety_margin and batch.scheduled:
+                    break  # under the safety margin, a prefill row only in an empty batch
+                state = self._server_request(request_id)
+                if state is not None and self._run_prefill_row(state, chunk, batch):
+                    ran[request_id] = chunk
+                elif state is not None and state.status == RequestStatus.PENDING:
+                    new_requests &= not batch.allocation_failed
+            self.prefill_state = self.prefill_state.apply(attrs.evolve(plan, rows=ran))
+            if ran or not plan.rows:
+                return
+            skipped.update(plan.rows)
+
+    def _run_prefill_row(self, state: RequestState, chunk: StepChunk, batch: _Batch) -> bool:
+        """Run a planned chunk if the server accepts it; whether it runs."""
+        if state.position_offset != chunk.start:
+            return False  # changed since the reconciliation; planned again next batch
+        tokens = self._infer_request_tokens(state, batch.leaving_waiting)
+        if state.position_offset != chunk.start:
+            return False  # a prefix-cache hit moved it: planned again from there next batch
+        return self._run_row(state, tokens, chunk.length, batch)
+
+    def _run_row(self, state: RequestState, tokens: list[int], size: int, batch: _Batch) -> bool:
+        """Put ``size`` of ``tokens`` of ``state`` into the batch if the server's cache
+        budget and free blocks allow it (the checks of the server's own schedulers)."""
+        is_prefill = state.status != RequestStatus.DECODING
+        read_needed = state.current_len()
+        if self.cache.read_cache_limit is not None:
+            read_needed = min(read_needed, self.cache.read_cache_limit)
+        decode_eligible = (
+            size == 1 and state.position_offset < self.cache.max_decode_fast_path_length
+        )
+        if not (batch.decode_fast_path and decode_eligible) and batch.cache_left < read_needed:
+            return False
+        if not self.cache.can_store_request_tokens(state, size):
+            batch.allocation_failed = True
+            if state.request_id in self.active_requests:
+                self.starved_requests.append((state, size))
+            return False
+        start = state.position_offset
+        self._schedule_request(state, tokens, size, batch.leaving_waiting)
+        size = len(state.tokens_to_process)
+        batch.decode_fast_path &= (
+            size == 1 and state.position_offset < self.cache.max_decode_fast_path_length
+        )
+        batch.tokens_left -= size
+        batch.rows_left -= 1
+        batch.cache_left -= read_needed
+        complete_blocks = self.cache.count_new_complete_blocks(state, size)
+        finished_prefill = not state.remaining_prefill_tokens
+        batch.scheduled.append(FutureRequestState(state, finished_prefill, complete_blocks, size))
+        batch.rows.append(
+            ScheduledRow(
+                request_id=state.request_id,
+                start=start,
+                length=size,
+                is_prefill=is_prefill,
+                is_final=finished_prefill,
+            )
+        )
+        if self.waiting_requests.pop(state.request_id, None) is not None:
+            batch.leaving_waiting.add(state.request_id)
+        return True
+
+
+def _progress(state: RequestState) -> tuple[int, int]:
+    """A waiting or prefilling request's prompt length and tokens already computed."""
+    computed = state.position_offset
+    return computed + len(state.remaining_prefill_tokens), computed
