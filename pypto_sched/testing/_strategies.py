@@ -62,21 +62,21 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: ``prompt_lengths(max_value=None)`` draws up to ``min_value + LENGTH_SPAN - 1``.
-LENGTH_SPAN = 4096
+#: ``prompt_lengths(max_value=None)`` draws up to ``min_value + _LENGTH_SPAN - 1``.
+_LENGTH_SPAN = 4096
 #: A default budget is drawn from ``BUDGET_SPAN`` values, ``[1, 512]`` unless raised.
-BUDGET_SPAN = 512
+_BUDGET_SPAN = 512
 #: Default prompt lengths reach this many chunks of the drawn config's chunk cap.
-CHUNKS_PER_PROMPT = 4
+_CHUNKS_PER_PROMPT = 4
 #: The default config of ``schedules(prompt_lengths=...)`` has a chunk cap of at least the
 #: schedule's tokens over this, so the schedule has at most about twice this many dispatches
 #: (pages can halve a chunk) plus one per request.
-CHUNKS_PER_SCHEDULE = 128
+_CHUNKS_PER_SCHEDULE = 128
 #: Default upper bounds of the optional limits a config draws.
-MAX_NUM_SEQS = 16
-MAX_NUM_PARTIAL_PREFILLS = 8
+_MAX_NUM_SEQS = 16
+_MAX_NUM_PARTIAL_PREFILLS = 8
 #: The number of requests drawn when ``max_size`` is ``None`` (or ``min_size`` if larger).
-DEFAULT_MAX_SIZE = 10
+_DEFAULT_MAX_SIZE = 10
 
 
 # -- prompt lengths -----------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def prompt_lengths(draw: st.DrawFn, *, min_value: int = 1, max_value: int | None
     """
     low = _check_int("min_value", min_value, min_value=1, max_value=MAX_TOKENS)
     if max_value is None:
-        high = min(low + LENGTH_SPAN - 1, MAX_TOKENS)
+        high = min(low + _LENGTH_SPAN - 1, MAX_TOKENS)
     else:
         high = _check_int("max_value", max_value, min_value=1, max_value=MAX_TOKENS)
     if low > high:
@@ -165,7 +165,7 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
         page = _draw_limit(draw, "page_size", given.page_size)
     floor = max(min_chunk_cap, page or 1)
     if given.max_num_batched_tokens is None:
-        high = min(floor + BUDGET_SPAN - 1, MAX_TOKENS)
+        high = min(floor + _BUDGET_SPAN - 1, MAX_TOKENS)
         budget = draw(st.integers(min_value=floor, max_value=high))
     else:
         budget = _draw_count(draw, "max_num_batched_tokens", given.max_num_batched_tokens)
@@ -178,22 +178,14 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
     if given.page_size is None:  # the default page fits the chunk cap
         page = draw(_optional_counts(1, budget if threshold is None else min(budget, threshold)))
     if given.max_num_seqs is None:
-        seqs = draw(_optional_counts(1, MAX_NUM_SEQS))
+        seqs = draw(_optional_counts(1, _MAX_NUM_SEQS))
     else:
         seqs = _draw_limit(draw, "max_num_seqs", given.max_num_seqs)
     partial = None
     if policy == "packed" and given.max_num_partial_prefills is None:
-        partial = draw(_optional_counts(1, MAX_NUM_PARTIAL_PREFILLS))
+        partial = draw(_optional_counts(1, _MAX_NUM_PARTIAL_PREFILLS))
     elif policy == "packed" and given.max_num_partial_prefills is not None:
         partial = _draw_limit(draw, "max_num_partial_prefills", given.max_num_partial_prefills)
-    fields = {
-        "policy": policy,
-        "max_num_batched_tokens": budget,
-        "long_prefill_token_threshold": threshold,
-        "max_num_seqs": seqs,
-        "page_size": page,
-        "max_num_partial_prefills": partial,
-    }
     try:
         return PlannerConfig(
             policy=policy,
@@ -204,7 +196,11 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
             max_num_partial_prefills=partial,
         )
     except InvalidConfigError as error:
-        drawn = ", ".join(f"{name}={value!r}" for name, value in fields.items())
+        drawn = (
+            f"policy={policy!r}, max_num_batched_tokens={budget}, "
+            f"long_prefill_token_threshold={threshold}, max_num_seqs={seqs}, "
+            f"page_size={page}, max_num_partial_prefills={partial}"
+        )
         raise InvalidArgument(
             f"planner_configs() drew a combination PlannerConfig rejects ({drawn}): {error}"
         ) from error
@@ -287,7 +283,7 @@ def schedules(
     else:  # the lengths first: a default config follows them
         lengths = _draw_lengths(draw, prompt_lengths, low, high)
         computed = _draw_prefix_hits(draw, lengths, allow_prefix_hits)
-        min_chunk_cap = min(-(-sum(lengths) // CHUNKS_PER_SCHEDULE), MAX_TOKENS)
+        min_chunk_cap = min(-(-sum(lengths) // _CHUNKS_PER_SCHEDULE), MAX_TOKENS)
         config = _draw_planner_config(draw, configs, min_chunk_cap=min_chunk_cap)
     return plan_prefill(lengths, config, num_computed_tokens=computed)
 
@@ -298,7 +294,7 @@ def _default_lengths(config: PlannerConfig) -> st.SearchStrategy[int]:
 
 def _longest_default(chunk_cap: int) -> int:
     """The longest default prompt length: four chunks."""
-    return min(CHUNKS_PER_PROMPT * chunk_cap, MAX_TOKENS)
+    return min(_CHUNKS_PER_PROMPT * chunk_cap, MAX_TOKENS)
 
 
 def _draw_lengths(
@@ -345,8 +341,8 @@ def prefill_states(
     waiting, part-way (started, not finished) or just arrived, and the state may be in the
     middle of a run of the config's policy (``state.policy``). With the default
     ``prompt_lengths``, at least a quarter of the states drawn hold a part-way request,
-    whatever the config. To step the state further you need its config: draw both with
-    :func:`prefill_states_with_configs`.
+    whatever the config (if ``max_size >= 1``). To step the state further you need its
+    config: draw both with :func:`prefill_states_with_configs`.
 
     ``request_ids`` defaults to distinct ints in ``range(max_size)`` (an id may come back
     after its request has left); a strategy you pass must be able to draw ``min_size``
@@ -485,12 +481,14 @@ class _History:
             cached = self.draw(st.integers(min_value=0, max_value=most))
         self.state = self.state.add(self.free.pop(), length, num_computed_tokens=cached)
 
-    def step(self, *, reserved_tokens: int = 0, reserved_rows: int = 0) -> None:
+    def step(self, *, reserved_tokens: int = 0, reserved_rows: int = 0) -> bool:
+        """Plan and run one step; whether it ran any rows."""
         plan = plan_step(
             self.state, self.config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
         )
         self.state = plan.state
         self.free.extend(plan.finished)
+        return bool(plan.rows)
 
     def is_part_way(self) -> bool:
         return any(request.is_started for request in self.state.values())
@@ -506,7 +504,8 @@ class _History:
         part-way.
         """
         while self.state and not self.is_part_way():
-            self.step()
+            if not self.step():  # cannot happen (see above); never loop forever if it does
+                return
         can_be_long = self.lengths is None and self.config.chunk_cap < MAX_TOKENS
         if not self.state and self.free and can_be_long:
             self.arrive(longer_than_a_chunk=True)
@@ -584,7 +583,7 @@ def _check_int(name: str, value: object, *, min_value: int, max_value: int | Non
 def _check_sizes(min_size: object, max_size: object, *, minimum: int) -> tuple[int, int]:
     low = _check_int("min_size", min_size, min_value=minimum)
     if max_size is None:
-        return low, max(low, DEFAULT_MAX_SIZE)
+        return low, max(low, _DEFAULT_MAX_SIZE)
     high = _check_int("max_size", max_size, min_value=minimum)
     if low > high:
         raise InvalidArgument(f"min_size={low} must be <= max_size={high}")
