@@ -75,7 +75,7 @@ def serve(
 
     state: PrefillState[int] = PrefillState()
     decoding: list[int] = []  # requests past their prefill, in the order they got there
-    budget = config.effective_budget  # decode tokens count against it too
+    budget = config.max_num_batched_tokens  # decode tokens count against the whole budget
     row_limit = config.max_num_seqs
     summary = Summary()
     for step in range(max_steps):
@@ -103,6 +103,7 @@ def serve(
         # 3. Prefill planned into the room that is left.
         plan = plan_step(state, config, reserved_tokens=decode_rows, reserved_rows=decode_rows)
         assert plan.num_tokens + decode_rows <= budget
+        assert plan.num_tokens <= config.effective_budget
         assert row_limit is None or plan.num_rows + decode_rows <= row_limit
         # 4. Run the dispatch.
         for request_id in decode_now:
