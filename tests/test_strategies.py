@@ -283,7 +283,7 @@ def test_schedules_of_the_lengths_passed_have_a_bounded_number_of_dispatches(
     drawn, _ = generate(strategy, max_examples=30, health_checks=True)
     for schedule in drawn:
         assert schedule.num_tokens <= 10 * (min_value + 4095)
-        assert schedule.num_dispatches <= 2 * 128 + schedule.num_requests
+        assert schedule.num_dispatches <= 2 * 128 + 2 * schedule.num_requests
 
 
 # -- bad arguments: InvalidArgument when drawn, naming the argument and the value ----------------

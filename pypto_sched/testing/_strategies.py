@@ -69,8 +69,10 @@ _BUDGET_SPAN = 512
 #: Default prompt lengths reach this many chunks of the drawn config's chunk cap.
 _CHUNKS_PER_PROMPT = 4
 #: The default config of ``schedules(prompt_lengths=...)`` has a chunk cap of at least the
-#: schedule's tokens over this, so the schedule has at most about twice this many dispatches
-#: (pages can halve a chunk) plus one per request.
+#: schedule's tokens over this. Every dispatch runs a chunk of its first request; a request
+#: has at most twice this many chunks over all (a page-aligned chunk is at least half the
+#: cap) plus two (a short first chunk after a prefix hit, and its last), so a schedule has
+#: at most ``2 * _CHUNKS_PER_SCHEDULE`` dispatches plus two per request.
 _CHUNKS_PER_SCHEDULE = 128
 #: Default upper bounds of the optional limits a config draws.
 _MAX_NUM_SEQS = 16
@@ -264,7 +266,7 @@ def schedules(
     ``configs`` defaults to :func:`planner_configs`; ``prompt_lengths`` to lengths of up to
     four chunks of the drawn config's chunk cap. With ``prompt_lengths`` and no
     ``configs``, the lengths are drawn first and the default config's chunk cap is at least
-    their sum over 128, so a schedule has at most about 256 dispatches plus one per request
+    their sum over 128, so a schedule has at most 256 dispatches plus two per request
     however long the prompts. With ``allow_prefix_hits``, requests may start with some
     tokens already computed (``0 <= c < length``).
 
