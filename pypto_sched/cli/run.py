@@ -113,8 +113,11 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(
             f"run draws token ids for at most {MAX_RUN_TOKENS:,} tokens: {schedule.num_tokens:,}"
         )
+    seed = 0 if args.seed is None else args.seed
+    if seed < 0:
+        raise UsageError(f"--seed: must be >= 0: {seed}")
     backend = _load(args)
-    prompts = _token_ids(schedule, backend.vocab_size, args.seed or 0)
+    prompts = _token_ids(schedule, backend.vocab_size, seed)
     progress = _progress.bar(args)
     with progress("prefill", schedule.num_dispatches) as on_dispatch:
         started = time.perf_counter()
