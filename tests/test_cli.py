@@ -476,6 +476,17 @@ def test_text_output_without_rich_says_which_extra_to_install(
     assert run_json(capsys, "compare", *SEED_256)["configurations"]
 
 
+def test_python_dash_m_runs_the_same_command_line() -> None:
+    import subprocess
+
+    argv = ["plan", "--lengths", "5x2", "--max-num-batched-tokens", "8", "--format", "json"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pypto_sched.cli", *argv], capture_output=True, text=True
+    )
+    assert (result.returncode, result.stderr) == (EXIT_OK, "")
+    assert json.loads(result.stdout)["prompt_lengths"] == [5, 5]
+
+
 def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
     import subprocess
 
