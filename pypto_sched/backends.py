@@ -321,9 +321,12 @@ def _read_only_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, unsafe_hash=False)
 class BackendStatus:
-    """One registered backend as :func:`backend_statuses` finds it, without building it."""
+    """One registered backend as :func:`backend_statuses` finds it, without building it.
+
+    Statuses compare by value; they are not hashable, as they hold a mapping.
+    """
 
     #: The name it is registered under.
     name: str
