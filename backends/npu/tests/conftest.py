@@ -19,13 +19,20 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-# Without these, the whole directory is skipped with the reason (not a collection error).
-pytest.importorskip("torch", reason="the npu backend runs on torch")
-transformers = pytest.importorskip("transformers", reason="the oracle is transformers' Qwen3")
+# This file is loaded even where torch or transformers is missing, so it imports them only
+# where they are used: each test module skips itself without torch (with the reason), and
+# the fixtures that need transformers skip their tests without it.
+try:
+    import torch
 
-import torch  # noqa: E402
+    from pypto_sched_npu import NpuBackend, refresh_availability
+except ImportError:
+    pass
 
-from pypto_sched_npu import NpuBackend, refresh_availability  # noqa: E402
+
+def _transformers() -> Any:
+    return pytest.importorskip("transformers", reason="the oracle is transformers' Qwen3")
+
 
 FAKE_PATH = Path(__file__).with_name("fake_torch_npu.py")
 
@@ -67,13 +74,14 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
             "head_dim": 32,
             "tie_word_embeddings": False,
         },
-        "save": {"max_shard_size": "60KB", "dtype": torch.bfloat16},
+        "save": {"max_shard_size": "60KB", "dtype": "bfloat16"},
     },
 }
 VOCAB_SIZE = 101
 
 
 def _write_checkpoint(directory: Path, spec: dict[str, Any], seed: int) -> None:
+    transformers = _transformers()
     torch.manual_seed(seed)
     config = transformers.Qwen3Config(
         vocab_size=VOCAB_SIZE,
@@ -93,7 +101,7 @@ def _write_checkpoint(directory: Path, spec: dict[str, Any], seed: int) -> None:
                 parameter.copy_(0.05 * torch.randn_like(parameter))
     dtype = spec["save"].get("dtype")
     if dtype is not None:
-        model = model.to(dtype)
+        model = model.to(getattr(torch, dtype))
     shard = spec["save"].get("max_shard_size")
     if shard is None:
         model.save_pretrained(directory)
@@ -122,9 +130,11 @@ class Reference:
 
     def model(self, name: str) -> Any:
         if name not in self._models:
-            self._models[name] = transformers.Qwen3ForCausalLM.from_pretrained(
-                self._checkpoints[name], dtype=torch.float32
-            ).eval()
+            self._models[name] = (
+                _transformers()
+                .Qwen3ForCausalLM.from_pretrained(self._checkpoints[name], dtype=torch.float32)
+                .eval()
+            )
         return self._models[name]
 
     def last_logits(self, name: str, prompt: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
@@ -196,7 +206,7 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-BackendFactory = Callable[..., NpuBackend]
+BackendFactory = Callable[..., "NpuBackend"]
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,9 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+
+pytest.importorskip("torch", reason="the npu backend runs on torch")
+
 import torch
 
 from pypto_sched_npu import (

@@ -13,9 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
-import torch
 
-import pypto_sched_npu
 from pypto_sched import (
     InvalidInputError,
     PlannerConfig,
@@ -27,6 +25,12 @@ from pypto_sched import (
 from pypto_sched.backends import Backend, DispatchInput, list_backends, load_backend
 from pypto_sched.execute import execute_schedule
 from pypto_sched.testing import check_backend
+
+pytest.importorskip("torch", reason="the npu backend runs on torch")
+
+import torch
+
+import pypto_sched_npu
 from pypto_sched_npu import NpuBackend
 
 Backends = Callable[..., NpuBackend]

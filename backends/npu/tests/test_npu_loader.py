@@ -11,11 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from pypto_sched import CheckpointError
 from pypto_sched.checkpoints import expected_tensors, read_config
+
+pytest.importorskip("torch", reason="the npu backend runs on torch")
+pytest.importorskip("safetensors", reason="the tests write checkpoints with it")
+
+import torch
+from safetensors.torch import load_file, save_file
+
 from pypto_sched_npu import NpuBackend, load_checkpoint
 
 Edit = Callable[[Path], None]

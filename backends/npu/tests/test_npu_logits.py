@@ -17,6 +17,10 @@ from hypothesis import strategies as st
 
 from pypto_sched import POLICIES, BlockTables, PlannerConfig, plan_pages, plan_prefill
 from pypto_sched.execute import ExecutionResult, execute_schedule
+
+pytest.importorskip("torch", reason="the npu backend runs on torch")
+
+
 from pypto_sched_npu import NpuBackend
 
 FLOAT32_TOLERANCE = 1e-4

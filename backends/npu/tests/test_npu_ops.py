@@ -8,9 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from pypto_sched import PlannerConfig, dispatch_arrays, plan_pages, plan_prefill
+
+pytest.importorskip("torch", reason="the npu backend runs on torch")
+
+import torch
+
 from pypto_sched_npu import PagedKVCache
 from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
 from pypto_sched_npu.ops._npu_ops import causal_mask
