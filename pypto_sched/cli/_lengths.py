@@ -55,7 +55,8 @@ MAX_FILE_BYTES = 32 * 1024 * 1024
 GRAMMAR = (
     "ITEM[,ITEM...] where ITEM is N (one prompt of N tokens) or NxCOUNT (COUNT prompts); "
     "N and COUNT are ASCII decimal integers without sign or leading zeros, N <= 2147483647, "
-    "1 <= COUNT <= 10000000; items are separated by a comma or blanks, '#' starts a comment"
+    "1 <= COUNT <= 10000000, at most 10000000 prompts in all; items are separated by a "
+    "comma or blanks (space, tab, newline); '#' starts a comment to the end of the line"
 )
 
 _BLANKS = " \t\r\n"
