@@ -286,6 +286,21 @@ def test_schedules_of_the_lengths_passed_have_a_bounded_number_of_dispatches(
         assert schedule.num_dispatches <= 2 * 128 + 2 * schedule.num_requests
 
 
+@pytest.mark.parametrize("min_value", [1, 10**6])
+def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps(
+    min_value: int,
+) -> None:
+    strategy = prefill_states_with_configs(prompt_lengths=prompt_lengths(min_value=min_value))
+    drawn, _ = generate(strategy, max_examples=30, health_checks=True)
+    for state, config in drawn:
+        assert all(min_value <= r.prompt_length < min_value + 4096 for r in state.values())
+        num_requests, steps = len(state), 0
+        while state:
+            state = plan_step(state, config).state
+            steps += 1
+        assert steps <= 2 * 128 + 2 * num_requests
+
+
 # -- bad arguments: InvalidArgument when drawn, naming the argument and the value ----------------
 
 

@@ -349,7 +349,10 @@ def prefill_states(
     ``request_ids`` defaults to distinct ints in ``range(max_size)`` (an id may come back
     after its request has left); a strategy you pass must be able to draw ``min_size``
     distinct hashable ids. ``prompt_lengths`` defaults to lengths of up to four chunks of
-    the drawn config's chunk cap.
+    the drawn config's chunk cap. With ``prompt_lengths`` and no ``configs``, the lengths
+    are drawn first and the default config's chunk cap is at least ``max_size`` times the
+    longest over 128, so draining the state takes at most 256 steps plus two per request
+    however long the prompts.
 
     Raises ``InvalidArgument`` when drawn for a bad argument, or when a strategy passed
     draws a value that cannot be used: a config that is not a ``PlannerConfig``, an id that
@@ -402,31 +405,43 @@ def _draw_state(
     allow_prefix_hits: object,
 ) -> tuple[PrefillState[Any], PlannerConfig]:
     """A state and its config: a drawn history, then, in most draws, steps that leave a
-    request part-way, then arrivals up to a drawn size of at least ``min_size``."""
+    request part-way, then arrivals up to a drawn size of at least ``min_size``.
+
+    The history's ids come from a pool of ``min_size`` to ``max_size`` distinct ids, so the
+    state never holds more; its actions are at most three per id, its arrivals at most four.
+    """
     _check_strategy("configs", configs)
     _check_strategy("request_ids", request_ids)
     _check_strategy("prompt_lengths", prompt_lengths)
     low, high = _check_sizes(min_size, max_size, minimum=0)
     allowed = _check_bool("allow_prefix_hits", allow_prefix_hits)
-    config = _draw_planner_config(draw, configs)
+    free = _draw_id_pool(draw, request_ids, low, high)
+    capacity = len(free)
+    lengths = None
+    min_chunk_cap = 1
+    if prompt_lengths is not None:  # drawn first: a default config follows them
+        arrivals = (_ACTIONS_PER_ID + 1) * capacity  # the most a history can use
+        lengths = _draw_lengths(draw, prompt_lengths, arrivals, arrivals)
+        most_tokens = capacity * max(lengths, default=1)
+        min_chunk_cap = min(-(-most_tokens // _CHUNKS_PER_SCHEDULE), MAX_TOKENS)
+    config = _draw_planner_config(draw, configs, min_chunk_cap=min_chunk_cap)
     history = _History(
-        draw=draw,
-        config=config,
-        lengths=prompt_lengths,
-        allow_prefix_hits=allowed,
-        free=_draw_id_pool(draw, request_ids, low, high),
+        draw=draw, config=config, lengths=lengths, allow_prefix_hits=allowed, free=free
     )
-    history.run(draw(st.lists(st.sampled_from(_ACTIONS), max_size=3 * history.capacity)))
+    actions = st.lists(st.sampled_from(_ACTIONS), max_size=_ACTIONS_PER_ID * capacity)
+    history.run(draw(actions))
     if draw(st.sampled_from(_LEAVE_PART_WAY)):
         history.leave_part_way()
     missing = max(low - len(history.state), 0)
-    room = history.capacity - len(history.state)
+    room = capacity - len(history.state)
     for _ in range(draw(st.integers(min_value=missing, max_value=room))):
         history.arrive()
     return history.state, config
 
 
 _ACTIONS: tuple[Literal["add", "remove", "step"], ...] = ("add", "remove", "step")
+#: A history has at most this many actions per id of its pool.
+_ACTIONS_PER_ID = 3
 #: Whether a history ends by leaving a request part-way. Three of four choices say yes, so
 #: that about half the draws do (Hypothesis favours the first choice, as it favours False
 #: in a plain boolean: too much for "at least a quarter"); shrinking goes to the first, no.
@@ -443,15 +458,12 @@ class _History:
 
     draw: st.DrawFn
     config: PlannerConfig
-    #: The ``prompt_lengths`` passed, or ``None`` for the default (up to four chunks).
-    lengths: st.SearchStrategy[Any] | None
+    #: Lengths drawn from the ``prompt_lengths`` passed, one per arrival (taken from the
+    #: end), or ``None`` for the default lengths (up to four chunks), drawn on arrival.
+    lengths: list[int] | None
     allow_prefix_hits: bool
     free: list[Any]
     state: PrefillState[Any] = attrs.field(factory=PrefillState)
-    capacity: int = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.capacity = len(self.free)
 
     def run(self, actions: list[Literal["add", "remove", "step"]]) -> None:
         for action in actions:
@@ -473,7 +485,7 @@ class _History:
         self.free[index], self.free[-1] = self.free[-1], self.free[index]
         cap = self.config.chunk_cap
         if self.lengths is not None:
-            length = _checked_length(self.draw(self.lengths))
+            length = self.lengths.pop()
         else:
             shortest = cap + 1 if longer_than_a_chunk else 1
             length = self.draw(st.integers(min_value=shortest, max_value=_longest_default(cap)))
