@@ -95,8 +95,10 @@ def render_schedule(
     handles = [*top.get_legend_handles_labels()[0], *main.get_legend_handles_labels()[0]]
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small")
     with warnings.catch_warnings():
-        # A character the font lacks is drawn as a box; saying so on stderr helps no one.
+        # Cosmetic: a character the font lacks is drawn as a box, and a figure too small for
+        # its labels is drawn as it fits; saying so on stderr helps no one.
         warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        warnings.filterwarnings("ignore", message="constrained_layout not applied")
         figure.savefig(path, format=FORMATS[path.suffix.lower()], dpi=dpi)
     return chosen
 

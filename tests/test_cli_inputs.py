@@ -357,6 +357,17 @@ def test_any_plot_title_is_drawn_as_written(
     assert path.stat().st_size > 0
 
 
+@needs_matplotlib
+@pytest.mark.parametrize("dpi", ["10", "1000"])
+def test_the_smallest_plot_at_any_dpi_draws_without_a_word_on_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, dpi: str
+) -> None:
+    argv = ["plot", "--lengths", "100x3", "--max-num-batched-tokens", "64"]
+    size = ["--width", "100", "--height", "100", "--dpi", dpi]
+    assert main([*argv, *size, "-o", str(tmp_path / "tiny.png")]) == EXIT_OK
+    assert capsys.readouterr().err == ""
+
+
 def test_a_plot_title_too_long_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plot", "--lengths", "100", "--max-num-batched-tokens", "64", "-o", "x.png"]
     fails_with_one_line(capsys, [*argv, "--title", "t" * 301], "--title: at most 300")
