@@ -9,11 +9,12 @@ header and the immutability of every state along the way.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import pickle
 import re
 import tracemalloc
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import attrs
@@ -152,7 +153,21 @@ class History:
         self.state = self.state.remove(request_id)
         del self.model[request_id]
 
-    def step(self, reserved_tokens: int, reserved_rows: int) -> StepPlan[int]:
+    def arrive_and_abort(self, lengths: list[int], abort: int | None) -> None:
+        for length in lengths:
+            self.add(length, 0)
+        if abort is not None:
+            self.state = self.state.discard(abort)
+            self.model.pop(abort, None)
+
+    def step(
+        self,
+        reserved_tokens: int,
+        reserved_rows: int,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> StepPlan[int]:
+        """Plan a step; with ``meanwhile``, make those changes while the dispatch runs and
+        then apply the plan to the newer state."""
         config = self.config
         before = self.state
         plan = plan_step(
@@ -169,12 +184,18 @@ class History:
         self.check_rows(plan, room_tokens, room_rows)
         if config.policy == "packed":
             self.check_packed_skips(plan, room_tokens, room_rows)
+        if meanwhile is None:
+            self.state = plan.state
+        else:
+            meanwhile()
+            self.state = self.state.apply(plan)
         for request_id, chunk in plan.rows.items():
-            model = self.model[request_id]
+            model = self.model.get(request_id)
+            if model is None:  # removed while the dispatch ran
+                continue
             model.position = chunk.end
             if chunk.is_final:
                 del self.model[request_id]
-        self.state = plan.state
         if plan.rows:
             self.count_waits(plan)
         self.check_state()
@@ -260,7 +281,9 @@ def run_history(data: st.DataObject, config: PlannerConfig, *, reserve: bool) ->
     history = History(config, reserve)
     longest = 4 * config.chunk_cap
     for _ in range(data.draw(st.integers(min_value=0, max_value=40), label="actions")):
-        action = data.draw(st.sampled_from(["add", "add", "remove", "step", "step", "step"]))
+        action = data.draw(
+            st.sampled_from(["add", "add", "remove", "step", "step", "step", "overlap"])
+        )
         if action == "add":
             length = data.draw(st.integers(min_value=1, max_value=longest))
             history.add(length, data.draw(st.integers(min_value=0, max_value=length - 1)))
@@ -274,6 +297,10 @@ def run_history(data: st.DataObject, config: PlannerConfig, *, reserve: bool) ->
                 tokens = data.draw(st.integers(min_value=0, max_value=budget + 1))
                 rows = data.draw(st.integers(min_value=0, max_value=(config.max_num_seqs or 2) + 1))
             history.step(tokens, rows)
+        elif action == "overlap":  # arrivals and an abort while a dispatch runs
+            lengths = data.draw(st.lists(st.integers(min_value=1, max_value=longest), max_size=2))
+            abort = data.draw(st.none() | st.sampled_from(sorted(history.model) or [-1]))
+            history.step(0, 0, functools.partial(history.arrive_and_abort, lengths, abort))
         history.remember()
     return history
 
