@@ -143,3 +143,16 @@ def test_the_driver_and_verification_names_are_public() -> None:
 
 def test_the_package_is_typed() -> None:
     assert (Path(pypto_sched.__file__).parent / "py.typed").is_file()
+
+
+@pytest.mark.parametrize("name", importlib.import_module("pypto_sched.checkpoints").__all__)
+def test_every_name_of_the_checkpoint_reader_is_documented(name: str) -> None:
+    module = importlib.import_module("pypto_sched.checkpoints")
+    value = getattr(module, name)
+    if inspect.isclass(value) or inspect.isfunction(value):
+        assert inspect.getdoc(value), f"checkpoints.{name} has no docstring"
+    else:
+        source = Path(module.__file__ or "").read_text()
+        assert re.search(rf"^#:.*\n{re.escape(name)}\b[^=\n]*=", source, re.MULTILINE), name
+    text = API_REFERENCE.read_text()
+    assert re.search(rf"`{re.escape(name)}\b", text), f"docs/api.md does not describe {name}"
