@@ -138,7 +138,8 @@ def handle(args: argparse.Namespace) -> int:
         "num_tokens": schedule.num_tokens,
         "num_dispatches": schedule.num_dispatches,
         "seconds": seconds,
-        "tokens_per_second": schedule.num_tokens / seconds if seconds > 0 else math.inf,
+        # None rather than Infinity, which is not JSON.
+        "tokens_per_second": schedule.num_tokens / seconds if seconds > 0 else None,
         "greedy_token_ids": _ints(result.greedy_token_ids),
         "verify": None,
     }
@@ -210,10 +211,9 @@ def _summary_table(
     )
     table = _render.grid()
     table.add_row("dispatches", f"{summary['num_dispatches']:,}")
-    table.add_row(
-        "time",
-        f"{summary['seconds']:.2f} s ({summary['tokens_per_second']:,.0f} tokens/s)",
-    )
+    rate = summary["tokens_per_second"]
+    shown_rate = "too fast to measure" if rate is None else f"{rate:,.0f} tokens/s"
+    table.add_row("time", f"{summary['seconds']:.2f} s ({shown_rate})")
     greedy = summary["greedy_token_ids"] or []
     more = f" ... ({len(greedy):,} in all)" if len(greedy) > 8 else ""
     table.add_row("greedy next tokens", " ".join(str(t) for t in greedy[:8]) + more)
