@@ -186,6 +186,24 @@ def test_prefill_states_with_configs_give_the_config_that_steps_the_state(
     drain(state, config)
 
 
+@given(prefill_states_with_configs())
+def test_draining_a_drawn_state_runs_each_request_s_remaining_positions_once(
+    drawn: tuple[PrefillState[Any], PlannerConfig],
+) -> None:
+    state, config = drawn
+    # A plain-loop oracle: where each request stands, and where its next chunk must start.
+    position = {rid: r.num_computed_tokens for rid, r in state.items()}
+    length = {rid: r.prompt_length for rid, r in state.items()}
+    while state:
+        plan = plan_step(state, config)
+        for rid, chunk in plan.rows.items():
+            assert chunk.start == position[rid]
+            position[rid] = chunk.end
+            assert chunk.is_final == (chunk.end == length[rid])
+        state = plan.state
+    assert position == length
+
+
 @given(prefill_states_with_configs(configs=st.just(DOCS_CONFIG), max_size=3))
 def test_prefill_states_with_configs_use_the_configs_and_sizes_passed(
     drawn: tuple[PrefillState[Any], PlannerConfig],
