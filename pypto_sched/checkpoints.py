@@ -502,13 +502,21 @@ def read_safetensors(path: str | Path, names: Iterable[str] | None = None) -> di
     missing = [name for name in wanted if name not in header.tensors]
     if missing:
         raise CheckpointError(f"{path}: tensor {missing[0]!r} is not in the file")
-    if not wanted:
+    return _map_tensors(path, header, wanted)
+
+
+def _map_tensors(path: Path, header: SafetensorsHeader, names: list[str]) -> dict[str, Tensor]:
+    """Tensors ``names`` of ``path``, whose checked header is ``header``."""
+    if not names:
         return {}
     try:
         buffer = np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: cannot map: {error}") from None
-    return {name: _tensor(buffer, header, header.tensors[name]) for name in wanted}
+    size = header.data_start + max((info.end for info in header.tensors.values()), default=0)
+    if buffer.size != size:
+        raise CheckpointError(f"{path}: the file changed size while it was read")
+    return {name: _tensor(buffer, header, header.tensors[name]) for name in names}
 
 
 def _tensor(buffer: npt.NDArray[np.uint8], header: SafetensorsHeader, info: TensorInfo) -> Tensor:
@@ -596,13 +604,13 @@ class Checkpoint:
     tensors: Mapping[str, Tensor]
 
 
-def _stored_tensors(root: Path) -> dict[str, tuple[Path, TensorInfo]]:
-    """Every stored tensor: its file and header entry, from the single file or the shards."""
+def _stored_tensors(root: Path) -> dict[str, tuple[Path, SafetensorsHeader]]:
+    """Every stored tensor: its file and that file's header, from the single file or the
+    shards."""
     single, index = root / WEIGHTS_FILE, root / INDEX_FILE
     if single.is_file():
-        return {
-            name: (single, info) for name, info in read_safetensors_header(single).tensors.items()
-        }
+        header = read_safetensors_header(single)
+        return dict.fromkeys(header.tensors, (single, header))
     if not index.is_file():
         raise CheckpointError(f"{root}: the checkpoint has neither {WEIGHTS_FILE} nor {INDEX_FILE}")
     parsed = load_json(
@@ -612,7 +620,7 @@ def _stored_tensors(root: Path) -> dict[str, tuple[Path, TensorInfo]]:
         max_bytes=MAX_JSON_BYTES,
     )
     weight_map = parse_shard_index(parsed, source=str(index))
-    stored: dict[str, tuple[Path, TensorInfo]] = {}
+    stored: dict[str, tuple[Path, SafetensorsHeader]] = {}
     for file in sorted(set(weight_map.values())):
         shard = root / file
         if not shard.is_file():
@@ -620,12 +628,13 @@ def _stored_tensors(root: Path) -> dict[str, tuple[Path, TensorInfo]]:
             raise CheckpointError(
                 f"{shard}: the shard {INDEX_FILE} lists for tensor {listed!r} is missing"
             )
-        for name, info in read_safetensors_header(shard).tensors.items():
+        header = read_safetensors_header(shard)
+        for name in header.tensors:
             if name in stored:
                 raise CheckpointError(
                     f"{shard}: tensor {name!r} is also stored in {stored[name][0].name}"
                 )
-            stored[name] = (shard, info)
+            stored[name] = (shard, header)
     for name, file in weight_map.items():
         if stored.get(name, (None,))[0] != root / file:
             raise CheckpointError(
@@ -643,13 +652,14 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
         raise CheckpointError(f"{root}: the checkpoint directory does not exist")
     config = read_config(root)
     stored = _stored_tensors(root)
-    by_file: dict[Path, list[str]] = {}
+    by_file: dict[Path, tuple[SafetensorsHeader, list[str]]] = {}
     # Lazily, so a config claiming billions of layers fails at the first missing tensor.
     for name, shape in _expected(config):
         if name not in stored:
             files = sorted({path.name for path, _ in stored.values()}) or [WEIGHTS_FILE]
             raise CheckpointError(f"{root}: tensor {name!r} is in none of {files}")
-        path, info = stored[name]
+        path, header = stored[name]
+        info = header.tensors[name]
         if info.shape != shape:
             raise CheckpointError(
                 f"{path}: tensor {name!r} must have shape {list(shape)} for this config: "
@@ -659,8 +669,8 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
             raise CheckpointError(
                 f"{path}: tensor {name!r} must be one of {list(FLOAT_DTYPES)}: {info.dtype}"
             )
-        by_file.setdefault(path, []).append(name)
+        by_file.setdefault(path, (header, []))[1].append(name)
     tensors: dict[str, Tensor] = {}
-    for path, names in by_file.items():
-        tensors |= read_safetensors(path, names)
+    for path, (header, names) in by_file.items():
+        tensors |= _map_tensors(path, header, names)
     return Checkpoint(directory=root, config=config, tensors=tensors)
