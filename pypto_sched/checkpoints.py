@@ -236,11 +236,16 @@ def _check_supported(data: Mapping[str, Any], source: str) -> None:
             f"{source}: 'layer_types' must have one entry per layer "
             f"({data.get('num_hidden_layers', 32)!r}): {len(layer_types)}"
         )
-    factor = data.get("partial_rotary_factor", 1.0)
+    _check_full_rotary(data, source)
+
+
+def _check_full_rotary(parameters: Mapping[str, Any], where: str) -> None:
+    """RoPE must rotate the whole head: ``partial_rotary_factor``, if given, is 1."""
+    factor = parameters.get("partial_rotary_factor", 1.0)
     if factor != 1.0 or type(factor) is bool:
         raise CheckpointError(
-            f"{source}: 'partial_rotary_factor' must be 1.0 (partial RoPE is not "
-            f"implemented): {factor!r}"
+            f"{where}: 'partial_rotary_factor' must be 1.0 (partial RoPE is not implemented): "
+            f"{factor!r}"
         )
 
 
@@ -268,12 +273,7 @@ def _rope_parameters(data: Mapping[str, Any], source: str) -> Mapping[str, Any]:
         raise CheckpointError(
             f"{source}: {key!r} must be one set of parameters, not one per layer type: {nested}"
         )
-    factor = parameters.get("partial_rotary_factor", 1.0)
-    if factor != 1.0 or type(factor) is bool:
-        raise CheckpointError(
-            f"{source}: {key!r}: 'partial_rotary_factor' must be 1.0 (partial RoPE is not "
-            f"implemented): {factor!r}"
-        )
+    _check_full_rotary(parameters, f"{source}: {key!r}")
     return parameters
 
 
