@@ -38,7 +38,9 @@ from ._policies import (
     check_num_computed_tokens,
     chunk_limit,
     chunk_size,
+    computed_tokens_error,
     fits_one_dispatch,
+    leaves_tokens_to_prefill,
     page_room,
     prefill_room,
 )
@@ -192,7 +194,8 @@ class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
         """
         length = check_int("prompt_length", prompt_length, min_value=1)
         cached = check_int("num_computed_tokens", num_computed_tokens, min_value=0)
-        check_num_computed_tokens([cached], np.array([length]))
+        if not leaves_tokens_to_prefill(cached, length):
+            raise computed_tokens_error(cached, length)
         _check_hashable(request_id)
         if self._find(request_id) is not None:
             raise DuplicateRequestError(
@@ -529,6 +532,7 @@ class _Step(Generic[RequestId]):
         self.state = state
         self.pool = pool
         self.config = config
+        self.cap = config.chunk_cap
         self.page = config.page_size or 1
         self.room_tokens = tokens
         self.tokens_left = tokens
@@ -546,7 +550,7 @@ class _Step(Generic[RequestId]):
                 record.position, len(pool.pages(record.id)), pool.num_free, pool.page_size
             )
             tokens_left = min(tokens_left, room)
-        limit = chunk_limit(self.config.chunk_cap, tokens_left, self.rows_left)
+        limit = chunk_limit(self.cap, tokens_left, self.rows_left)
         return chunk_size(record.position, record.prompt_length, limit, self.page)
 
     def run(self, record: _Request, size: int) -> _Request | None:

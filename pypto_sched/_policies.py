@@ -33,8 +33,8 @@ a page boundary within one chunk's reach, so every policy makes progress in ever
 
 The rules, one function each
 ----------------------------
-* :func:`check_num_computed_tokens`: a prefix-cache hit leaves at least one token to prefill
-  (``0 <= c < L``).
+* :func:`leaves_tokens_to_prefill`: a prefix-cache hit leaves at least one token to prefill
+  (``0 <= c < L``); :func:`check_num_computed_tokens` applies it to a batch.
 * :func:`chunk_size`: the tokens a request runs from ``start`` when ``limit`` are allowed: all
   that is left if it fits (the final chunk), else up to the last page boundary in reach.
   :func:`chunk_sizes` is the same rule over arrays; :func:`full_step` is what it gives from a
@@ -170,6 +170,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -241,28 +242,48 @@ def plan_one_shot(
 # online and any to come -- calls the same function for the same decision.
 
 
-def check_num_computed_tokens(
-    values: object, lengths: IntArray, *, name: str = "num_computed_tokens"
-) -> IntArray:
-    """The prefix-cache rule: per request, ``0 <= c < L`` tokens are already computed, so at
-    least one token is left to prefill. ``None`` means no hits.
+@overload
+def leaves_tokens_to_prefill(num_computed_tokens: int, prompt_length: int) -> bool: ...
+@overload
+def leaves_tokens_to_prefill(
+    num_computed_tokens: IntArray, prompt_length: IntArray
+) -> npt.NDArray[np.bool_]: ...
+def leaves_tokens_to_prefill(num_computed_tokens: Any, prompt_length: Any) -> Any:
+    """The prefix-cache rule: a request whose first ``c`` tokens are already in the KV cache
+    (a count, ``c >= 0``) has at least one of its ``L`` to prefill: ``c < L``. Elementwise
+    on arrays."""
+    return num_computed_tokens < prompt_length
 
-    Returns ``values`` as a read-only int64 array with one entry per length; raises
-    :class:`InvalidInputError` naming ``name``, the rule and the first value that breaks it.
+
+def computed_tokens_error(computed: int, length: int, *, where: str = "") -> InvalidInputError:
+    """The error for ``computed`` tokens of a ``length``-token prompt that break
+    :func:`leaves_tokens_to_prefill` (``where`` says which request)."""
+    return InvalidInputError(
+        "'num_computed_tokens' must be < the prompt length, leaving at least one token to "
+        f"prefill: {where}{computed} for length {length}"
+    )
+
+
+def check_num_computed_tokens(values: object, lengths: IntArray) -> IntArray:
+    """``num_computed_tokens`` for prompts of ``lengths``: ``None`` (no hits) or one count
+    per prompt, each within :func:`leaves_tokens_to_prefill`.
+
+    Returns them as a read-only int64 array; raises :class:`InvalidInputError` naming the
+    rule and the first value that breaks it.
     """
     if values is None:
         return read_only(np.zeros_like(lengths))
-    computed = as_count_array(name, values, min_value=0, allow_empty=True)
+    computed = as_count_array("num_computed_tokens", values, min_value=0, allow_empty=True)
     if computed.size != lengths.size:
         raise InvalidInputError(
-            f"{name!r} must have one entry per prompt ({lengths.size}): {computed.size} entries"
+            f"'num_computed_tokens' must have one entry per prompt ({lengths.size}): "
+            f"{computed.size} entries"
         )
-    full = computed >= lengths
+    full = ~leaves_tokens_to_prefill(computed, lengths)
     if full.any():
         index = int(np.flatnonzero(full)[0])
-        raise InvalidInputError(
-            f"{name!r} must be < the prompt length, leaving at least one token to prefill: "
-            f"item {index} is {int(computed[index])} for length {int(lengths[index])}"
+        raise computed_tokens_error(
+            int(computed[index]), int(lengths[index]), where=f"item {index} is "
         )
     return computed
 
@@ -347,10 +368,15 @@ def prefill_room(
     (0, not an error). The rows are ``None`` when ``max_num_seqs`` is not set: rows are not
     limited and ``reserved_rows`` takes nothing from prefill.
     """
-    tokens = min(config.effective_budget, config.max_num_batched_tokens - reserved_tokens)
+    # (Conditional expressions, not min() and max(): this runs on every online step.)
+    budget = config.effective_budget
+    tokens = config.max_num_batched_tokens - reserved_tokens
+    tokens = budget if budget < tokens else tokens if tokens > 0 else 0
     max_rows = config.max_num_seqs
-    rows = None if max_rows is None else max(max_rows - reserved_rows, 0)
-    return max(tokens, 0), rows
+    if max_rows is None:
+        return tokens, None
+    rows = max_rows - reserved_rows
+    return tokens, rows if rows > 0 else 0
 
 
 # Each planner returns (dispatch_offsets, requests, starts, lengths, is_final), the row
