@@ -22,6 +22,7 @@ from oracle import Row, oracle_plan
 
 from pypto_sched import (
     POLICIES,
+    InvalidInputError,
     PlannerConfig,
     Policy,
     PrefillState,
@@ -31,11 +32,13 @@ from pypto_sched import (
 )
 from pypto_sched._policies import (
     admits,
+    check_num_computed_tokens,
     chunk_limit,
     chunk_size,
     chunk_sizes,
     fits_one_dispatch,
     full_step,
+    leaves_tokens_to_prefill,
 )
 
 ANY_POLICY: st.SearchStrategy[Policy] = st.sampled_from(POLICIES)
@@ -633,3 +636,19 @@ def test_both_planners_admit_through_the_one_admission_rule(
         online.append([(r, c.start, c.length, c.is_final) for r, c in plan.rows.items()])
         state = plan.state
     assert online == offline
+
+
+@given(st.lists(st.tuples(st.integers(1, 100), st.integers(0, 120)), min_size=1, max_size=20))
+def test_the_prefix_cache_rule_is_the_same_for_one_request_and_a_batch(
+    requests: list[tuple[int, int]],
+) -> None:
+    lengths = np.array([length for length, _ in requests], dtype=np.int64)
+    computed = np.array([cached for _, cached in requests], dtype=np.int64)
+    each = [leaves_tokens_to_prefill(c, n) for n, c in requests]
+    assert leaves_tokens_to_prefill(computed, lengths).tolist() == each
+    assert each == [c < n for n, c in requests]
+    if all(each):
+        assert check_num_computed_tokens(computed, lengths).tolist() == computed.tolist()
+    else:
+        with pytest.raises(InvalidInputError, match=f"item {each.index(False)} is "):
+            check_num_computed_tokens(computed, lengths)
