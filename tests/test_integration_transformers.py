@@ -1,0 +1,442 @@
+"""pypto_sched as the scheduler of transformers' continuous batching, on tiny random Qwen3s.
+
+The oracle is transformers itself: greedy ``generate()`` on each prompt alone, and the
+server's own ``"fifo"`` scheduler. The batches the server runs are recorded through the
+scheduler's ``on_batch`` hook and checked against the planner config with plain loops.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the transformers integration runs models on torch")
+pytest.importorskip("transformers", reason="the transformers integration needs transformers")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
+from transformers.generation.continuous_batching.scheduler import (  # noqa: E402
+    SCHEDULER_MAPPING,
+    FIFOScheduler,
+)
+
+from pypto_sched import POLICIES, InvalidConfigError, PlannerConfig  # noqa: E402
+from pypto_sched.integrations.transformers import (  # noqa: E402
+    PyptoScheduler,
+    ScheduledBatch,
+    ScheduledRow,
+    register,
+)
+
+VOCAB = 96
+PAGE = 8  # the server's cache page size in every run here
+
+# The server logs warnings for CPU runs (no psutil, no eos token) that say nothing here.
+logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+
+
+def tiny_qwen3() -> Any:
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+    )
+    model: Any = Qwen3ForCausalLM(config)
+    return model.eval()
+
+
+@pytest.fixture(autouse=True)
+def _restore_scheduler_mapping() -> Iterator[None]:
+    """Each test registers what it needs; the server's registry is left as it was."""
+    before = dict(SCHEDULER_MAPPING)
+    yield
+    SCHEDULER_MAPPING.clear()
+    SCHEDULER_MAPPING.update(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return tiny_qwen3()
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    """Greedy ``generate()`` on one prompt, by a second copy of the model (continuous
+    batching switches its model's attention to a paged one)."""
+    model = tiny_qwen3()
+    cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def generate(prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_new_tokens)
+        if key not in cache:
+            input_ids = torch.tensor([list(prompt)])
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                    eos_token_id=None,
+                )
+            cache[key] = out[0, input_ids.shape[1] :].tolist()
+        return cache[key]
+
+    return generate
+
+
+def generation_config(max_new_tokens: int) -> GenerationConfig:
+    return GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+
+
+def run_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    scheduler_type: str,
+    server: ContinuousBatchingConfig,
+) -> list[list[int]]:
+    """The tokens ``generate_batch`` returns for each prompt, in prompt order, with the
+    server configured by ``server`` and the scheduler ``scheduler_type``."""
+    server = copy.copy(server)  # the server fills in what is left unset
+    server.scheduler_type = scheduler_type
+    outputs = model.generate_batch(
+        [list(p) for p in prompts],
+        generation_config=generation_config(max_new_tokens),
+        continuous_batching_config=server,
+        progress_bar=False,
+        warmup=False,
+    )
+    by_index = sorted(outputs.values(), key=lambda out: int(out.request_id.rsplit("_", 1)[1]))
+    for out, prompt in zip(by_index, prompts, strict=True):
+        assert out.error is None, out.error
+        assert out.prompt_ids == list(prompt)
+    return [list(out.generated_tokens) for out in by_index]
+
+
+def check_batches(
+    batches: Sequence[ScheduledBatch],
+    config: PlannerConfig,
+    *,
+    max_batch_tokens: int,
+    max_rows: int | None = None,
+) -> None:
+    """Every recorded batch obeys ``config`` within the server's limits (``max_rows``:
+    the server's ``max_requests_per_batch``)."""
+    cap = min(config.chunk_cap, max_batch_tokens)
+    budget = min(config.max_num_batched_tokens, max_batch_tokens)
+    rows = [n for n in (config.max_num_seqs, max_rows) if n is not None]
+    assert batches, "the server did not run our scheduler"
+    for batch in batches:
+        assert batch.num_tokens <= budget, batch
+        if rows:
+            assert len(batch.rows) <= min(rows), batch
+        ids = [row.request_id for row in batch.rows]
+        assert len(ids) == len(set(ids)), batch
+        decoding = True
+        for row in batch.rows:
+            assert row.length >= 1, batch
+            if not row.is_prefill:
+                assert decoding, f"decode rows come first: {batch}"
+                continue
+            decoding = False
+            assert row.length <= cap, f"a chunk above the cap {cap}: {row}"
+            if not row.is_final:
+                assert row.end % PAGE == 0, f"a non-final chunk ends inside a page: {row}"
+        prefill_rows = [row for row in batch.rows if row.is_prefill]
+        assert sum(row.length for row in prefill_rows) <= config.effective_budget, batch
+        if config.policy == "round_robin" and len(prefill_rows) > 1:
+            # round_robin runs one request a dispatch, or every request whole
+            assert all(row.is_final and row.start == 0 for row in prefill_rows), batch
+
+
+def random_prompts(seed: int, lengths: Sequence[int]) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+# -- the package boundary --------------------------------------------------------------------
+
+
+def test_importing_pypto_sched_imports_no_transformers() -> None:
+    code = (
+        "import sys, pypto_sched, pypto_sched.integrations\n"
+        "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_register_offers_the_scheduler_under_its_name() -> None:
+    config = PlannerConfig(max_num_batched_tokens=64)
+    scheduler = register(config, name="pypto_sched_test_register")
+    assert SCHEDULER_MAPPING["pypto_sched_test_register"] is scheduler
+    assert issubclass(scheduler, PyptoScheduler)
+    assert scheduler.planner_config is config
+    assert SCHEDULER_MAPPING["fifo"] is FIFOScheduler  # the server's own are untouched
+
+
+@pytest.mark.parametrize("config", [None, {"max_num_batched_tokens": 64}])
+def test_register_rejects_what_is_not_a_planner_config(config: object) -> None:
+    with pytest.raises(InvalidConfigError, match="'config' must be a PlannerConfig"):
+        register(config)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (PlannerConfig(max_num_batched_tokens=64, page_size=16), "'page_size' must be unset"),
+        (
+            PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=4),
+            "does not fit the server",
+        ),
+    ],
+)
+def test_a_config_that_does_not_fit_the_server_fails_every_request(
+    model: Any, config: PlannerConfig, message: str
+) -> None:
+    register(config)
+    outputs = model.generate_batch(
+        [[1, 2, 3]],
+        generation_config=generation_config(2),
+        continuous_batching_config=ContinuousBatchingConfig(
+            page_size=PAGE, num_blocks=16, max_batch_tokens=64, scheduler_type="pypto_sched"
+        ),
+        progress_bar=False,
+        warmup=False,
+    )
+    (output,) = outputs.values()
+    assert output.error is not None
+    assert message in output.error
+
+
+# -- the same tokens as transformers -----------------------------------------------------------
+
+# (prompt lengths, new tokens, planner config, server's num_blocks, max_batch_tokens,
+# max_requests_per_batch). num_blocks of 8-token pages: 64 holds everything at once; the
+# small ones cannot, so the server offloads or requests wait for blocks.
+WORKLOADS = [
+    pytest.param(
+        [5, 70, 13, 41, 9],
+        4,
+        PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16),
+        64,
+        64,
+        None,
+        id="round_robin-threshold",
+    ),
+    pytest.param(
+        [5, 70, 13, 41, 9],
+        4,
+        PlannerConfig(
+            max_num_batched_tokens=48,
+            long_prefill_token_threshold=24,
+            policy="packed",
+            max_num_partial_prefills=2,
+        ),
+        64,
+        64,
+        None,
+        id="packed-partial",
+    ),
+    pytest.param(
+        [60, 3, 33, 47, 21, 8],
+        5,
+        PlannerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=16, policy="packed"),
+        10,
+        48,
+        None,
+        id="packed-small-cache",
+    ),
+    pytest.param(
+        [60, 3, 33, 47, 21, 8],
+        5,
+        PlannerConfig(max_num_batched_tokens=40, long_prefill_token_threshold=16),
+        10,
+        48,
+        None,
+        id="round_robin-small-cache",
+    ),
+    pytest.param(
+        [30, 12, 50, 7],
+        3,
+        PlannerConfig(max_num_batched_tokens=64, max_num_seqs=2, policy="packed"),
+        64,
+        32,
+        3,
+        id="packed-rows-server-budget",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "new_tokens", "config", "num_blocks", "max_batch_tokens", "max_requests"),
+    WORKLOADS,
+)
+def test_generate_batch_returns_the_tokens_of_fifo_and_generate(
+    model: Any,
+    reference: Any,
+    lengths: list[int],
+    new_tokens: int,
+    config: PlannerConfig,
+    num_blocks: int,
+    max_batch_tokens: int,
+    max_requests: int | None,
+) -> None:
+    prompts = random_prompts(sum(lengths), lengths)
+    batches: list[ScheduledBatch] = []
+    register(config, on_batch=batches.append)
+    server = ContinuousBatchingConfig(
+        page_size=PAGE,
+        num_blocks=num_blocks,
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=max_requests,
+    )
+    ours = run_batch(model, prompts, new_tokens, "pypto_sched", server)
+    fifo = run_batch(model, prompts, new_tokens, "fifo", server)
+    expected = [reference(prompt, new_tokens) for prompt in prompts]
+    assert ours == expected
+    assert fifo == expected
+    check_batches(batches, config, max_batch_tokens=max_batch_tokens, max_rows=max_requests)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> dict[str, Any]:
+    """A workload and a planner config, with a server cache from ample down to one that
+    holds a little more than the largest request."""
+    lengths = draw(st.lists(st.integers(1, 72), min_size=1, max_size=5))
+    new_tokens = draw(st.integers(1, 5))
+    policy = draw(st.sampled_from(POLICIES))
+    budget = draw(st.integers(PAGE, 64))
+    threshold = draw(st.one_of(st.none(), st.integers(PAGE, 40)))
+    partial = draw(st.one_of(st.none(), st.integers(1, 3))) if policy == "packed" else None
+    config = PlannerConfig(
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        max_num_seqs=draw(st.one_of(st.none(), st.integers(1, 6))),
+        policy=policy,
+        max_num_partial_prefills=partial,
+    )
+    largest = -(-(max(lengths) + new_tokens) // PAGE)
+    return {
+        "prompts": random_prompts(draw(st.integers(0, 2**16)), lengths),
+        "new_tokens": new_tokens,
+        "config": config,
+        "num_blocks": draw(st.integers(largest + 1, 64)),
+        "max_batch_tokens": draw(st.integers(PAGE, 64)),
+    }
+
+
+@settings(max_examples=6)
+@given(workload=workloads())
+def test_generated_workloads_give_the_tokens_of_generate_within_the_config(
+    model: Any, reference: Any, workload: dict[str, Any]
+) -> None:
+    prompts, new_tokens = workload["prompts"], workload["new_tokens"]
+    config = workload["config"]
+    batches: list[ScheduledBatch] = []
+    register(config, on_batch=batches.append)
+    server = ContinuousBatchingConfig(
+        page_size=PAGE,
+        num_blocks=workload["num_blocks"],
+        max_batch_tokens=workload["max_batch_tokens"],
+    )
+    ours = run_batch(model, prompts, new_tokens, "pypto_sched", server)
+    assert ours == [reference(prompt, new_tokens) for prompt in prompts]
+    check_batches(batches, config, max_batch_tokens=workload["max_batch_tokens"])
+
+
+def test_shared_prefixes_hit_the_server_prefix_cache_and_keep_the_tokens(
+    model: Any, reference: Any
+) -> None:
+    """Prompts that share three pages: the server finds the prefix in its cache when a
+    later request starts, and the planner takes the request up from there."""
+    (prefix,) = random_prompts(3, [3 * PAGE])
+    prompts = [prefix + tail for tail in random_prompts(4, [5, 17, 2, 30])]
+    config = PlannerConfig(
+        max_num_batched_tokens=32, long_prefill_token_threshold=16, policy="packed"
+    )
+    batches: list[ScheduledBatch] = []
+    register(config, on_batch=batches.append)
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=64, max_batch_tokens=32)
+    ours = run_batch(model, prompts, 3, "pypto_sched", server)
+    assert ours == [reference(prompt, 3) for prompt in prompts]
+    check_batches(batches, config, max_batch_tokens=32)
+    first_rows: dict[str, ScheduledRow] = {}
+    for batch in batches:
+        for row in batch.rows:
+            first_rows.setdefault(row.request_id, row)
+    assert any(row.start > 0 for row in first_rows.values()), "no prefix-cache hit"
+
+
+def test_cancelling_a_request_mid_prefill_frees_its_blocks_and_keeps_the_others_tokens(
+    model: Any, reference: Any
+) -> None:
+    prompts = random_prompts(11, [64, 20, 37, 9])
+    ids = [f"r{i}" for i in range(len(prompts))]
+    victim = ids[0]
+    new_tokens = 4
+    cancelled = threading.Event()
+    after_cancel: list[tuple[bool, bool, bool, bool]] = []
+    manager: Any = None
+
+    def on_batch(batch: ScheduledBatch) -> None:
+        scheduler = manager.batch_processor.scheduler
+        if cancelled.is_set():
+            after_cancel.append(
+                (
+                    victim in scheduler.prefill_state,
+                    victim in scheduler.active_requests or victim in scheduler.waiting_requests,
+                    any(victim in a.block_table for a in scheduler.cache.cache_allocators.values()),
+                    any(row.request_id == victim for row in batch.rows),
+                )
+            )
+        elif any(row.request_id == victim and not row.is_final for row in batch.rows):
+            manager.cancel_request(victim)  # applied before the next batch is scheduled
+            cancelled.set()
+
+    config = PlannerConfig(
+        max_num_batched_tokens=32, long_prefill_token_threshold=16, policy="packed"
+    )
+    register(config, on_batch=on_batch)
+    manager = model.init_continuous_batching(
+        generation_config=generation_config(new_tokens),
+        continuous_batching_config=ContinuousBatchingConfig(
+            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
+        ),
+    )
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        manager.add_request(prompt, request_id=request_id, max_new_tokens=new_tokens)
+    manager.start()
+    try:
+        results: dict[str, Any] = {}
+        while len(results) < len(ids) - 1:
+            result = manager.get_result(timeout=30)
+            assert result is not None, f"no result after {sorted(results)}"
+            results[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=30)
+    assert cancelled.is_set()
+    assert after_cancel, "no batch ran after the cancellation"
+    assert set(after_cancel) == {(False, False, False, False)}
+    assert victim not in results
+    for request_id, prompt in zip(ids[1:], prompts[1:], strict=True):
+        assert results[request_id].generated_tokens == reference(prompt, new_tokens)
