@@ -19,12 +19,19 @@ from ._errors import (
     PyptoSchedError,
     UnknownRequestError,
 )
+from ._generation import (
+    GenerationRequest,
+    GenerationState,
+    GenerationStep,
+    plan_generation_step,
+    step_arrays,
+)
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
+from ._policies import plan_one_shot, plan_prefill
 from ._pool import PagePool
 from ._sampling import SamplingParams, sample_token
-from ._policies import plan_one_shot, plan_prefill
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
 from ._verify import Verification, compare_results, verify_against_one_shot
@@ -58,6 +65,9 @@ __all__ = [
     "DuplicateRequestError",
     "ExecutionError",
     "ExecutionResult",
+    "GenerationRequest",
+    "GenerationState",
+    "GenerationStep",
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
@@ -67,8 +77,8 @@ __all__ = [
     "Policy",
     "PrefillRequest",
     "PrefillState",
-    "SamplingParams",
     "PyptoSchedError",
+    "SamplingParams",
     "Schedule",
     "ScheduleStats",
     "StepChunk",
@@ -82,6 +92,7 @@ __all__ = [
     "list_backends",
     "load_backend",
     "partition_requests",
+    "plan_generation_step",
     "plan_one_shot",
     "plan_pages",
     "plan_prefill",
@@ -89,5 +100,6 @@ __all__ = [
     "plan_warmup",
     "refresh_backends",
     "sample_token",
+    "step_arrays",
     "verify_against_one_shot",
 ]

@@ -184,12 +184,20 @@ class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
     # -- changes -----------------------------------------------------------------------------
 
     def add(
-        self, request_id: RequestId, prompt_length: int, *, num_computed_tokens: int = 0
+        self,
+        request_id: RequestId,
+        prompt_length: int,
+        *,
+        num_computed_tokens: int = 0,
+        at_front: bool = False,
     ) -> PrefillState[RequestId]:
         """A state that also holds ``request_id``, arrived after every request here.
 
         ``num_computed_tokens`` (``0 <= c < prompt_length``) tokens are already in the KV
         cache, a prefix-cache hit; the prefill runs positions ``c .. prompt_length - 1``.
+        ``at_front`` queues it ahead of every waiting request instead (its turn comes next
+        under ``round_robin``; it is admitted first under ``packed``): how a request preempted
+        to free KV pages comes back before requests that arrived after it.
         Raises :class:`DuplicateRequestError` if the id is already here.
         """
         length = check_int("prompt_length", prompt_length, min_value=1)
@@ -204,7 +212,7 @@ class PrefillState(Mapping[RequestId, PrefillRequest], Generic[RequestId]):
         record = _Request(request_id, length, cached, False)
         return self._evolve(
             self._requests.set(request_id, record),
-            self._queue.push(record),
+            self._queue.push_front(record) if at_front else self._queue.push(record),
             self._started,
             self._num_tokens + length - cached,
             self._policy,
@@ -609,16 +617,34 @@ class _RoundRobinStep(_Step[RequestId]):
         record = self.next_in_queue()
         assert record is not None, "a non-empty round_robin state has a live queue entry"
         size = self.chunk(record)
+        if size == 0 and self.pool is not None:
+            # The head waits for pages and keeps its turn; the first request behind it that
+            # can run takes this dispatch (the pages it holds may be what the head needs).
+            record, size = self.first_runnable_behind_head()
         if size == 0:  # the head keeps its turn
             return StepPlan(rows=_NO_ROWS, state=state, pool=self.pool)
-        self.queue = self.queue.pop()
+        if record is self.queue.peek():
+            self.queue = self.queue.pop()
         after = self.run(record, size)
+        # Its queue entry is now dead (``requests`` no longer maps to it) wherever it was.
         if after is None:
             self.requests = self.requests.delete(record.id)
         else:  # back to the tail of the queue
             self.requests = self.requests.set(record.id, after)
             self.queue = self.queue.push(after)
         return self.finish((), "round_robin")
+
+    def first_runnable_behind_head(self) -> tuple[_Request, int]:
+        """The first live request after the head that can run a token, and its chunk; the
+        head and 0 if none can."""
+        head = self.queue.peek()
+        for record in self.queue:
+            if record is head or self.requests.get(record.id) is not record:
+                continue
+            size = self.chunk(record)
+            if size:
+                return record, size
+        return head, 0
 
     def plan_whole_batch(self) -> StepPlan[RequestId]:
         for record in self.state._in_order():

@@ -68,6 +68,10 @@ class PersistentQueue(Generic[T]):
             return self._make((item, None), None)
         return self._make(self._front, (item, self._back))
 
+    def push_front(self, item: T) -> PersistentQueue[T]:
+        """A queue with ``item`` added at the front (it is the next :meth:`peek`)."""
+        return self._make((item, self._front), self._back)
+
     def peek(self) -> T:
         """The item at the front; ``IndexError`` if the queue is empty."""
         if self._front is None:

@@ -17,6 +17,7 @@ from pypto_sched import (
     PlannerConfig,
     Policy,
     PrefillState,
+    StepChunk,
     plan_step,
 )
 
@@ -188,3 +189,25 @@ def test_plan_step_never_plans_a_chunk_beyond_the_free_pages(
     assert plan.pool.num_used == sum(-(-(c.start + c.length) // 4) for c in plan.rows.values())
     for request, chunk in plan.rows.items():
         assert plan.pool.capacity(request) >= chunk.start + chunk.length
+
+
+def test_round_robin_lets_a_request_behind_a_head_waiting_for_pages_run() -> None:
+    config = PlannerConfig(max_num_batched_tokens=4)
+    state = PrefillState.from_prompt_lengths([8, 8, 8])
+    pool = PagePool[int](num_pages=5, page_size=2).hold(1, 8)  # 1 has its pages; 1 is free
+    plan = plan_step(state, config, pool=pool)
+    assert dict(plan.rows) == {0: StepChunk(start=0, length=2, is_final=False)}
+    plan = plan_step(plan.state, config, pool=plan.pool)
+    assert dict(plan.rows) == {1: StepChunk(start=0, length=4, is_final=False)}
+    # 2's turn, but no page is free: 0 cannot grow either; 1 runs in its own pages.
+    plan = plan_step(plan.state, config, pool=plan.pool)
+    assert dict(plan.rows) == {1: StepChunk(start=4, length=4, is_final=True)}
+    assert next(iter(plan.state)) == 2  # and 2 keeps its turn
+
+
+def test_a_request_added_at_the_front_is_served_next() -> None:
+    config = PlannerConfig(max_num_batched_tokens=4, policy="packed")
+    state = PrefillState.from_prompt_lengths([4, 4]).add(9, 4, at_front=True)
+    assert list(plan_step(state, config).rows) == [9]
+    turns = PrefillState.from_prompt_lengths([4, 4]).add(9, 4, at_front=True)
+    assert list(plan_step(turns, PlannerConfig(max_num_batched_tokens=4)).rows) == [9]

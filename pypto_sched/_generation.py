@@ -1,0 +1,485 @@
+"""Generation planning: decode rows and prefill chunks in one dispatch, over a bounded KV pool.
+
+Theory of operation
+===================
+
+A request of a generation has a prompt of ``P`` tokens and may generate up to ``N`` new ones.
+Its *context* is every token known so far, prompt and generated: ``P + g`` after ``g`` tokens.
+The last generated token is never written to the KV cache (nothing is sampled after it), so a
+request holds at most ``P + N - 1`` tokens of KV: the pool must have the pages for that, for
+every request alone (:meth:`GenerationState.add` raises ``InvalidConfigError`` naming the
+request otherwise; a pool too small for one request would hang, not run).
+
+A request is *prefilling* while its context is not all in the cache, and *decoding* once it
+is and a token has been sampled from it. Each step (one dispatch) is planned in two parts:
+
+1. **Decode rows first** (stall-free batching, as Sarathi-Serve and vLLM V1 run them):
+   every decoding request, oldest first, gets a one-token row at position ``P + g - 1``
+   (final: its logits give the next token), while ``max_num_batched_tokens`` and
+   ``max_num_seqs`` last. Its pages must grow to hold ``P + g`` tokens. When they cannot,
+   requests are *preempted by recomputation*: the youngest request holding pages that is
+   younger than it gives all its pages back and returns to the front of the waiting queue
+   with its generated tokens appended to its prompt, so that its next prefill recomputes
+   them; if no younger request holds pages, the request itself is preempted.
+2. **Prefill chunks** in the room left: :func:`~pypto_sched.plan_step` of the prefilling
+   requests with the decode rows reserved and the pool, so that every prefill rule
+   (policy, threshold, page alignment, partial-prefill limit) is the online planner's, and
+   a chunk is planned only if the pages it needs are free (:func:`page_room`). In a step
+   that preempted, no prefill runs beside the decodes (as in vLLM V1: the pages just freed
+   are not handed straight back to a newcomer).
+
+A step with no row while requests remain means part-way prefills hold every page: the
+youngest holder is preempted and the step planned again.
+
+Fairness: the victim is always younger than the request that needs the page, so a request
+is never preempted for a younger one, and the oldest request holding pages is never
+preempted. It therefore runs to completion, after which the next oldest is never preempted:
+no request waits forever. A request is preempted only when an older request needs a page,
+so at most as many times as the requests older than it take new pages.
+
+With an unlimited pool and ``N = 1`` no request ever decodes and the prefill rows are
+exactly those of :func:`~pypto_sched.plan_step` (and of :func:`~pypto_sched.plan_prefill`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
+
+import attrs
+import numpy as np
+
+from ._config import PlannerConfig
+from ._dispatch import DispatchArrays, dispatch_arrays
+from ._errors import (
+    DuplicateRequestError,
+    InvalidConfigError,
+    InvalidInputError,
+    UnknownRequestError,
+)
+from ._online import PrefillState, StepChunk, _Rows, plan_step
+from ._persistent import PersistentMap
+from ._pool import PagePool
+from ._schedule import Dispatch
+from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
+
+__all__ = ["GenerationRequest", "GenerationState", "GenerationStep", "plan_generation_step"]
+
+RequestId = TypeVar("RequestId", bound=Hashable)
+
+
+class _Sequence(NamedTuple):
+    arrival: int
+    prompt_length: int
+    max_new_tokens: int
+    num_generated: int
+
+    @property
+    def context(self) -> int:
+        return self.prompt_length + self.num_generated
+
+
+@attrs.frozen(kw_only=True)
+class GenerationRequest:
+    """One request of a :class:`GenerationState`, as a server reads it."""
+
+    prompt_length: int
+    max_new_tokens: int
+    #: Tokens generated so far.
+    num_generated: int
+    #: ``"prefilling"`` (waiting, part-way, or recomputing after a preemption) or
+    #: ``"decoding"``.
+    status: str
+
+
+class GenerationState(Generic[RequestId]):
+    """The requests of a generation and the KV page pool they share, as an immutable value.
+
+    Build one with :meth:`from_prompt_lengths` or by :meth:`add`-ing requests to
+    ``GenerationState(num_pages=..., page_size=...)``; step it with
+    :func:`plan_generation_step`.
+    """
+
+    __slots__ = ("_decoding", "_next_arrival", "_pool", "_prefill", "_sequences")
+
+    _sequences: PersistentMap[RequestId, _Sequence]
+    _prefill: PrefillState[RequestId]
+    _decoding: tuple[tuple[int, RequestId], ...]  # (arrival, id), oldest first
+    _pool: PagePool[RequestId]
+    _next_arrival: int
+
+    def __init__(self, *, num_pages: int, page_size: int) -> None:
+        pool: PagePool[RequestId] = PagePool(num_pages=num_pages, page_size=page_size)
+        self._init(PersistentMap(), PrefillState(), (), pool, 0)
+
+    def _init(
+        self,
+        sequences: PersistentMap[RequestId, _Sequence],
+        prefill: PrefillState[RequestId],
+        decoding: tuple[tuple[int, RequestId], ...],
+        pool: PagePool[RequestId],
+        next_arrival: int,
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "_sequences", sequences)
+        set_(self, "_prefill", prefill)
+        set_(self, "_decoding", decoding)
+        set_(self, "_pool", pool)
+        set_(self, "_next_arrival", next_arrival)
+
+    def _evolve(self, **changes: Any) -> GenerationState[RequestId]:
+        new: GenerationState[RequestId] = object.__new__(GenerationState)
+        new._init(
+            changes.get("sequences", self._sequences),
+            changes.get("prefill", self._prefill),
+            changes.get("decoding", self._decoding),
+            changes.get("pool", self._pool),
+            changes.get("next_arrival", self._next_arrival),
+        )
+        return new
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"GenerationState is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"GenerationState is immutable: cannot delete {name!r}")
+
+    @classmethod
+    def from_prompt_lengths(
+        cls,
+        prompt_lengths: Sequence[int] | np.ndarray[Any, Any],
+        *,
+        max_new_tokens: int | Sequence[int] | np.ndarray[Any, Any],
+        num_pages: int,
+        page_size: int,
+    ) -> GenerationState[int]:
+        """A state of requests ``0 .. n-1`` arrived in that order; ``max_new_tokens`` is one
+        int for all or one per request."""
+        lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
+        if isinstance(max_new_tokens, int | np.integer) and not isinstance(max_new_tokens, bool):
+            news = np.full(lengths.size, int(max_new_tokens), dtype=np.int64)
+        else:
+            news = as_count_array("max_new_tokens", max_new_tokens, min_value=1)
+            if news.size != lengths.size:
+                raise InvalidInputError(
+                    f"'max_new_tokens' must have one entry per prompt ({lengths.size}): "
+                    f"{news.size} entries"
+                )
+        state: GenerationState[int] = GenerationState(num_pages=num_pages, page_size=page_size)
+        for request, (length, new) in enumerate(zip(lengths.tolist(), news.tolist(), strict=True)):
+            state = state.add(request, length, max_new_tokens=new)
+        return state
+
+    # -- changing -----------------------------------------------------------------------
+
+    def add(
+        self, request_id: RequestId, prompt_length: int, *, max_new_tokens: int
+    ) -> GenerationState[RequestId]:
+        """A state that also holds ``request_id``, arrived after every request here."""
+        length = check_int("prompt_length", prompt_length, min_value=1)
+        new = check_int("max_new_tokens", max_new_tokens, min_value=1)
+        if length + new - 1 > MAX_TOKENS:
+            raise InvalidInputError(
+                f"prompt_length + max_new_tokens - 1 must be <= {MAX_TOKENS}: {length + new - 1}"
+            )
+        pool = self._pool
+        needed = pool.pages_for(length + new - 1)
+        if needed > pool.num_pages:
+            raise InvalidConfigError(
+                f"request {request_id!r} can hold {length + new - 1} tokens of KV (a prompt of "
+                f"{length} and {new} new tokens, the last never cached): {needed} pages of "
+                f"{pool.page_size}, but the pool has {pool.num_pages}; raise 'num_pages'"
+            )
+        if request_id in self:
+            raise DuplicateRequestError(
+                f"'request_id' must not be in the state already: {request_id!r} is"
+            )
+        sequence = _Sequence(self._next_arrival, length, new, 0)
+        return self._evolve(
+            sequences=self._sequences.set(request_id, sequence),
+            prefill=self._prefill.add(request_id, length),
+            next_arrival=self._next_arrival + 1,
+        )
+
+    def finish(self, request_id: RequestId) -> GenerationState[RequestId]:
+        """A state without ``request_id`` (a stop token, or an abort): its pages are free.
+
+        Raises :class:`UnknownRequestError` if it is not here (never added, or already
+        finished: a request that reaches ``max_new_tokens`` leaves by itself).
+        """
+        sequence = self._sequence(request_id)
+        return self._without(request_id, sequence)
+
+    def _without(self, request_id: RequestId, sequence: _Sequence) -> GenerationState[RequestId]:
+        return self._evolve(
+            sequences=self._sequences.delete(request_id),
+            prefill=self._prefill.discard(request_id),
+            decoding=_remove(self._decoding, sequence.arrival, request_id),
+            pool=self._pool.release(request_id),
+        )
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def pool(self) -> PagePool[RequestId]:
+        """The KV pages and who owns them."""
+        return self._pool
+
+    def __len__(self) -> int:
+        return len(self._sequences)
+
+    def __bool__(self) -> bool:
+        return len(self._sequences) > 0
+
+    def __contains__(self, request_id: object) -> bool:
+        try:
+            return self._sequences.get(request_id) is not None  # type: ignore[arg-type]
+        except TypeError:
+            return False
+
+    def __getitem__(self, request_id: RequestId) -> GenerationRequest:
+        sequence = self._sequence(request_id)
+        decoding = _index(self._decoding, sequence.arrival, request_id) is not None
+        return GenerationRequest(
+            prompt_length=sequence.prompt_length,
+            max_new_tokens=sequence.max_new_tokens,
+            num_generated=sequence.num_generated,
+            status="decoding" if decoding else "prefilling",
+        )
+
+    def __iter__(self) -> Iterator[RequestId]:
+        """The request ids, in arrival order."""
+        pairs = sorted(self._sequences.items(), key=lambda pair: pair[1].arrival)
+        return (request_id for request_id, _ in pairs)
+
+    @property
+    def num_decoding(self) -> int:
+        return len(self._decoding)
+
+    def _sequence(self, request_id: RequestId) -> _Sequence:
+        try:
+            sequence = self._sequences.get(request_id)
+        except TypeError:
+            sequence = None
+        if sequence is None:
+            raise UnknownRequestError(
+                f"'request_id' must be a request of the state: {request_id!r} is not "
+                "(never added, or finished)"
+            )
+        return sequence
+
+    def __repr__(self) -> str:
+        return (
+            f"GenerationState({len(self)} requests, {self.num_decoding} decoding, {self._pool!r})"
+        )
+
+
+def _index(decoding: tuple[tuple[int, Any], ...], arrival: int, request_id: object) -> int | None:
+    i = bisect.bisect_left(decoding, arrival, key=lambda pair: pair[0])
+    if i < len(decoding) and decoding[i][0] == arrival:
+        return i
+    return None
+
+
+def _remove(
+    decoding: tuple[tuple[int, RequestId], ...], arrival: int, request_id: RequestId
+) -> tuple[tuple[int, RequestId], ...]:
+    i = _index(decoding, arrival, request_id)
+    return decoding if i is None else decoding[:i] + decoding[i + 1 :]
+
+
+@attrs.frozen(kw_only=True)
+class GenerationStep(Generic[RequestId]):
+    """One planned dispatch of a generation, and the state once it has run."""
+
+    #: Each request's row, decode rows first (oldest first), then prefill chunks. A decode
+    #: row is a final one-token chunk at position ``context - 1``.
+    rows: Mapping[RequestId, StepChunk]
+    #: How many of ``rows`` (the first ones) are decode rows.
+    num_decode_rows: int
+    #: Requests preempted by this step (they hold no pages and will recompute).
+    preempted: tuple[RequestId, ...]
+    #: Requests whose final row here gives their last token (``max_new_tokens``): they
+    #: have left ``state``.
+    finished: tuple[RequestId, ...]
+    #: The pool as the dispatch uses it: every row's pages held.
+    pool: PagePool[RequestId]
+    #: The state once the dispatch has run and each final row has given one token.
+    state: GenerationState[RequestId]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.length for chunk in self.rows.values())
+
+    @property
+    def is_mixed(self) -> bool:
+        """Whether decode rows and prefill chunks share the dispatch."""
+        return 0 < self.num_decode_rows < len(self.rows)
+
+    @property
+    def sampled(self) -> tuple[RequestId, ...]:
+        """The requests that get a token from this dispatch (its final rows), in row order."""
+        return tuple(rid for rid, chunk in self.rows.items() if chunk.is_final)
+
+    def arrays(self, *, index: int = 0) -> DispatchArrays:
+        """The dispatch's kernel arrays; row ``i``'s ``requests`` entry is ``i``."""
+        return step_arrays(self.rows, self.pool, index=index)
+
+
+def step_arrays(
+    rows: Mapping[RequestId, StepChunk], pool: PagePool[RequestId], *, index: int = 0
+) -> DispatchArrays:
+    """Kernel arrays (positions, ``cu_seqlens``, ``seq_lens``, block tables, slot mapping,
+    logits indices) for any step's rows, decode and prefill alike, with their pages in
+    ``pool``. Row ``i`` of the arrays is the ``i``-th item of ``rows``; its ``requests`` entry
+    is ``i`` (the row of ``pool.block_tables(list(rows))``)."""
+    ids = list(rows)
+    chunks = list(rows.values())
+    dispatch = Dispatch(
+        index=index,
+        requests=read_only(np.arange(len(ids), dtype=np.int32)),
+        starts=read_only(np.array([c.start for c in chunks], dtype=np.int32)),
+        lengths=read_only(np.array([c.length for c in chunks], dtype=np.int32)),
+        is_final=read_only(np.array([c.is_final for c in chunks], dtype=np.bool_)),
+    )
+    return dispatch_arrays(dispatch, pool.block_tables(ids))
+
+
+def plan_generation_step(
+    state: GenerationState[RequestId], config: PlannerConfig
+) -> GenerationStep[RequestId]:
+    """Plan the next dispatch of a generation: decode rows, then prefill chunks, as the
+    module docstring states. ``state`` must not be empty."""
+    if not isinstance(state, GenerationState):
+        raise InvalidInputError(f"'state' must be a GenerationState: {type(state).__name__}")
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    if not state:
+        raise InvalidInputError("'state' must hold a request to plan a step: it is empty")
+    planner = _GenerationStep(state, config)
+    while True:
+        step = planner.plan()
+        if step is not None:
+            return step
+        planner.preempt_youngest_holder()
+
+
+class _GenerationStep(Generic[RequestId]):
+    """One step being planned; ``plan`` returns ``None`` when nothing could run."""
+
+    def __init__(self, state: GenerationState[RequestId], config: PlannerConfig) -> None:
+        self.config = config
+        self.sequences = state._sequences
+        self.prefill = state._prefill
+        self.decoding = state._decoding
+        self.pool = state._pool
+        self.next_arrival = state._next_arrival
+        self.preempted: list[RequestId] = []
+
+    def plan(self) -> GenerationStep[RequestId] | None:
+        rows: dict[RequestId, StepChunk] = {}
+        tokens_left = self.config.max_num_batched_tokens
+        rows_left = self.config.max_num_seqs or MAX_TOKENS
+        for arrival, request_id in list(self.decoding):
+            if tokens_left == 0 or rows_left == 0:
+                break
+            if _index(self.decoding, arrival, request_id) is None:
+                continue  # preempted in this step, for an older request
+            context = self._sequence(request_id).context
+            while not self.pool.can_hold(request_id, context):
+                if self.preempt_for(arrival, request_id) == request_id:
+                    break
+            else:
+                self.pool = self.pool.hold(request_id, context)
+                rows[request_id] = StepChunk(start=context - 1, length=1, is_final=True)
+                tokens_left -= 1
+                rows_left -= 1
+        num_decode = len(rows)
+        prefill_after = self.prefill
+        if not (self.preempted and rows):
+            plan = plan_step(
+                self.prefill,
+                self.config,
+                reserved_tokens=num_decode,
+                reserved_rows=num_decode,
+                pool=self.pool,
+            )
+            rows.update(plan.rows)
+            prefill_after = plan.state
+            assert plan.pool is not None
+            self.pool = plan.pool
+        if not rows:
+            return None
+        return self.finish(rows, num_decode, prefill_after)
+
+    def _sequence(self, request_id: RequestId) -> _Sequence:
+        sequence = self.sequences.get(request_id)
+        assert sequence is not None
+        return sequence
+
+    def preempt_for(self, arrival: int, request_id: RequestId) -> RequestId:
+        """Preempt the youngest page holder younger than ``request_id`` (or it); return it."""
+        victim, victim_arrival = request_id, arrival
+        for holder in self.pool.owners():
+            holder_arrival = self._sequence(holder).arrival
+            if holder_arrival > victim_arrival:
+                victim, victim_arrival = holder, holder_arrival
+        self.preempt(victim)
+        return victim
+
+    def preempt_youngest_holder(self) -> None:
+        holders = list(self.pool.owners())
+        if not holders:
+            raise AssertionError("unreachable: a request alone always fits the pool")
+        self.preempt(max(holders, key=lambda h: self._sequence(h).arrival))
+
+    def preempt(self, victim: RequestId) -> None:
+        sequence = self._sequence(victim)
+        self.pool = self.pool.release(victim)
+        self.decoding = _remove(self.decoding, sequence.arrival, victim)
+        # Under ``packed`` the waiting queue is behind every started request, so the victim
+        # goes to its front; ``round_robin`` has one queue of turns, and a victim at its front
+        # would take the turn of the request it was preempted for.
+        self.prefill = self.prefill.discard(victim).add(
+            victim, sequence.context, at_front=self.config.policy == "packed"
+        )
+        self.preempted.append(victim)
+
+    def finish(
+        self,
+        rows: dict[RequestId, StepChunk],
+        num_decode: int,
+        prefill_after: PrefillState[RequestId],
+    ) -> GenerationStep[RequestId]:
+        sequences, decoding, pool = self.sequences, list(self.decoding), self.pool
+        finished = []
+        for request_id, chunk in rows.items():
+            if not chunk.is_final:
+                continue
+            sequence = self._sequence(request_id)
+            grown = sequence._replace(num_generated=sequence.num_generated + 1)
+            if grown.num_generated == grown.max_new_tokens:
+                finished.append(request_id)
+                sequences = sequences.delete(request_id)
+                pool = pool.release(request_id)
+                if _index(self.decoding, sequence.arrival, request_id) is not None:
+                    decoding.remove((sequence.arrival, request_id))
+                continue
+            sequences = sequences.set(request_id, grown)
+            if _index(self.decoding, sequence.arrival, request_id) is None:
+                bisect.insort(decoding, (sequence.arrival, request_id), key=lambda p: p[0])
+        after: GenerationState[RequestId] = object.__new__(GenerationState)
+        after._init(sequences, prefill_after, tuple(decoding), pool, self.next_arrival)
+        return GenerationStep(
+            rows=_Rows(rows),
+            num_decode_rows=num_decode,
+            preempted=tuple(self.preempted),
+            finished=tuple(finished),
+            pool=self.pool,
+            state=after,
+        )

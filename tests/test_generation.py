@@ -1,0 +1,200 @@
+"""Generation planning: decode rows first, prefill by the online planner, a bounded page pool
+with preemption by recomputation. Each step is simulated to the end of the batch."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pypto_sched import (
+    DuplicateRequestError,
+    GenerationState,
+    GenerationStep,
+    InvalidConfigError,
+    InvalidInputError,
+    PlannerConfig,
+    Policy,
+    PrefillState,
+    UnknownRequestError,
+    plan_generation_step,
+    plan_prefill,
+    plan_step,
+)
+
+lengths_lists = st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=6)
+policies: st.SearchStrategy[Policy] = st.sampled_from(["round_robin", "packed"])
+
+
+def config_for(
+    policy: Policy, budget: int, threshold: int | None, page: int | None
+) -> PlannerConfig:
+    cap = min(budget, threshold or budget)
+    return PlannerConfig(
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        page_size=page if page is not None and page <= cap else None,
+        policy=policy,
+    )
+
+
+@st.composite
+def generations(draw: st.DrawFn) -> tuple[list[int], list[int], PlannerConfig, int, int]:
+    lengths = draw(lengths_lists)
+    news = draw(st.lists(st.integers(1, 12), min_size=len(lengths), max_size=len(lengths)))
+    budget = draw(st.integers(min_value=2, max_value=64))
+    config = config_for(
+        draw(policies),
+        budget,
+        draw(st.none() | st.integers(min_value=1, max_value=32)),
+        draw(st.none() | st.integers(min_value=1, max_value=8)),
+    )
+    page_size = draw(st.integers(min_value=1, max_value=8))
+    largest = max(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
+    num_pages = draw(st.integers(min_value=largest, max_value=largest * len(lengths) + 2))
+    return lengths, news, config, num_pages, page_size
+
+
+def run_to_the_end(
+    state: GenerationState[int], config: PlannerConfig, *, max_steps: int = 2_000
+) -> list[GenerationStep[int]]:
+    steps: list[GenerationStep[int]] = []
+    while state:
+        assert len(steps) < max_steps, "the generation does not finish"
+        step = plan_generation_step(state, config)
+        steps.append(step)
+        state = step.state
+    assert state.pool.num_free == state.pool.num_pages  # nothing leaks once everyone left
+    return steps
+
+
+@given(generations())
+def test_every_request_generates_all_its_tokens_and_the_pool_drains(
+    case: tuple[list[int], list[int], PlannerConfig, int, int],
+) -> None:
+    lengths, news, config, num_pages, page_size = case
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    steps = run_to_the_end(state, config)
+    sampled = [0] * len(lengths)
+    for step in steps:
+        for request in step.sampled:
+            sampled[request] += 1
+    # A preempted request recomputes; it samples only after its whole context is back.
+    assert sampled == news
+
+
+@given(generations())
+def test_each_step_obeys_the_config_and_holds_its_rows_pages(
+    case: tuple[list[int], list[int], PlannerConfig, int, int],
+) -> None:
+    lengths, news, config, num_pages, page_size = case
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    for step in run_to_the_end(state, config):
+        assert 1 <= step.num_tokens <= config.max_num_batched_tokens
+        chunks = list(step.rows.items())
+        for _, chunk in chunks[: step.num_decode_rows]:  # decode rows come first
+            assert chunk.length == 1
+            assert chunk.is_final
+        for _, chunk in chunks[step.num_decode_rows :]:
+            assert chunk.length <= config.chunk_cap
+            if config.page_size and not chunk.is_final:
+                assert (chunk.start + chunk.length) % config.page_size == 0
+        for request, chunk in chunks:
+            assert step.pool.capacity(request) >= chunk.start + chunk.length
+        tables = step.arrays().block_tables
+        assert tables.shape[0] == step.num_rows
+
+
+@given(generations())
+def test_the_oldest_page_holder_is_never_preempted(
+    case: tuple[list[int], list[int], PlannerConfig, int, int],
+) -> None:
+    lengths, news, config, num_pages, page_size = case
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    while state:
+        holders = sorted(state.pool.owners())
+        step = plan_generation_step(state, config)
+        if holders:
+            assert holders[0] not in step.preempted
+        state = step.state
+
+
+@given(lengths_lists, policies, st.integers(min_value=1, max_value=64))
+def test_with_one_new_token_and_an_ample_pool_the_rows_are_plan_steps(
+    lengths: list[int], policy: Policy, budget: int
+) -> None:
+    config = config_for(policy, budget, 16, None)
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=1, num_pages=sum(lengths), page_size=1
+    )
+    prefill = PrefillState.from_prompt_lengths(lengths)
+    steps = run_to_the_end(state, config)
+    offline = plan_prefill(lengths, config)
+    assert len(steps) == offline.num_dispatches
+    for step, dispatch in zip(steps, offline.dispatches, strict=True):
+        plan = plan_step(prefill, config)
+        assert dict(step.rows) == dict(plan.rows)
+        assert [(c.request, c.start, c.length) for c in dispatch.rows] == [
+            (r, c.start, c.length) for r, c in step.rows.items()
+        ]
+        assert step.num_decode_rows == 0
+        prefill = plan.state
+
+
+def test_a_small_pool_preempts_the_youngest_and_it_recomputes() -> None:
+    # Two prompts of 4 and 8 new tokens each, pages of 2 tokens, room for 10 tokens.
+    config = PlannerConfig(max_num_batched_tokens=16)
+    state = GenerationState.from_prompt_lengths([4, 4], max_new_tokens=8, num_pages=6, page_size=2)
+    steps = run_to_the_end(state, config)
+    preempted = [r for step in steps for r in step.preempted]
+    assert preempted
+    assert set(preempted) == {1}  # request 0 is older: never preempted
+    after = steps[next(i for i, s in enumerate(steps) if s.preempted) + 1 :]
+    refill = next(step.rows[1] for step in after if 1 in step.rows and step.rows[1].is_final)
+    assert refill.start + refill.length > 4  # its prompt plus the tokens it had generated
+
+
+def test_decode_rows_share_dispatches_with_prefill_chunks() -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=8, long_prefill_token_threshold=4, policy="packed"
+    )
+    state = GenerationState.from_prompt_lengths(
+        [2, 30], max_new_tokens=6, num_pages=64, page_size=4
+    )
+    steps = run_to_the_end(state, config)
+    assert any(step.is_mixed for step in steps)
+    first = steps[1]
+    assert first.num_decode_rows == 1
+    assert first.rows[0].start == 2  # the decode row of request 0 at its context - 1
+
+
+def test_state_reading_finishing_and_errors() -> None:
+    state = GenerationState[str](num_pages=4, page_size=4).add("a", 3, max_new_tokens=2)
+    assert "a" in state
+    assert state["a"].status == "prefilling"
+    step = plan_generation_step(state, PlannerConfig(max_num_batched_tokens=8))
+    after = step.state
+    assert after["a"].num_generated == 1
+    assert after["a"].status == "decoding"
+    assert after.finish("a").pool.num_free == 4
+    with pytest.raises(UnknownRequestError, match="'b'"):
+        after.finish("b")
+    with pytest.raises(DuplicateRequestError):
+        after.add("a", 1, max_new_tokens=1)
+    with pytest.raises(InvalidConfigError, match="request 'big' can hold 19 tokens"):
+        state.add("big", 10, max_new_tokens=10)
+    with pytest.raises(InvalidInputError, match="empty"):
+        plan_generation_step(
+            GenerationState[int](num_pages=1, page_size=1), PlannerConfig(max_num_batched_tokens=1)
+        )
+    assert pickle.loads(pickle.dumps(step.rows)) == dict(step.rows)
+    assert list(np.asarray(step.arrays().positions)) == [0, 1, 2]
