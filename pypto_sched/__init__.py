@@ -19,6 +19,13 @@ from ._errors import (
     PyptoSchedError,
     UnknownRequestError,
 )
+from ._generate import (
+    GeneratedSequence,
+    GenerationResult,
+    GenerationStats,
+    StepDone,
+    generate,
+)
 from ._generation import (
     GenerationRequest,
     GenerationState,
@@ -65,8 +72,11 @@ __all__ = [
     "DuplicateRequestError",
     "ExecutionError",
     "ExecutionResult",
+    "GeneratedSequence",
     "GenerationRequest",
+    "GenerationResult",
     "GenerationState",
+    "GenerationStats",
     "GenerationStep",
     "InvalidConfigError",
     "InvalidInputError",
@@ -82,6 +92,7 @@ __all__ = [
     "Schedule",
     "ScheduleStats",
     "StepChunk",
+    "StepDone",
     "StepPlan",
     "UnknownRequestError",
     "Verification",
@@ -89,6 +100,7 @@ __all__ = [
     "compare_results",
     "dispatch_arrays",
     "execute_schedule",
+    "generate",
     "list_backends",
     "load_backend",
     "partition_requests",

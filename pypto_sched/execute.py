@@ -153,7 +153,8 @@ def execute_schedule(
             return_logits=return_logits and has_final,
             return_greedy=return_greedy and has_final,
         )
-        output = _run(backend, batch, cache, dispatch, schedule.num_dispatches)
+        where = f"dispatch {dispatch.index} of {schedule.num_dispatches} ({_describe(dispatch)})"
+        output = _run(backend, batch, cache, index=dispatch.index, where=where)
         if batch.return_logits:
             logits.put(arrays.final_requests, output.logits)
         if batch.return_greedy:
@@ -216,21 +217,27 @@ def _token_ids(
     prompts = _per_request("token_ids", token_ids, schedule)
     checked = []
     for r, prompt in enumerate(prompts):
-        array = np.asarray(prompt)
-        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-            raise InvalidInputError(
-                f"'token_ids[{r}]' must be a 1-D sequence of ints: shape {array.shape}, "
-                f"dtype {array.dtype}"
-            )
+        array = token_array(f"token_ids[{r}]", prompt, vocab_size=vocab_size)
         _check_length(f"token_ids[{r}]", array, int(schedule.prompt_lengths[r]))
-        outside = (array < 0) | (array >= vocab_size)
-        if outside.any():
-            raise InvalidInputError(
-                f"'token_ids[{r}]' values must be in [0, {vocab_size}), the backend's "
-                f"vocabulary: {int(array[outside][0])}"
-            )
-        checked.append(read_only(array.astype(np.int64)))
+        checked.append(array)
     return checked
+
+
+def token_array(name: str, values: object, *, vocab_size: int) -> npt.NDArray[np.int64]:
+    """``values`` as a read-only int64 array of token ids in ``[0, vocab_size)``, or an
+    :class:`InvalidInputError` naming ``name``."""
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise InvalidInputError(
+            f"{name!r} must be a 1-D sequence of ints: shape {array.shape}, dtype {array.dtype}"
+        )
+    outside = (array < 0) | (array >= vocab_size)
+    if outside.any():
+        raise InvalidInputError(
+            f"{name!r} values must be in [0, {vocab_size}), the backend's vocabulary: "
+            f"{int(array[outside][0])}"
+        )
+    return read_only(array.astype(np.int64))
 
 
 def _embeddings(
@@ -322,21 +329,23 @@ def _gather(per_request: Sequence[npt.NDArray[Any]], arrays: DispatchArrays) -> 
 
 
 def _run(
-    backend: Backend, batch: DispatchInput, cache: Any, dispatch: Dispatch, count: int
+    backend: Backend, batch: DispatchInput, cache: Any, *, index: int, where: str
 ) -> DispatchOutput:
-    where = f"dispatch {dispatch.index} of {count} ({_describe(dispatch)})"
+    """``backend.run_dispatch`` with every failure, and every output that breaks the
+    contract, turned into an :class:`ExecutionError` naming dispatch ``index`` (``where``
+    says which it is, for the message)."""
     try:
         output = backend.run_dispatch(batch, cache)
     except Exception as error:
         raise ExecutionError(
             f"backend {backend.name!r} failed on {where}: {type(error).__name__}: {error}",
-            dispatch=dispatch.index,
+            dispatch=index,
         ) from error
     problem = _output_problem(batch, output, backend.vocab_size)
     if problem is not None:
         raise ExecutionError(
             f"backend {backend.name!r} returned a malformed output for {where}: {problem}",
-            dispatch=dispatch.index,
+            dispatch=index,
         )
     return output
 

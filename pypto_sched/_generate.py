@@ -1,0 +1,313 @@
+"""The generation driver: plan each step, run it on a backend, sample, repeat.
+
+:func:`generate` owns no scheduling rule: every dispatch comes from
+:func:`~pypto_sched.plan_generation_step` (decode rows first, prefill chunks by the online
+planner, admission by free KV pages, preemption by recomputation), and every token from
+:func:`~pypto_sched.sample_token` (greedy asks the backend for its argmax instead, so that no
+logits cross to the host). The driver keeps each request's tokens, feeds each row the tokens
+of its positions (a recomputing request's generated tokens included), stops a request on
+``max_new_tokens`` or a stop token, and reports what happened.
+
+Like :func:`~pypto_sched.execute_schedule`, it checks every backend output and stops with an
+:class:`~pypto_sched.ExecutionError` naming the dispatch on the first failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Literal, cast
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ._config import PlannerConfig
+from ._errors import InvalidInputError
+from ._generation import GenerationState, GenerationStep, plan_generation_step
+from ._sampling import SamplingParams, sample_token
+from ._validate import check_int, read_only
+from .backends import Backend, DispatchInput
+from .execute import DEFAULT_PAGE_SIZE, _run, token_array
+
+__all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone", "generate"]
+
+FinishReason = Literal["length", "stop"]
+
+
+@attrs.frozen(kw_only=True)
+class GeneratedSequence:
+    """What one request generated."""
+
+    #: The generated token ids (read-only), stop token included when one ended it.
+    token_ids: npt.NDArray[np.int64] = attrs.field(eq=False)
+    #: ``"length"`` (``max_new_tokens`` reached) or ``"stop"`` (a stop token).
+    finish_reason: FinishReason
+    #: The dispatch (counted from 0) that gave its first token.
+    first_token_dispatch: int
+    #: How often it was preempted (and recomputed).
+    num_preemptions: int
+
+
+@attrs.frozen(kw_only=True)
+class GenerationStats:
+    """What a generation cost, counted in dispatches and, for throughput, in wall time."""
+
+    num_dispatches: int
+    #: Dispatches holding both decode rows and prefill chunks.
+    num_mixed_dispatches: int
+    num_preemptions: int
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    #: Tokens run through the model, recomputation included.
+    num_computed_tokens: int
+    #: Mean and worst dispatch (counted from 1) that gave a request its first token.
+    mean_time_to_first_token: float
+    max_time_to_first_token: int
+    wall_seconds: float
+    #: Seconds spent planning (a share of ``wall_seconds``).
+    planning_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of wall time."""
+        return self.num_generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class GenerationResult:
+    """Every request's output, in input order, and the statistics of the run."""
+
+    sequences: tuple[GeneratedSequence, ...]
+    stats: GenerationStats
+
+
+@attrs.frozen(kw_only=True)
+class StepDone:
+    """Told to ``on_step`` after each dispatch of :func:`generate`."""
+
+    #: The dispatch just run, counted from 0.
+    index: int
+    #: Its rows: decode rows first.
+    num_rows: int
+    num_decode_rows: int
+    num_tokens: int
+    #: Requests finished so far, of ``num_requests``.
+    num_finished: int
+    num_requests: int
+    #: Tokens generated so far, over every request.
+    num_generated_tokens: int
+
+
+def generate(
+    backend: Backend,
+    prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+    *,
+    config: PlannerConfig,
+    max_new_tokens: int | Sequence[int],
+    sampling: SamplingParams | None = None,
+    stop_token_ids: Collection[int] = (),
+    request_stop_token_ids: Sequence[Collection[int]] | None = None,
+    num_pages: int | None = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    on_step: Callable[[StepDone], None] | None = None,
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens (one int, or one per prompt) for each of
+    ``prompts`` (token id arrays) on ``backend``, every dispatch planned under ``config``.
+
+    A request stops at ``max_new_tokens`` or at a token of ``stop_token_ids`` (for every
+    request, e.g. the EOS ids) or of its own ``request_stop_token_ids[r]``. The KV cache has
+    ``num_pages`` pages of ``page_size`` tokens (default: enough for every request at once);
+    when it is smaller, requests wait for pages and are preempted by recomputation.
+    ``sampling`` defaults to greedy. Results come back in input order.
+    """
+    if not isinstance(backend, Backend):
+        raise InvalidInputError(
+            f"'backend' must implement the Backend protocol: {type(backend).__name__}"
+        )
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    sampling = SamplingParams() if sampling is None else sampling
+    if not isinstance(sampling, SamplingParams):
+        raise InvalidInputError(
+            f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
+        )
+    if not isinstance(prompts, Sequence) or isinstance(prompts, str | bytes) or not prompts:
+        raise InvalidInputError("'prompts' must be a non-empty sequence of token id arrays")
+    tokens = [
+        token_array(f"prompts[{r}]", prompt, vocab_size=backend.vocab_size).tolist()
+        for r, prompt in enumerate(prompts)
+    ]
+    for r, prompt in enumerate(tokens):
+        if not prompt:
+            raise InvalidInputError(f"'prompts[{r}]' must hold at least one token: it is empty")
+    stops = _stop_sets(stop_token_ids, request_stop_token_ids, len(tokens))
+    page_size = check_int("page_size", page_size, min_value=1)
+    lengths = [len(prompt) for prompt in tokens]
+    news = _per_request_counts(max_new_tokens, len(tokens))
+    if num_pages is None:
+        num_pages = sum(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    return _Run(backend, config, sampling, tokens, stops, on_step).until_done(state)
+
+
+def _per_request_counts(values: int | Sequence[int], count: int) -> list[int]:
+    if isinstance(values, int | np.integer) and not isinstance(values, bool):
+        return [check_int("max_new_tokens", values, min_value=1)] * count
+    if not isinstance(values, Sequence) or len(values) != count:
+        raise InvalidInputError(
+            f"'max_new_tokens' must be an int or one int per prompt ({count}): {values!r}"
+        )
+    return [check_int(f"max_new_tokens[{r}]", v, min_value=1) for r, v in enumerate(values)]
+
+
+def _stop_sets(
+    common: Collection[int], per_request: Sequence[Collection[int]] | None, count: int
+) -> list[frozenset[int]]:
+    shared = frozenset(check_int("stop_token_ids", t, min_value=0) for t in common)
+    if per_request is None:
+        return [shared] * count
+    if len(per_request) != count:
+        raise InvalidInputError(
+            f"'request_stop_token_ids' must have one entry per prompt ({count}): "
+            f"{len(per_request)} entries"
+        )
+    return [
+        shared | {check_int(f"request_stop_token_ids[{r}]", t, min_value=0) for t in ids}
+        for r, ids in enumerate(per_request)
+    ]
+
+
+class _Run:
+    """One generation in progress: the tokens so far and what to report."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: PlannerConfig,
+        sampling: SamplingParams,
+        tokens: list[list[int]],
+        stops: list[frozenset[int]],
+        on_step: Callable[[StepDone], None] | None,
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        self.sampling = sampling
+        self.tokens = tokens
+        self.prompt_lengths = [len(t) for t in tokens]
+        self.stops = stops
+        self.on_step = on_step
+        count = len(tokens)
+        self.reasons: list[FinishReason | None] = [None] * count
+        self.first_token: list[int] = [-1] * count
+        self.preemptions = [0] * count
+        self.num_dispatches = self.num_mixed = self.num_computed = self.num_generated = 0
+
+    def until_done(self, state: GenerationState[int]) -> GenerationResult:
+        cache = self.backend.new_cache(
+            num_pages=state.pool.num_pages, page_size=state.pool.page_size
+        )
+        planning = 0.0
+        start = time.perf_counter()
+        while state:
+            before = time.perf_counter()
+            step = plan_generation_step(state, self.config)
+            planning += time.perf_counter() - before
+            state = self.run(step, cache)
+        return GenerationResult(
+            sequences=tuple(self.sequence(r) for r in range(len(self.tokens))),
+            stats=self.stats(wall=time.perf_counter() - start, planning=planning),
+        )
+
+    def run(self, step: GenerationStep[int], cache: Any) -> GenerationState[int]:
+        """Run ``step`` on the backend; return the state with its tokens recorded."""
+        index = self.num_dispatches
+        greedy = self.sampling.is_greedy
+        batch = DispatchInput(
+            arrays=step.arrays(index=index),
+            token_ids=read_only(
+                np.array(
+                    [
+                        token
+                        for r, chunk in step.rows.items()
+                        for token in self.tokens[r][chunk.start : chunk.start + chunk.length]
+                    ],
+                    dtype=np.int64,
+                )
+            ),
+            input_embeddings=None,
+            return_logits=not greedy,
+            return_greedy=greedy,
+        )
+        rows = ", ".join(f"request {r} tokens {c.start}:{c.start + c.length}" for r, c in
+                         list(step.rows.items())[:3])  # fmt: skip
+        output = _run(self.backend, batch, cache, index=index, where=f"dispatch {index} ({rows})")
+        state = step.state
+        for row, request in enumerate(step.sampled):
+            # ``_run`` checked that what was asked for is there, of the right shape.
+            if greedy:
+                token = int(cast(npt.NDArray[np.integer[Any]], output.greedy_token_ids)[row])
+            else:
+                token = sample_token(
+                    cast(npt.NDArray[np.floating[Any]], output.logits)[row],
+                    self.sampling,
+                    request_index=request,
+                    token_index=len(self.tokens[request]) - self.prompt_lengths[request],
+                )
+            self.tokens[request].append(token)
+            self.num_generated += 1
+            if self.first_token[request] < 0:
+                self.first_token[request] = index
+            if token in self.stops[request]:
+                self.reasons[request] = "stop"
+                if request in state:
+                    state = state.finish(request)
+            elif request in step.finished:
+                self.reasons[request] = "length"
+        for request in step.preempted:
+            self.preemptions[request] += 1
+        self.num_dispatches += 1
+        self.num_mixed += step.is_mixed
+        self.num_computed += step.num_tokens
+        if self.on_step is not None:
+            self.on_step(
+                StepDone(
+                    index=index,
+                    num_rows=step.num_rows,
+                    num_decode_rows=step.num_decode_rows,
+                    num_tokens=step.num_tokens,
+                    num_finished=sum(reason is not None for reason in self.reasons),
+                    num_requests=len(self.tokens),
+                    num_generated_tokens=self.num_generated,
+                )
+            )
+        return state
+
+    def sequence(self, request: int) -> GeneratedSequence:
+        reason = self.reasons[request]
+        if reason is None:  # unreachable: a request leaves the state only by finishing
+            raise AssertionError(f"request {request} left the generation unfinished")
+        generated = self.tokens[request][self.prompt_lengths[request] :]
+        return GeneratedSequence(
+            token_ids=read_only(np.array(generated, dtype=np.int64)),
+            finish_reason=reason,
+            first_token_dispatch=self.first_token[request],
+            num_preemptions=self.preemptions[request],
+        )
+
+    def stats(self, *, wall: float, planning: float) -> GenerationStats:
+        first = np.array(self.first_token, dtype=np.float64) + 1
+        return GenerationStats(
+            num_dispatches=self.num_dispatches,
+            num_mixed_dispatches=self.num_mixed,
+            num_preemptions=sum(self.preemptions),
+            num_prompt_tokens=sum(self.prompt_lengths),
+            num_generated_tokens=self.num_generated,
+            num_computed_tokens=self.num_computed,
+            mean_time_to_first_token=float(first.mean()),
+            max_time_to_first_token=int(first.max()),
+            wall_seconds=wall,
+            planning_seconds=planning,
+        )
