@@ -490,7 +490,8 @@ class _PackedPlanner:
         self.tail: list[int] = []
         self.num_dispatches = 0
         # Runs, flattened: first, count, request, start, head, last; first, count, ...
-        self.runs = array("q")
+        # (A list: extending an array("q") by a tuple costs more than converting at the end.)
+        self.runs: list[int] = []
 
     # -- the dispatch loop ------------------------------------------------------------------
 
@@ -505,7 +506,7 @@ class _PackedPlanner:
         steady, due_at, extra_at, tail = self.steady, self.due_at, self.extra_at, self.tail
         budget, cap, page, step = self.budget, self.cap, self.page, self.step
         max_rows, max_partial, n = self.max_rows, self.max_partial, self.n
-        write = self.runs.extend
+        write, join = self.runs.extend, self._join_steady
         d = 0  # the dispatch being filled
         new = 0  # the first request not started
         while steady or tail or new < n:
@@ -528,10 +529,10 @@ class _PackedPlanner:
             r = new
             partial = len(steady) + len(tail)
             while r < n and left > 0:
-                start = position[r]
-                remaining = lengths[r] - start
+                start, length = position[r], lengths[r]
+                remaining = length - start
                 limit = chunk_limit(cap, left, max_rows - rows)
-                size = chunk_size(start, lengths[r], limit, page)
+                size = chunk_size(start, length, limit, page)
                 if not admits(size, remaining, partial, max_partial):
                     break
                 left -= size
@@ -540,7 +541,7 @@ class _PackedPlanner:
                     write((d, 1, r, start, size, size))
                 elif all_steady:
                     partial += 1
-                    self._join_steady(r, d, start, size)
+                    join(r, d, start, size)
                 else:
                     partial += 1
                     write((d, 1, r, start, size, size))
@@ -635,7 +636,7 @@ class _PackedPlanner:
         run while another runs steady comes after it in the window), so sorting the rows
         stably by dispatch puts each dispatch's rows in request order.
         """
-        runs = np.frombuffer(self.runs, dtype=np.int64).reshape(-1, 6)
+        runs = np.frombuffer(array("q", self.runs), dtype=np.int64).reshape(-1, 6)
         first, counts, requests, starts, heads, lasts = runs.astype(np.int32).T
         step = self.step
         ends = np.cumsum(counts, dtype=np.int32)
