@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
 import numpy as np
@@ -59,7 +59,7 @@ from ._errors import (
     UnknownRequestError,
 )
 from ._online import PrefillState, StepChunk, _Rows, plan_step
-from ._persistent import PersistentMap
+from ._persistent import Frozen, PersistentMap
 from ._pool import PagePool
 from ._schedule import Dispatch
 from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
@@ -93,7 +93,7 @@ class GenerationRequest:
     status: str
 
 
-class GenerationState(Generic[RequestId]):
+class GenerationState(Frozen, Generic[RequestId]):
     """The requests of a generation and the KV page pool they share, as an immutable value.
 
     Build one with :meth:`from_prompt_lengths` or by :meth:`add`-ing requests to
@@ -138,12 +138,6 @@ class GenerationState(Generic[RequestId]):
             changes.get("next_arrival", self._next_arrival),
         )
         return new
-
-    def __setattr__(self, name: str, value: object) -> NoReturn:
-        raise AttributeError(f"GenerationState is immutable: cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> NoReturn:
-        raise AttributeError(f"GenerationState is immutable: cannot delete {name!r}")
 
     @classmethod
     def from_prompt_lengths(

@@ -23,13 +23,28 @@ levels and inserting always terminates.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, NoReturn, TypeVar, cast
 
 # No ``__all__``: these containers are internal to ``PrefillState``, not public API.
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 T = TypeVar("T")
+
+
+class Frozen:
+    """Base of the hand-built immutable values (``PrefillState``, ``PagePool``,
+    ``GenerationState``): their slots are set once, with ``object.__setattr__``, by the
+    class's own builders; setting or deleting an attribute afterwards is an error."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
+
 
 # A linked list: ``(first item, rest of the list)``, or ``None`` when empty.
 _Link = tuple[Any, Any] | None

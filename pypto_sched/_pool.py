@@ -21,13 +21,13 @@ persistent map and free pages in an immutable linked list.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from ._errors import CacheTooSmallError, InvalidInputError
 from ._pages import BlockTables
-from ._persistent import PersistentMap
+from ._persistent import Frozen, PersistentMap
 from ._validate import MAX_TOKENS, check_int, read_only
 
 __all__ = ["PagePool"]
@@ -38,7 +38,7 @@ RequestId = TypeVar("RequestId", bound=Hashable)
 _FreeList = tuple[int, Any] | None
 
 
-class PagePool(Generic[RequestId]):
+class PagePool(Frozen, Generic[RequestId]):
     """A fixed number of KV pages, each owned by at most one request.
 
     Build an empty pool with ``PagePool(num_pages=..., page_size=...)``; grow a request's
@@ -91,12 +91,6 @@ class PagePool(Generic[RequestId]):
         new: PagePool[RequestId] = object.__new__(PagePool)
         new._init(self._num_pages, self._page_size, owned, freed, num_freed, unused)
         return new
-
-    def __setattr__(self, name: str, value: object) -> NoReturn:
-        raise AttributeError(f"PagePool is immutable: cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> NoReturn:
-        raise AttributeError(f"PagePool is immutable: cannot delete {name!r}")
 
     # -- reading ------------------------------------------------------------------------
 
