@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from . import backends, compare, plan, plot, run
+from . import backends, compare, generate, plan, plot, run
 from ._options import HELP_WIDTH, Example, Parser, epilog
 
 __all__ = ["COMMANDS", "build_parser"]
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (plan, compare, plot, run, backends)
+COMMANDS = (plan, compare, plot, run, generate, backends)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pypto-sched",
         description=textwrap.fill(
             "Plan chunked prefill: split prompts into dispatches within a token budget, "
-            "compare settings, draw schedules and run them on a backend.",
+            "compare settings, draw schedules, run them on a backend and generate tokens.",
             width=HELP_WIDTH,
         ),
         epilog="Run 'pypto-sched COMMAND --help' for each command's options and examples.\n"

@@ -1,0 +1,347 @@
+"""``pypto-sched generate``: offline batch generation from a JSON Lines file of prompts.
+
+The command parses, calls the library and renders: :func:`~pypto_sched.prompts.read_prompts`
+reads and checks the prompts, :func:`~pypto_sched.generate` runs them (its ``on_step`` feeds
+the progress bar), and
+:func:`~pypto_sched.integrations.hf_verify.verify_greedy_generation` is ``--verify``. The
+whole execution is the one call in :func:`execute`, so that another way of running the batch
+(several replicas) replaces one function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .._config import PlannerConfig
+from .._errors import InvalidConfigError
+from .._generate import GenerationResult, StepDone, generate
+from .._sampling import SamplingParams
+from ..backends import Backend
+from ..execute import DEFAULT_PAGE_SIZE
+from ..integrations.hf_verify import (
+    TransformersVerification,
+    transformers_missing,
+    verify_greedy_generation,
+)
+from ..prompts import MissingDependencyError, PromptRequest, Tokenizer, load_tokenizer, read_prompts
+from ._errors import EXIT_FAILED, EXIT_OK, UsageError
+from ._inputs import config as planner_config
+from ._lengths import read_text
+from ._options import Example, Parser, add_command, add_config_options
+from ._render import console, grid
+from ._specs import backend_options
+from .run import _load
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+__all__ = ["EXAMPLES", "add_parser", "execute", "handle"]
+
+EXAMPLES: list[Example] = [
+    (
+        "greedy, prompts chunked by 16 tokens, on the NumPy reference backend",
+        "generate --backend reference --prompts prompts.jsonl --max-new-tokens 8 \\\n"
+        "      --max-num-batched-tokens 64 --long-prefill-token-threshold 16",
+    ),
+    (
+        "sampled, a KV pool of 12 pages of 4 tokens, the tokens written to a file",
+        "generate --backend reference --prompts prompts.jsonl --max-new-tokens 8 \\\n"
+        "      --max-num-batched-tokens 64 --kv-page-size 4 --num-kv-pages 12 \\\n"
+        "      --temperature 0.8 --top-p 0.95 --sampling-seed 1 --output out.jsonl",
+    ),
+    (
+        "a Hugging Face checkpoint, checked token for token against transformers",
+        "generate --backend reference --backend-option checkpoint=/models/qwen3 \\\n"
+        "      --prompts prompts.jsonl --max-new-tokens 32 --max-num-batched-tokens 512 --verify",
+    ),
+]
+
+
+def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
+    parser = add_command(
+        commands,
+        "generate",
+        summary="generate tokens for a file of prompts on an installed backend",
+        description="Generate up to --max-new-tokens tokens for each prompt of a JSON Lines "
+        'file, one request per line: {"token_ids": [...]}, or {"prompt": "text"} when the '
+        "checkpoint directory has a tokenizer.json; optional per line: "
+        '"max_new_tokens", "stop_token_ids". Every dispatch mixes decode rows and prefill '
+        "chunks as the planner decides, over a KV cache of --num-kv-pages pages; requests "
+        "wait for pages and are preempted (and recomputed) when it is short. Prints one JSON "
+        'line per request, in input order: {"index", "token_ids" (the generated ids), '
+        '"finish_reason" ("length" or "stop"), and "text" with a tokenizer}; a summary goes '
+        "to stderr. --verify (greedy only) recomputes every request with transformers' "
+        "generate() on the same checkpoint; a mismatch exits with status 1.",
+        examples=EXAMPLES,
+    )
+    parser.add_argument("--backend", required=True, metavar="NAME", help="an installed backend")
+    parser.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the backend's factory, as for 'run' (checkpoint=DIR loads a model)",
+    )
+    parser.add_argument(
+        "--prompts", required=True, metavar="FILE", help="JSON Lines of requests ('-': stdin)"
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        required=True,
+        metavar="N",
+        help="tokens to generate per request, unless its line says otherwise",
+    )
+    add_config_options(parser)
+    pool = parser.add_argument_group("KV cache")
+    pool.add_argument(
+        "--kv-page-size",
+        type=int,
+        metavar="N",
+        help=f"tokens per KV page (default: --page-size if set, else {DEFAULT_PAGE_SIZE})",
+    )
+    pool.add_argument(
+        "--num-kv-pages",
+        type=int,
+        metavar="N",
+        help="pages in the pool (default: enough for every request at once)",
+    )
+    sampling = parser.add_argument_group("sampling (default: greedy)")
+    sampling.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default)"
+    )
+    sampling.add_argument("--top-k", type=int, metavar="K", help="keep the K likeliest tokens")
+    sampling.add_argument(
+        "--top-p", type=float, metavar="P", help="keep the likeliest tokens up to P, in (0, 1]"
+    )
+    sampling.add_argument(
+        "--sampling-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seeds each request's stream with its index and token index (default 0)",
+    )
+    parser.add_argument(
+        "--output", metavar="FILE", help="write the JSON lines here (default: stdout)"
+    )
+    parser.add_argument(
+        "--verify", action="store_true", help="compare with transformers' generate() (greedy)"
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: when stderr is a terminal)",
+    )
+    parser.set_defaults(handler=handle, format="text")
+
+
+def handle(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    config = planner_config(args)
+    if args.verify:
+        _check_verify(args, sampling)
+    page_size = args.kv_page_size or args.page_size or DEFAULT_PAGE_SIZE
+    backend = _load(args)
+    tokenizer = _tokenizer(args)
+    requests = read_prompts(
+        read_text(args.prompts, name="--prompts"),
+        max_new_tokens=args.max_new_tokens,
+        vocab_size=backend.vocab_size,
+        max_positions=getattr(backend, "max_position_embeddings", None),
+        tokenizer=tokenizer,
+        what=f"--prompts {args.prompts!r}",
+    )
+    with _progress_bar(args, len(requests)) as on_step:
+        result = execute(
+            backend,
+            requests,
+            config=config,
+            sampling=sampling,
+            num_pages=args.num_kv_pages,
+            page_size=page_size,
+            on_step=on_step,
+        )
+    _write(args.output, _lines(result, tokenizer))
+    verification = None
+    if args.verify:
+        verification = verify_greedy_generation(
+            str(_checkpoint(args)),
+            [r.token_ids for r in requests],
+            [s.token_ids.tolist() for s in result.sequences],
+            max_new_tokens=[r.max_new_tokens for r in requests],
+            stop_token_ids=[r.stop_token_ids for r in requests],
+        )
+    _emit_stderr(_summary(backend, config, result, verification))
+    if verification is not None and not verification.passed:
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def execute(
+    backend: Backend,
+    requests: Sequence[PromptRequest],
+    *,
+    config: PlannerConfig,
+    sampling: SamplingParams,
+    num_pages: int | None,
+    page_size: int,
+    on_step: Callable[[StepDone], None],
+) -> GenerationResult:
+    """Run ``requests`` on ``backend``: the one call that does the work."""
+    try:
+        return generate(
+            backend,
+            [r.token_ids for r in requests],
+            config=config,
+            max_new_tokens=[r.max_new_tokens for r in requests],
+            sampling=sampling,
+            request_stop_token_ids=[r.stop_token_ids for r in requests],
+            num_pages=num_pages,
+            page_size=page_size,
+            on_step=on_step,
+        )
+    except InvalidConfigError as error:  # the pool cannot hold a request, or no pages at all
+        raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.sampling_seed,
+        )  # fmt: skip
+    except InvalidConfigError as error:
+        raise UsageError(f"sampling options (--temperature, --top-k, --top-p): {error}") from None
+
+
+def _check_verify(args: argparse.Namespace, sampling: SamplingParams) -> None:
+    if not sampling.is_greedy:
+        raise UsageError("--verify compares greedy tokens: leave --temperature at 0")
+    missing = transformers_missing()
+    if missing is not None:
+        raise UsageError(f"--verify: {missing}")
+    if _checkpoint(args) is None:
+        raise UsageError("--verify needs the checkpoint: --backend-option checkpoint=DIR")
+
+
+def _checkpoint(args: argparse.Namespace) -> str | None:
+    """The backend's ``checkpoint`` option: the directory of the weights and tokenizer."""
+    checkpoint = backend_options(args.backend_option).get("checkpoint")
+    return None if checkpoint is None else str(checkpoint)
+
+
+def _tokenizer(args: argparse.Namespace) -> Tokenizer | None:
+    checkpoint = _checkpoint(args)
+    if checkpoint is None:
+        return None
+    try:
+        return load_tokenizer(checkpoint)
+    except MissingDependencyError as error:
+        raise UsageError(str(error)) from None
+
+
+def _lines(result: GenerationResult, tokenizer: Tokenizer | None) -> Iterator[str]:
+    for index, sequence in enumerate(result.sequences):
+        ids = sequence.token_ids.tolist()
+        line: dict[str, Any] = {
+            "index": index,
+            "token_ids": ids,
+            "finish_reason": sequence.finish_reason,
+        }
+        if tokenizer is not None:
+            line["text"] = tokenizer.decode(ids)
+        yield json.dumps(line, ensure_ascii=False)
+
+
+def _write(path: str | None, lines: Iterator[str]) -> None:
+    if path is None:
+        _write_to(sys.stdout, lines)
+        return
+    try:
+        with Path(path).open("w", encoding="utf-8") as stream:
+            _write_to(stream, lines)
+    except OSError as error:
+        raise UsageError(f"--output: cannot write {path!r}: {error.strerror or error}") from None
+
+
+def _write_to(stream: TextIO, lines: Iterator[str]) -> None:
+    for line in lines:
+        stream.write(line + "\n")
+
+
+@contextmanager
+def _progress_bar(
+    args: argparse.Namespace, num_requests: int
+) -> Iterator[Callable[[StepDone], None]]:
+    """Requests done and tokens per second on stderr, as ``--progress`` asks (default: when
+    stderr is a terminal)."""
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    if not show:
+        yield lambda _done: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = console(stderr=True)
+    if args.progress:  # asked for by name: drawn even when stderr is not a terminal
+        err = type(err)(file=sys.stderr, force_terminal=True, width=err.width, markup=False)
+    columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+               TextColumn("{task.fields[rate]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("generate", total=num_requests, rate="")
+        started = time.perf_counter()
+
+        def advance(done: StepDone) -> None:
+            seconds = time.perf_counter() - started
+            rate = f"{done.num_generated_tokens / seconds:,.0f} tokens/s" if seconds > 0 else ""
+            progress.update(task, completed=done.num_finished, rate=rate)
+
+        yield advance
+
+
+def _emit_stderr(items: list[RenderableType]) -> None:
+    """Print ``items`` on stderr; when it is not a terminal, without trailing spaces."""
+    err = console(stderr=True)
+    with err.capture() as capture:
+        for item in items:
+            err.print(item, soft_wrap=isinstance(item, str))
+    sys.stderr.write("".join(line.rstrip() + "\n" for line in capture.get().splitlines()))
+
+
+def _summary(
+    backend: Backend,
+    config: PlannerConfig,
+    result: GenerationResult,
+    verification: TransformersVerification | None,
+) -> list[RenderableType]:
+    stats = result.stats
+    preempted = sum(1 for s in result.sequences if s.num_preemptions)
+    heading = (
+        f"{len(result.sequences):,} requests, {stats.num_prompt_tokens:,} prompt tokens on "
+        f"backend {backend.name!r} ({config.policy})"
+    )
+    table = grid()
+    table.add_row("generated", f"{stats.num_generated_tokens:,} tokens")
+    table.add_row("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
+                  "prefill and decode)")  # fmt: skip
+    table.add_row("preemptions", f"{stats.num_preemptions:,} ({preempted:,} requests)")
+    table.add_row(
+        "time to first token",
+        f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
+        f"{stats.max_time_to_first_token:,} at worst",
+    )
+    table.add_row(
+        "throughput",
+        f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, planning "
+        f"{stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})",
+    )
+    if verification is not None:
+        table.add_row("verify", verification.describe())
+    return [heading, table]

@@ -1,0 +1,235 @@
+"""A batch of generation requests read from JSON Lines, and the tokenizer that reads text.
+
+The format, one request per line (blank lines are skipped)::
+
+    {"token_ids": [151644, 872, 198]}
+    {"prompt": "Hello", "max_new_tokens": 8, "stop_token_ids": [151645]}
+
+Each line is one JSON object with exactly one of ``"token_ids"`` (a non-empty list of token
+ids) or ``"prompt"`` (text, which needs a tokenizer), and optionally ``"max_new_tokens"`` (an
+int >= 1; default: the caller's) and ``"stop_token_ids"`` (a list of token ids that end the
+request when generated, on top of the caller's). Any other key is an error, so a typo is not
+silently ignored.
+
+:func:`read_prompts` reads every line through :func:`~pypto_sched._json.load_json` (strict,
+bounded) and checks what a backend would otherwise fail on mid-run: token ids inside the
+vocabulary, and a request that fits the model's positions. Every error is an
+:class:`~pypto_sched.InvalidInputError` naming the line. This module is what a server
+reading the same format would call; the command line ``pypto-sched generate`` does only that.
+
+:func:`load_tokenizer` reads a checkpoint directory's ``tokenizer.json`` with the
+``tokenizers`` library (``pip install 'pypto-sched[tokenizer]'``), imported only then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from ._errors import InvalidInputError, PyptoSchedError
+from ._json import load_json
+from ._validate import MAX_TOKENS
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "TOKENIZER_FILE",
+    "MissingDependencyError",
+    "PromptRequest",
+    "TextCodec",
+    "Tokenizer",
+    "load_tokenizer",
+    "read_prompts",
+]
+
+#: The tokenizer file :func:`load_tokenizer` looks for in a checkpoint directory.
+TOKENIZER_FILE = "tokenizer.json"
+#: Longest line read: 16 MiB, a prompt of about two million token ids.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+#: Largest ``tokenizer.json`` read (a large vocabulary's is about 10 MB).
+_MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+_KEYS = frozenset({"token_ids", "prompt", "max_new_tokens", "stop_token_ids"})
+
+
+class MissingDependencyError(PyptoSchedError, ImportError):
+    """An optional package the call needs is not installed; the message says what to
+    install."""
+
+
+class TextCodec(Protocol):
+    """What :func:`read_prompts` needs of a tokenizer: text to ids, ids to text."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+@attrs.frozen(kw_only=True)
+class PromptRequest:
+    """One line of a prompts file, checked and resolved."""
+
+    #: The prompt's token ids (the tokenizer's, when the line gave text).
+    token_ids: tuple[int, ...]
+    #: Tokens to generate at most: the line's, or the default.
+    max_new_tokens: int
+    #: Token ids that end this request, beyond the ones every request stops on.
+    stop_token_ids: tuple[int, ...] = ()
+    #: The line's ``"prompt"`` text, or ``None`` when it gave token ids.
+    text: str | None = None
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` read from a ``tokenizer.json``, as a :class:`TextCodec`.
+
+    ``encode`` adds the special tokens the file's post-processor asks for (as transformers'
+    ``tokenizer(text)`` does); ``decode`` leaves special tokens out.
+    """
+
+    def __init__(self, tokenizer: Any, *, path: Path) -> None:
+        self._tokenizer = tokenizer
+        self.path = path
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({str(self.path)!r})"
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer | None:
+    """The tokenizer of the checkpoint ``directory``, or ``None`` when it has no
+    ``tokenizer.json``.
+
+    The file is read through the strict JSON reader before ``tokenizers`` parses it. Raises
+    :class:`MissingDependencyError` when ``tokenizers`` is not installed and
+    :class:`~pypto_sched.InvalidInputError` when the file cannot be read or parsed.
+    """
+    path = Path(directory) / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise MissingDependencyError(
+            f"{str(path)!r} needs the tokenizers library: pip install 'pypto-sched[tokenizer]'"
+        ) from None
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(_MAX_TOKENIZER_BYTES + 1)
+    except OSError as error:
+        raise InvalidInputError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    load_json(data, what=repr(str(path)), max_bytes=_MAX_TOKENIZER_BYTES)
+    try:
+        parsed = HFTokenizer.from_str(data.decode("utf-8"))
+    except Exception as error:  # tokenizers raises its own Exception subclass
+        raise InvalidInputError(f"{str(path)!r} is not a tokenizer: {error}") from None
+    return Tokenizer(parsed, path=path)
+
+
+def read_prompts(
+    data: str | bytes,
+    *,
+    max_new_tokens: int,
+    vocab_size: int,
+    max_positions: int | None = None,
+    tokenizer: TextCodec | None = None,
+    what: str = "prompts",
+) -> tuple[PromptRequest, ...]:
+    """The requests of the JSON Lines ``data``, in order, as the module docstring states.
+
+    ``max_new_tokens`` is the default of lines without one. Token ids (prompt and stop)
+    must be in ``[0, vocab_size)``; with ``max_positions`` (the model's
+    ``max_position_embeddings``), a request's prompt and new tokens must fit it (its last
+    token is never run, so ``P + N - 1 <= max_positions``). ``what`` names the input in
+    errors, e.g. ``"--prompts 'batch.jsonl'"``.
+    """
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInputError(f"{what} is not UTF-8: {error}") from None
+    else:
+        text = data
+    requests = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            where = f"{what} line {number}"
+            fields = load_json(line, what=where, max_bytes=MAX_LINE_BYTES, max_depth=4)
+            request = _request(fields, where, max_new_tokens, vocab_size, tokenizer)
+            _check_positions(request, where, max_positions)
+            requests.append(request)
+    if not requests:
+        raise InvalidInputError(f"{what} holds no request: one JSON object per line expected")
+    return tuple(requests)
+
+
+def _request(
+    fields: object,
+    where: str,
+    default_new: int,
+    vocab_size: int,
+    tokenizer: TextCodec | None,
+) -> PromptRequest:
+    if not isinstance(fields, dict):
+        raise InvalidInputError(f"{where}: expected a JSON object, got {type(fields).__name__}")
+    unknown = sorted(set(fields) - _KEYS)
+    if unknown:
+        raise InvalidInputError(f"{where}: unknown keys {unknown}; known: {sorted(_KEYS)}")
+    if ("token_ids" in fields) == ("prompt" in fields):
+        raise InvalidInputError(f"{where}: give exactly one of 'token_ids' and 'prompt'")
+    text = fields.get("prompt")
+    if text is None:
+        ids = _token_ids(fields["token_ids"], f"{where}: 'token_ids'", vocab_size)
+    else:
+        ids = _encoded(text, where, vocab_size, tokenizer)
+    if not ids:
+        raise InvalidInputError(f"{where}: the prompt must hold at least one token: it is empty")
+    new = fields.get("max_new_tokens", default_new)
+    if not _is_int(new) or not 1 <= new <= MAX_TOKENS:
+        raise InvalidInputError(f"{where}: 'max_new_tokens' must be an int >= 1: {new!r}")
+    stops = _token_ids(fields.get("stop_token_ids", []), f"{where}: 'stop_token_ids'", vocab_size)
+    return PromptRequest(token_ids=ids, max_new_tokens=new, stop_token_ids=stops, text=text)
+
+
+def _encoded(
+    text: object, where: str, vocab_size: int, tokenizer: TextCodec | None
+) -> tuple[int, ...]:
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{where}: 'prompt' must be a string: {type(text).__name__}")
+    if tokenizer is None:
+        raise InvalidInputError(
+            f"{where}: 'prompt' needs a tokenizer ({TOKENIZER_FILE} in the checkpoint "
+            "directory); give 'token_ids' instead"
+        )
+    return _token_ids(tokenizer.encode(text), f"{where}: the tokenizer's ids", vocab_size)
+
+
+def _token_ids(values: object, name: str, vocab_size: int) -> tuple[int, ...]:
+    if not isinstance(values, list):
+        raise InvalidInputError(f"{name} must be a list of token ids: {type(values).__name__}")
+    for i, value in enumerate(values):
+        if not _is_int(value):
+            raise InvalidInputError(f"{name}[{i}] must be an int: {value!r}")
+        if not 0 <= value < vocab_size:
+            raise InvalidInputError(
+                f"{name}[{i}] must be in [0, {vocab_size}), the model's vocabulary: {value}"
+            )
+    return tuple(values)
+
+
+def _check_positions(request: PromptRequest, where: str, max_positions: int | None) -> None:
+    length, new = len(request.token_ids), request.max_new_tokens
+    if max_positions is not None and length + new - 1 > max_positions:
+        raise InvalidInputError(
+            f"{where}: a prompt of {length} tokens and {new} new tokens runs {length + new - 1} "
+            f"positions, more than the model's {max_positions} (max_position_embeddings)"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
