@@ -16,6 +16,10 @@ each row's whole context through its block table, and returns (:class:`DispatchO
 NumPy arrays for the final rows only: their logits when asked, their greedy token ids when
 asked. Intermediate chunks produce no output at all, and nothing else leaves the device.
 
+One attribute is optional, read with ``getattr``: ``max_position_embeddings``, the most
+positions the model takes; a caller that knows it (``pypto-sched generate``) refuses a
+request too long for the model before running anything.
+
 Nothing here imports torch or any device library.
 
 Discovery

@@ -107,6 +107,11 @@ class NpuBackend:
         return self._model.config.hidden_size
 
     @property
+    def max_position_embeddings(self) -> int:
+        """The model's positions (the optional attribute of the backend contract)."""
+        return self._model.config.max_position_embeddings
+
+    @property
     def model(self) -> Qwen3Model:
         return self._model
 

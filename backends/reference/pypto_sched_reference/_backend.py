@@ -69,6 +69,11 @@ class ReferenceBackend:
     def hidden_size(self) -> int:
         return self.config.hidden_size
 
+    @property
+    def max_position_embeddings(self) -> int:
+        """The model's positions (the optional attribute of the backend contract)."""
+        return self.config.max_position_embeddings
+
     def new_cache(self, *, num_pages: int, page_size: int) -> PagedKVCache:
         return PagedKVCache.empty(
             self.config, num_pages=num_pages, page_size=page_size, dtype=self.dtype
