@@ -416,8 +416,8 @@ def _check_hashable(request_id: object) -> None:
 class _Rows(dict[RequestId, StepChunk]):
     """A plan's rows: a read-only dict that pickles and copies like any value.
 
-    (A dict subclass rather than a ``Mapping`` wrapper: it is built on every step, and
-    ``dict``'s own constructor costs a third of a Python ``__init__``.)
+    (A dict subclass rather than a ``Mapping`` wrapper: it is built on every step without
+    a Python ``__init__``, and reads are a dict's own.) Its mutators raise ``TypeError``.
     """
 
     __slots__ = ()
@@ -425,8 +425,8 @@ class _Rows(dict[RequestId, StepChunk]):
     def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
         raise TypeError("a plan's rows are read-only")
 
-    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
-    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # The default would rebuild the dict item by item through __setitem__.

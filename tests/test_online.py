@@ -674,8 +674,21 @@ def test_a_state_survives_pickling(state: PrefillState[Any]) -> None:
 
 def test_plan_rows_are_read_only() -> None:
     plan = plan_step(PrefillState().add(1, 5), PACKED)
-    with pytest.raises(TypeError):
-        plan.rows[2] = StepChunk(start=0, length=1, is_final=True)  # type: ignore[index]
+    rows: Any = plan.rows
+    chunk = StepChunk(start=0, length=1, is_final=True)
+    for change in (
+        lambda: rows.__setitem__(2, chunk),
+        lambda: rows.__delitem__(1),
+        lambda: rows.pop(1),
+        lambda: rows.popitem(),
+        lambda: rows.setdefault(2, chunk),
+        lambda: rows.update({2: chunk}),
+        lambda: rows.__ior__({2: chunk}),
+        rows.clear,
+    ):
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    assert list(plan.rows) == [1]
     assert plan.rows[1].end == 5
     assert plan.num_tokens == 5
 
