@@ -1,0 +1,436 @@
+"""``pypto-sched generate``: a JSON Lines file of prompts in, generated tokens out.
+
+The command only parses, calls the library and renders, so its tokens are checked against
+:func:`pypto_sched.generate` called directly, against a one-shot-prefill configuration, and
+(``--verify``, with transformers installed) against transformers' own ``generate()``. Every
+bad input the issue lists exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pypto_sched import InvalidInputError, PlannerConfig, SamplingParams, generate
+from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pypto_sched.cli import generate as generate_command
+from pypto_sched.prompts import PromptRequest, read_prompts
+from pypto_sched_reference import TINY_MODEL, ReferenceBackend, Weights, save_checkpoint
+
+VOCAB = TINY_MODEL.vocab_size
+PROMPTS: list[list[int]] = [
+    [int(t) for t in np.random.default_rng(r).integers(0, VOCAB, size=n)]
+    for r, n in enumerate([20, 3, 41, 1, 17])
+]
+CHUNKED = ["--max-num-batched-tokens", "24", "--long-prefill-token-threshold", "8"]
+
+
+@pytest.fixture(autouse=True)
+def _plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def write_prompts(path: Path, lines: Sequence[object]) -> str:
+    text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    path.write_text(text)
+    return str(path)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(["generate", "--backend", "reference", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def outputs(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture
+def prompts_file(tmp_path: Path) -> str:
+    return write_prompts(tmp_path / "prompts.jsonl", [{"token_ids": p} for p in PROMPTS])
+
+
+# -- what it generates ---------------------------------------------------------------------
+
+
+def test_greedy_output_equals_the_library_generate_in_input_order(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    status, out, err = cli(capsys, "--prompts", prompts_file, "--max-new-tokens", "6", *CHUNKED)
+    assert status == EXIT_OK, err
+    expected = generate(
+        ReferenceBackend.from_seed(),
+        PROMPTS,
+        config=PlannerConfig(max_num_batched_tokens=24, long_prefill_token_threshold=8),
+        max_new_tokens=6,
+    )
+    assert outputs(out) == [
+        {"index": i, "token_ids": s.token_ids.tolist(), "finish_reason": "length"}
+        for i, s in enumerate(expected.sequences)
+    ]
+
+
+def test_chunked_generation_equals_one_shot_prefill_generation(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "5"]
+    chunked = cli(capsys, *args, *CHUNKED, "--kv-page-size", "4", "--num-kv-pages", "16")
+    one_shot = cli(capsys, *args, "--max-num-batched-tokens", "100000")
+    assert chunked[0] == one_shot[0] == EXIT_OK
+    preemptions = re.search(r"^preemptions +(\d+)", chunked[2], re.MULTILINE)
+    assert preemptions is not None
+    assert int(preemptions[1]) > 0  # the small pool did preempt
+    assert outputs(chunked[1]) == outputs(one_shot[1])
+
+
+def test_per_line_max_new_tokens_and_stop_tokens_end_a_request(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, prompts_file: str
+) -> None:
+    status, out, _ = cli(capsys, "--prompts", prompts_file, "--max-new-tokens", "6", *CHUNKED)
+    assert status == EXIT_OK
+    greedy = outputs(out)
+    stop_at = greedy[2]["token_ids"][3]
+    first_stop = greedy[2]["token_ids"].index(stop_at)
+    lines = [
+        {"token_ids": PROMPTS[0], "max_new_tokens": 2},
+        {"token_ids": PROMPTS[2], "stop_token_ids": [stop_at]},
+    ]
+    path = write_prompts(tmp_path / "lines.jsonl", lines)
+    status, out, _ = cli(capsys, "--prompts", path, "--max-new-tokens", "6", *CHUNKED)
+    assert status == EXIT_OK
+    assert outputs(out) == [
+        {"index": 0, "token_ids": greedy[0]["token_ids"][:2], "finish_reason": "length"},
+        {
+            "index": 1,
+            "token_ids": greedy[2]["token_ids"][: first_stop + 1],
+            "finish_reason": "stop",
+        },
+    ]
+
+
+def test_seeded_sampling_does_not_depend_on_the_budget_or_the_pool(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    sampled = ["--prompts", prompts_file, "--max-new-tokens", "8", "--temperature", "1.5",
+               "--top-k", "20", "--top-p", "0.9", "--sampling-seed", "3"]  # fmt: skip
+    runs = [
+        cli(capsys, *sampled, *CHUNKED),
+        cli(capsys, *sampled, "--max-num-batched-tokens", "64", "--policy", "packed"),
+        cli(capsys, *sampled, "--max-num-batched-tokens", "16", "--kv-page-size", "2",
+            "--num-kv-pages", "30"),
+    ]  # fmt: skip
+    assert [status for status, _, _ in runs] == [EXIT_OK] * 3
+    assert outputs(runs[0][1]) == outputs(runs[1][1]) == outputs(runs[2][1])
+    expected = generate(
+        ReferenceBackend.from_seed(),
+        PROMPTS,
+        config=PlannerConfig(max_num_batched_tokens=100),
+        max_new_tokens=8,
+        sampling=SamplingParams(temperature=1.5, top_k=20, top_p=0.9, seed=3),
+    )
+    assert [line["token_ids"] for line in outputs(runs[0][1])] == [
+        s.token_ids.tolist() for s in expected.sequences
+    ]
+
+
+def test_output_file_gets_the_lines_and_stderr_the_summary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, prompts_file: str
+) -> None:
+    target = tmp_path / "out.jsonl"
+    args = ["--prompts", prompts_file, "--max-new-tokens", "3", *CHUNKED]
+    status, out, err = cli(capsys, *args, "--output", str(target))
+    assert (status, out) == (EXIT_OK, "")
+    assert len(outputs(target.read_text())) == len(PROMPTS)
+    assert err.startswith("5 requests, 82 prompt tokens on backend 'reference' (round_robin)\n")
+    for label in ("generated ", "dispatches ", "mixed prefill and decode", "preemptions ",
+                  "time to first token ", "throughput ", "tokens/s"):  # fmt: skip
+        assert label in err
+    assert all(line == line.rstrip() for line in err.splitlines())
+
+
+def test_a_progress_bar_asked_for_is_drawn_on_stderr(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "3", *CHUNKED, "--progress"]
+    status, out, err = cli(capsys, *args)
+    assert status == EXIT_OK
+    assert len(outputs(out)) == len(PROMPTS)
+    assert "requests" in err.split("5 requests, 82 prompt tokens")[0]
+
+
+# -- bad input: exit 2, one line -----------------------------------------------------------
+
+
+def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
+    status, out, err = result
+    assert status == EXIT_USAGE, err
+    assert out == ""
+    assert err.startswith("pypto-sched: error: ")
+    assert err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_a_malformed_line_is_named_by_its_number(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", ['{"token_ids": [1]}', "", '{"token_ids": [2,]}'])
+    result = cli(capsys, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)
+    assert_usage_error(result, "line 3", "not valid JSON")
+
+
+def test_a_token_id_outside_the_vocabulary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [{"token_ids": [1, 2]}, {"token_ids": [3, VOCAB]}])
+    result = cli(capsys, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)
+    assert_usage_error(result, "line 2", f"'token_ids'[1] must be in [0, {VOCAB})", str(VOCAB))
+
+
+def test_a_prompt_longer_than_the_models_positions(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [{"token_ids": [1] * 30}])
+    small = ["--backend-option", "max_position_embeddings=32"]
+    assert cli(capsys, *small, "--prompts", path, "--max-new-tokens", "3", *CHUNKED)[0] == 0
+    result = cli(capsys, *small, "--prompts", path, "--max-new-tokens", "4", *CHUNKED)
+    assert_usage_error(result, "line 1", "33 positions", "the model's 32")
+
+
+def test_a_pool_that_cannot_hold_one_request(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "4", *CHUNKED, "--kv-page-size", "4"]
+    result = cli(capsys, *args, "--num-kv-pages", "10")
+    assert_usage_error(result, "--num-kv-pages", "request 2", "11 pages of 4")
+
+
+def test_an_empty_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", ["", "   "])
+    result = cli(capsys, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)
+    assert_usage_error(result, "holds no request")
+
+
+def test_a_negative_temperature(capsys: pytest.CaptureFixture[str], prompts_file: str) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
+    assert_usage_error(cli(capsys, *args, "--temperature", "-0.5"), "'temperature' must be >= 0")
+
+
+@pytest.mark.parametrize("top_p", ["0", "1.5", "-1"])
+def test_a_top_p_out_of_range(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, top_p: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
+    assert_usage_error(cli(capsys, *args, "--top-p", top_p), "'top_p' must be a number in (0, 1]")
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        ('{"token_ids": [1], "max_tokens": 3}', "unknown keys ['max_tokens']"),
+        ('{"token_ids": [1], "prompt": "hi"}', "exactly one of"),
+        ('{"token_ids": []}', "at least one token"),
+        ('{"token_ids": [1, true]}', "'token_ids'[1] must be an int"),
+        ('{"token_ids": [1], "max_new_tokens": 0}', "'max_new_tokens' must be an int >= 1"),
+        ('{"token_ids": [1], "stop_token_ids": [-1]}', "'stop_token_ids'[0] must be in"),
+        ('{"prompt": "hello"}', "'prompt' needs a tokenizer"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"token_ids": [1], "token_ids": [2]}', "duplicate key"),
+    ],
+)
+def test_other_bad_lines_are_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, line: str, fragment: str
+) -> None:
+    path = write_prompts(tmp_path / "p.jsonl", [line])
+    result = cli(capsys, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)
+    assert_usage_error(result, "line 1", fragment)
+
+
+def test_a_missing_prompts_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    result = cli(capsys, "--prompts", str(tmp_path / "nope.jsonl"), "--max-new-tokens", "2",
+                 *CHUNKED)  # fmt: skip
+    assert_usage_error(result, "--prompts: cannot read")
+
+
+def test_an_output_that_cannot_be_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, prompts_file: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
+    result = cli(capsys, *args, "--output", str(tmp_path / "no" / "such" / "dir.jsonl"))
+    assert result[0] == EXIT_USAGE
+    assert "--output: cannot write" in result[2]
+
+
+def test_verify_refuses_sampling(capsys: pytest.CaptureFixture[str], prompts_file: str) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED, "--verify"]
+    assert_usage_error(cli(capsys, *args, "--temperature", "1"), "greedy")
+
+
+def test_verify_without_transformers_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return None if name == "transformers" else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED, "--verify"]
+    assert_usage_error(cli(capsys, *args), "pip install 'pypto-sched[transformers]'")
+
+
+def test_verify_needs_a_checkpoint(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(generate_command, "transformers_missing", lambda: None)
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED, "--verify"]
+    assert_usage_error(cli(capsys, *args), "--backend-option checkpoint=DIR")
+
+
+# -- the library reader ----------------------------------------------------------------------
+
+
+requests = st.builds(
+    PromptRequest,
+    token_ids=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8).map(tuple),
+    max_new_tokens=st.integers(1, 1000),
+    stop_token_ids=st.lists(st.integers(0, VOCAB - 1), max_size=3).map(tuple),
+)
+
+
+@given(st.lists(requests, min_size=1, max_size=6), st.integers(1, 50))
+@settings(max_examples=50, deadline=None)
+def test_read_prompts_reads_back_every_written_request(
+    written: list[PromptRequest], default: int
+) -> None:
+    lines = []
+    for request in written:
+        line: dict[str, Any] = {"token_ids": list(request.token_ids)}
+        if request.max_new_tokens != default:
+            line["max_new_tokens"] = request.max_new_tokens
+        if request.stop_token_ids:
+            line["stop_token_ids"] = list(request.stop_token_ids)
+        lines.append(json.dumps(line))
+    data = ("\n\n".join(lines) + "\n").encode()
+    assert read_prompts(data, max_new_tokens=default, vocab_size=VOCAB) == tuple(written)
+
+
+def test_read_prompts_refuses_bytes_that_are_not_utf8() -> None:
+    with pytest.raises(InvalidInputError, match="prompts is not UTF-8"):
+        read_prompts(b'{"token_ids": [1]}\n\xff\n', max_new_tokens=1, vocab_size=VOCAB)
+
+
+# -- a tokenizer.json in the checkpoint directory --------------------------------------------
+
+
+WORDS = ["<unk>", "the", "cat", "sat", "on", "mat", "a", "dog"]
+
+
+@pytest.fixture
+def checkpoint_with_tokenizer(tmp_path: Path) -> Path:
+    tokenizers = pytest.importorskip(
+        "tokenizers", reason="prompt text needs the tokenizers library"
+    )
+    directory = tmp_path / "model"
+    save_checkpoint(Weights.random(TINY_MODEL, seed=0), directory)
+    vocab = {word: i for i, word in enumerate(WORDS)}
+    vocab.update({f"w{i}": i for i in range(len(WORDS), VOCAB)})
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def test_prompt_text_is_tokenized_and_the_output_decoded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint_with_tokenizer: Path
+) -> None:
+    lines = [{"prompt": "the cat sat on the mat"}, {"token_ids": [1, 2, 3, 4, 1, 5]}]
+    path = write_prompts(tmp_path / "p.jsonl", lines)
+    option = ["--backend-option", f"checkpoint={checkpoint_with_tokenizer}"]
+    status, out, err = cli(capsys, *option, "--prompts", path, "--max-new-tokens", "5", *CHUNKED)
+    assert status == EXIT_OK, err
+    text, ids = outputs(out)
+    assert text["token_ids"] == ids["token_ids"]  # the same prompt, as text and as ids
+    names = [WORDS[t] if t < len(WORDS) else f"w{t}" for t in text["token_ids"]]
+    assert text["text"] == ids["text"] == " ".join(names)
+
+
+def test_a_broken_tokenizer_file_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint_with_tokenizer: Path
+) -> None:
+    (checkpoint_with_tokenizer / "tokenizer.json").write_text('{"model": {"type": "Nope"}}')
+    path = write_prompts(tmp_path / "p.jsonl", [{"prompt": "the cat"}])
+    option = ["--backend-option", f"checkpoint={checkpoint_with_tokenizer}"]
+    result = cli(capsys, *option, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)
+    assert_usage_error(result, "is not a tokenizer")
+
+
+# -- --verify against transformers ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch = pytest.importorskip("torch", reason="transformers, the oracle, runs on torch")
+    transformers = pytest.importorskip("transformers", reason="--verify runs transformers")
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1,
+        eos_token_id=3,
+    )  # fmt: skip
+    directory = tmp_path_factory.mktemp("hf") / "qwen3"
+    transformers.Qwen3ForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def test_verify_passes_against_transformers_generate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, hf_checkpoint: Path
+) -> None:
+    lines = [{"token_ids": PROMPTS[0]}, {"token_ids": PROMPTS[2], "stop_token_ids": [3, 7]},
+             {"token_ids": PROMPTS[4], "max_new_tokens": 3}]  # fmt: skip
+    path = write_prompts(tmp_path / "p.jsonl", lines)
+    option = ["--backend-option", f"checkpoint={hf_checkpoint}"]
+    args = [*option, "--prompts", path, "--max-new-tokens", "8", *CHUNKED, "--verify"]
+    status, out, err = cli(capsys, *args, "--kv-page-size", "4", "--num-kv-pages", "14")
+    assert status == EXIT_OK, err
+    assert "PASS vs transformers generate(): 3/3 equal" in err
+    assert [len(line["token_ids"]) <= 8 for line in outputs(out)] == [True] * 3
+
+
+def test_verify_exits_1_on_a_mismatch(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    hf_checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = generate_command.execute
+
+    def wrong_second_token(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        first = result.sequences[0]
+        ids = first.token_ids.copy()
+        ids[1] = (ids[1] + 1) % VOCAB
+        changed = attrs.evolve(first, token_ids=ids)
+        return attrs.evolve(result, sequences=(changed, *result.sequences[1:]))
+
+    monkeypatch.setattr(generate_command, "execute", wrong_second_token)
+    path = write_prompts(tmp_path / "p.jsonl", [{"token_ids": PROMPTS[1]}])
+    option = ["--backend-option", f"checkpoint={hf_checkpoint}"]
+    status, _, err = cli(capsys, *option, "--prompts", path, "--max-new-tokens", "4", *CHUNKED,
+                         "--verify")  # fmt: skip
+    assert status == EXIT_FAILED
+    assert "FAIL vs transformers generate(): 0/1 equal" in err
+    assert "request 0: generated token 1 is" in err
