@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal, get_args
 
 import attrs
@@ -83,7 +84,8 @@ class PlannerConfig:
                 f"on a page boundary: {self.page_size}"
             )
 
-    @property
+    # Cached: the online planner reads them on every step. (attrs fills the slot on first use.)
+    @functools.cached_property
     def chunk_cap(self) -> int:
         """The most tokens one request may run in one dispatch."""
         threshold = self.long_prefill_token_threshold
@@ -91,7 +93,7 @@ class PlannerConfig:
             return self.max_num_batched_tokens
         return min(threshold, self.max_num_batched_tokens)
 
-    @property
+    @functools.cached_property
     def effective_budget(self) -> int:
         """The most tokens one dispatch carries under this config's policy.
 
