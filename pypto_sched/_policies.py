@@ -118,6 +118,16 @@ room, in tokens and rows, the step runs them all, whole. Once a step has split, 
 round-robins one request per dispatch until it drains, even if what is left would fit: that
 is what ``plan_prefill`` does with a batch.
 
+With a KV page pool (``plan_step(pool=...)``, as the generation planner steps), every chunk is
+also bounded by :func:`page_room`, what the request's pages plus the free pages hold, as the
+budget left bounds it: ``packed`` admits only while pages last, ``round_robin`` runs the whole
+batch at once only if the pool holds all of it, and when the head cannot get a page the first
+request behind it that can run takes the dispatch while the head keeps its turn.
+
+A plan applies to a newer state too (``state.apply(plan)``): the requests that arrived while
+the dispatch ran are kept, and a request removed meanwhile stays removed. A request whose chunk
+ran rejoins ``round_robin``'s queue behind those arrivals, as if queued when the dispatch ended.
+
 Equivalence: with no arrivals, removals or reservations, stepping a state until it is empty
 gives exactly the dispatches of ``plan_prefill`` for the same prompts, under both policies.
 
