@@ -39,6 +39,7 @@ from pypto_sched._policies import (
     fits_one_dispatch,
     full_step,
     leaves_tokens_to_prefill,
+    prefill_room,
 )
 
 ANY_POLICY: st.SearchStrategy[Policy] = st.sampled_from(POLICIES)
@@ -652,3 +653,43 @@ def test_the_prefix_cache_rule_is_the_same_for_one_request_and_a_batch(
     else:
         with pytest.raises(InvalidInputError, match=f"item {each.index(False)} is "):
             check_num_computed_tokens(computed, lengths)
+
+
+@pytest.mark.parametrize(
+    ("config", "reserved_tokens", "reserved_rows", "expected"),
+    [
+        # round_robin: decodes count against the whole budget, prefill keeps the threshold.
+        (
+            PlannerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=256),
+            700,
+            0,
+            (256, None),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=256),
+            900,
+            5,
+            (124, None),
+        ),
+        # packed: the budget less the decodes; reservations above the dispatch leave nothing.
+        (
+            PlannerConfig(max_num_batched_tokens=256, max_num_seqs=4, policy="packed"),
+            56,
+            1,
+            (200, 3),
+        ),
+        (
+            PlannerConfig(max_num_batched_tokens=256, max_num_seqs=4, policy="packed"),
+            999,
+            9,
+            (0, 0),
+        ),
+    ],
+)
+def test_prefill_room_is_the_dispatch_less_the_decodes_within_the_effective_budget(
+    config: PlannerConfig,
+    reserved_tokens: int,
+    reserved_rows: int,
+    expected: tuple[int, int | None],
+) -> None:
+    assert prefill_room(config, reserved_tokens, reserved_rows) == expected
