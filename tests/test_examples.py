@@ -11,9 +11,11 @@ from types import ModuleType
 
 import pytest
 
-from pypto_sched import PlannerConfig
+from pypto_sched import PlannerConfig, generate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+reference = pytest.importorskip("pypto_sched_reference", reason="the server runs the reference")
 
 
 def load(name: str) -> ModuleType:
@@ -35,36 +37,64 @@ def test_the_serving_loop_runs_as_a_script() -> None:
     )
     served = re.match(r"(\d+) requests finished and (\d+) aborted", result.stdout)
     assert served is not None, result.stdout
-    assert int(served[1]) + int(served[2]) == 200
+    assert int(served[1]) + int(served[2]) == 60
+    preemptions = re.search(r"(\d+) preemptions", result.stdout)
+    assert preemptions is not None
+    assert int(preemptions[1]) > 0, result.stdout
 
 
 @pytest.mark.parametrize(
-    "config",
+    ("config", "page_size"),
     [
-        PlannerConfig(
-            max_num_batched_tokens=2048,
-            long_prefill_token_threshold=512,
-            max_num_seqs=32,
-            page_size=16,
-            policy="packed",
+        (
+            PlannerConfig(
+                max_num_batched_tokens=128,
+                long_prefill_token_threshold=32,
+                max_num_seqs=16,
+                page_size=8,
+                policy="packed",
+            ),
+            8,
         ),
-        PlannerConfig(
-            max_num_batched_tokens=1024,
-            max_num_seqs=8,
-            policy="packed",
-            max_num_partial_prefills=2,
+        (
+            PlannerConfig(
+                max_num_batched_tokens=64,
+                max_num_seqs=8,
+                policy="packed",
+                max_num_partial_prefills=2,
+            ),
+            4,
         ),
-        PlannerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=256),
+        (PlannerConfig(max_num_batched_tokens=256, long_prefill_token_threshold=16), 8),
     ],
     ids=["packed", "packed-partial-limit", "round-robin"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_serving_loop_serves_every_request_within_the_limits(
-    config: PlannerConfig, seed: int
+def test_the_serving_loop_gives_each_request_the_tokens_of_its_prompt_alone(
+    config: PlannerConfig, page_size: int, seed: int
 ) -> None:
     serving_loop = load("serving_loop")
-    summary = serving_loop.serve(config, num_requests=120, seed=seed)
-    assert summary.finished + summary.aborted == 120
+    backend = reference.ReferenceBackend.from_seed(seed=seed)
+    summary = serving_loop.serve(
+        config, backend=backend, num_requests=30, num_pages=160 // page_size,
+        page_size=page_size, seed=seed,
+    )  # fmt: skip
+    assert summary.finished + summary.aborted == 30
     assert summary.aborted > 0
-    assert len(summary.time_to_first_token) >= summary.finished
-    assert summary.decode_tokens > 0
+    assert summary.preemptions > 0
+    assert summary.mixed_steps > 0
+    finished = {
+        request_id: request
+        for request_id, request in summary.requests.items()
+        if request_id not in summary.aborted_ids
+    }
+    assert len(finished) == summary.finished
+    alone = generate(
+        backend,
+        [request.prompt for request in finished.values()],
+        config=PlannerConfig(max_num_batched_tokens=4096),
+        max_new_tokens=[request.max_new_tokens for request in finished.values()],
+    )
+    assert [request.generated for request in finished.values()] == [
+        sequence.token_ids.tolist() for sequence in alone.sequences
+    ]

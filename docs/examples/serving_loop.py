@@ -1,22 +1,28 @@
-"""A toy serving loop that plans prefill one step at a time with ``plan_step``.
+"""A toy server that generates with a real model, every dispatch planned by
+``plan_generation_step``.
 
     python docs/examples/serving_loop.py
 
-Requests arrive at random steps, each with a prompt (some with a prefix-cache hit) and a
-number of tokens to generate; a few are aborted while they wait. Every step the server:
+Requests arrive at random steps, each with a prompt of random token ids and a number of
+tokens to generate; a few are aborted by their client while they wait or run. The model is
+the NumPy reference backend (a tiny random Qwen3-style decoder with a paged KV cache), and
+the KV cache has a fixed number of pages, fewer than the busiest moment needs. Every step
+the server:
 
 1. admits the requests that arrived (``state.add``) and drops the aborted ones
-   (``state.remove``);
-2. runs decode first: one token for each request that has finished its prefill, up to the
-   row limit, and reserves that room in the dispatch (stall-free batching, as in
-   Sarathi-Serve);
-3. fills the rest of the dispatch with prefill chunks planned by ``plan_step``;
-4. "runs" the dispatch: a request whose final prefill chunk ran produces its first token and
-   starts decoding; ``plan.state`` becomes the state for the next step.
+   (``state.finish``, which frees their pages);
+2. asks ``plan_generation_step`` for the next dispatch: decode rows first, then prefill
+   chunks, admission by free pages, and preemption by recomputation when a decode row
+   cannot get a page;
+3. runs it on the backend: the kernel arrays come from the step (``step.arrays()``), the
+   token ids of each row from the server's own record of each request's tokens (prompt and
+   generated, so that a preempted request's recomputation feeds its generated tokens);
+4. appends each sampled token (greedy) to its request; ``step.state`` is the next state,
+   without the requests that reached their ``max_new_tokens``.
 
-There is no model: the point is the bookkeeping around the planner. The loop checks what a
-real server would rely on -- every dispatch within the budget and row limit, every prompt's
-chunks contiguous -- and returns a summary.
+The server keeps the tokens and the clock; the planner keeps every scheduling and paging
+decision. ``tests/test_examples.py`` checks that every finished request's tokens equal
+what ``pypto_sched.generate`` gives for its prompt alone.
 """
 
 from __future__ import annotations
@@ -24,109 +30,113 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from pypto_sched import PlannerConfig, PrefillState, plan_step
+import numpy as np
+
+from pypto_sched import GenerationState, PlannerConfig, plan_generation_step
+from pypto_sched.backends import DispatchInput
+from pypto_sched_reference import ReferenceBackend
 
 
 @dataclass
 class Request:
-    """The server's own record of a request (the planner only sees its id and lengths)."""
+    """The server's own record of a request (the planner sees its id and lengths)."""
 
     arrival: int
-    prompt_length: int
-    cached_tokens: int
-    output_tokens: int
-    #: Prompt tokens prefilled so far (the server checks each chunk starts here).
-    prefilled: int = 0
-    generated: int = 0
+    prompt: list[int]
+    max_new_tokens: int
+    generated: list[int] = field(default_factory=list)
     first_token_step: int | None = None
 
 
 @dataclass
 class Summary:
     steps: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
     finished: int = 0
     aborted: int = 0
-    #: Steps from arrival to first token, per finished request.
+    preemptions: int = 0
+    mixed_steps: int = 0
+    tokens_run: int = 0
+    #: Steps from arrival to first token, per request that got one.
     time_to_first_token: list[int] = field(default_factory=list)
+    #: The requests, by id, with their generated tokens.
+    requests: dict[int, Request] = field(default_factory=dict)
+    #: The ids of the requests aborted by their client.
+    aborted_ids: set[int] = field(default_factory=set)
 
 
 def serve(
-    config: PlannerConfig, *, num_requests: int = 200, seed: int = 0, max_steps: int = 100_000
+    config: PlannerConfig,
+    *,
+    backend: ReferenceBackend | None = None,
+    num_requests: int = 60,
+    num_pages: int = 48,
+    page_size: int = 8,
+    seed: int = 0,
+    max_steps: int = 100_000,
 ) -> Summary:
     """Run the toy server until every request has finished or been aborted."""
+    backend = backend or ReferenceBackend.from_seed(seed=seed)
     rng = random.Random(seed)
+    summary = Summary()
     arrivals: dict[int, list[int]] = {}
-    requests: dict[int, Request] = {}
     for request_id in range(num_requests):
         arrival = rng.randrange(num_requests // 2 + 1)
-        length = rng.randint(1, 3000)
-        requests[request_id] = Request(
-            arrival=arrival,
-            prompt_length=length,
-            cached_tokens=rng.choice([0, 0, 0, rng.randrange(length)]),
-            output_tokens=rng.randint(1, 64),
-        )
+        prompt = [rng.randrange(backend.vocab_size) for _ in range(rng.randint(1, 120))]
+        summary.requests[request_id] = Request(arrival, prompt, rng.randint(1, 24))
         arrivals.setdefault(arrival, []).append(request_id)
     aborts: dict[int, list[int]] = {}  # step -> requests the client gives up on then
-    for request_id in rng.sample(range(num_requests), num_requests // 20):
-        aborts.setdefault(requests[request_id].arrival + rng.randint(1, 30), []).append(request_id)
+    for request_id in rng.sample(range(num_requests), num_requests // 10):
+        when = summary.requests[request_id].arrival + rng.randint(0, 20)
+        aborts.setdefault(when, []).append(request_id)
 
-    state: PrefillState[int] = PrefillState()
-    decoding: list[int] = []  # requests past their prefill, in the order they got there
-    budget = config.max_num_batched_tokens  # decode tokens count against the whole budget
-    row_limit = config.max_num_seqs
-    summary = Summary()
-    for step in range(max_steps):
-        if step > max(arrivals) and not state and not decoding:  # all served
+    state: GenerationState[int] = GenerationState(num_pages=num_pages, page_size=page_size)
+    cache = backend.new_cache(num_pages=num_pages, page_size=page_size)
+    for step_index in range(max_steps):
+        if step_index > max(arrivals) and not state:  # all served
             break
         summary.steps += 1
-        # 1. Arrivals join the state; aborted requests leave it, or stop decoding.
-        for request_id in arrivals.get(step, []):
-            request = requests[request_id]
-            request.prefilled = request.cached_tokens
+        # 1. Arrivals join; aborted requests leave (a finished one has left already).
+        for request_id in arrivals.get(step_index, []):
+            request = summary.requests[request_id]
             state = state.add(
-                request_id, request.prompt_length, num_computed_tokens=request.cached_tokens
+                request_id, len(request.prompt), max_new_tokens=request.max_new_tokens
             )
-        for request_id in aborts.get(step, []):
-            if request_id in state:  # waiting or part-way through its prefill
-                state = state.remove(request_id)
-            elif request_id in decoding:
-                decoding.remove(request_id)
-            else:  # already finished
-                continue
-            summary.aborted += 1
-        # 2. Decode first, leaving the planner the rest of the step.
-        decode_rows = min(len(decoding), budget, row_limit if row_limit is not None else budget)
-        decode_now = decoding[:decode_rows]
-        # 3. Prefill planned into the room that is left.
-        plan = plan_step(state, config, reserved_tokens=decode_rows, reserved_rows=decode_rows)
-        assert plan.num_tokens + decode_rows <= budget
-        assert plan.num_tokens <= config.effective_budget
-        assert row_limit is None or plan.num_rows + decode_rows <= row_limit
-        # 4. Run the dispatch.
-        for request_id in decode_now:
-            request = requests[request_id]
-            request.generated += 1
-            if request.generated == request.output_tokens:
-                decoding.remove(request_id)
-                summary.finished += 1
-        summary.decode_tokens += decode_rows
-        for request_id, chunk in plan.rows.items():
-            request = requests[request_id]
-            assert chunk.start == request.prefilled, "chunks of a prompt are contiguous"
-            request.prefilled = chunk.end
-            if chunk.is_final:  # its logits give the first output token
-                request.generated = 1
-                request.first_token_step = step
-                summary.time_to_first_token.append(step - request.arrival)
-                if request.output_tokens == 1:
-                    summary.finished += 1
-                else:
-                    decoding.append(request_id)
-        summary.prefill_tokens += plan.num_tokens
-        state = plan.state
+        for request_id in aborts.get(step_index, []):
+            if request_id in state:
+                state = state.finish(request_id)
+                summary.aborted += 1
+                summary.aborted_ids.add(request_id)
+        if not state:
+            continue
+        # 2. The planner decides the dispatch.
+        step = plan_generation_step(state, config)
+        # 3. The server feeds each row the tokens of its positions and runs the model.
+        tokens = []
+        for request_id, chunk in step.rows.items():
+            request = summary.requests[request_id]
+            context = request.prompt + request.generated
+            tokens.extend(context[chunk.start : chunk.start + chunk.length])
+        batch = DispatchInput(
+            arrays=step.arrays(index=step_index),
+            token_ids=np.array(tokens, dtype=np.int64),
+            input_embeddings=None,
+            return_logits=False,
+            return_greedy=True,
+        )
+        output = backend.run_dispatch(batch, cache)
+        # 4. Each final row gives its request one token.
+        assert output.greedy_token_ids is not None or not step.sampled
+        for row, request_id in enumerate(step.sampled):
+            request = summary.requests[request_id]
+            request.generated.append(int(output.greedy_token_ids[row]))  # type: ignore[index]
+            if request.first_token_step is None:
+                request.first_token_step = step_index
+                summary.time_to_first_token.append(step_index - request.arrival)
+        summary.finished += len(step.finished)
+        summary.preemptions += len(step.preempted)
+        summary.mixed_steps += step.is_mixed
+        summary.tokens_run += step.num_tokens
+        state = step.state
     else:
         raise RuntimeError(f"the server did not drain in {max_steps} steps")
     return summary
@@ -134,19 +144,16 @@ def serve(
 
 def main() -> None:
     config = PlannerConfig(
-        max_num_batched_tokens=2048,
-        long_prefill_token_threshold=512,
-        max_num_seqs=32,
-        page_size=16,
-        policy="packed",
-    )
+        max_num_batched_tokens=128, long_prefill_token_threshold=32, max_num_seqs=16,
+        page_size=8, policy="packed",
+    )  # fmt: skip
     summary = serve(config)
     ttft = sorted(summary.time_to_first_token)
     print(
         f"{summary.finished} requests finished and {summary.aborted} aborted in "
-        f"{summary.steps} steps: {summary.prefill_tokens} prefill and "
-        f"{summary.decode_tokens} decode tokens; time to first token "
-        f"median {ttft[len(ttft) // 2]} steps, worst {ttft[-1]}"
+        f"{summary.steps} steps ({summary.mixed_steps} mixing decode and prefill): "
+        f"{summary.tokens_run} tokens run, {summary.preemptions} preemptions; time to "
+        f"first token median {ttft[len(ttft) // 2]} steps, worst {ttft[-1]}"
     )
 
 
