@@ -76,6 +76,19 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         },
         "save": {"max_shard_size": "60KB", "dtype": "bfloat16"},
     },
+    # Weights large enough that greedy decoding does not just repeat the prompt's last token
+    # (with small tied embeddings, the residual's own embedding wins every step).
+    "tied_varied": {
+        "config": {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "tie_word_embeddings": True,
+            "initializer_range": 0.25,
+        },
+        "save": {},
+    },
 }
 VOCAB_SIZE = 101
 
@@ -84,12 +97,14 @@ def _write_checkpoint(directory: Path, spec: dict[str, Any], seed: int) -> None:
     transformers = _transformers()
     torch.manual_seed(seed)
     config = transformers.Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=1024,
-        initializer_range=0.08,
-        **spec["config"],
+        **{
+            "vocab_size": VOCAB_SIZE,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "max_position_embeddings": 1024,
+            "initializer_range": 0.08,
+            **spec["config"],
+        }
     )
     model = transformers.Qwen3ForCausalLM(config).eval()
     with torch.no_grad():

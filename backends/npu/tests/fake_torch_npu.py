@@ -11,7 +11,8 @@ One deliberate extension: ``npu_fused_infer_attention_score`` accepts float32 on
 transformers at 1e-4. The backend never sends float32 to a real NPU: it keeps float32
 models' pages in bfloat16 there (``NpuOps.kv_cache_dtype``).
 
-``CALLS`` counts calls per op, so tests can check the NPU kernels really ran.
+``CALLS`` counts calls per op, and ``LAYOUTS`` the attention calls per layout, so tests can
+check the NPU kernels really ran, and which form of the attention kernel did.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 CALLS: collections.Counter[str] = collections.Counter()
+#: ``npu_fused_infer_attention_score`` calls per ``input_layout``.
+LAYOUTS: collections.Counter[str] = collections.Counter()
 
 _HALF = (torch.float16, torch.bfloat16)
 _FLOATS = (torch.float32, *_HALF)
@@ -31,6 +34,7 @@ _MASK_SIZE = 2048
 
 def reset_calls() -> None:
     CALLS.clear()
+    LAYOUTS.clear()
 
 
 def _require(condition: bool, op: str, message: str) -> None:
@@ -223,23 +227,40 @@ def npu_fused_infer_attention_score(
     softmax_lse_flag: bool = False,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged prefill attention in the TND layout; returns ``(attention_out, softmax_lse)``."""
+    """PageAttention in two layouts; returns ``(attention_out, softmax_lse)``.
+
+    * ``"TND"`` (prefill and mixed dispatches): query ``[T, N, D]``, ``actual_seq_lengths``
+      the cumulative query ends, ``sparse_mode=3`` with the 2048 x 2048 mask.
+    * ``"BSH"`` with ``S == 1`` (incremental decode, the kernel's IncreFlashAttention
+      branch): query ``[B, 1, N * D]``, ``actual_seq_lengths`` each row's own query length
+      (1, not cumulative), no mask, ``sparse_mode=0``; the output is ``[B, 1, N * D]``.
+    """
     op = "npu_fused_infer_attention_score"
     CALLS[op] += 1
     extra = sorted(name for name, given in unused.items() if given is not None)
     _require(not extra, op, f"this fake does not emulate {extra}")
-    _require(input_layout == "TND", op, f"this fake emulates input_layout 'TND': {input_layout!r}")
+    _require(
+        input_layout in ("TND", "BSH"),
+        op,
+        f"this fake emulates input_layout 'TND' (prefill) and 'BSH' (decode): {input_layout!r}",
+    )
+    LAYOUTS[input_layout] += 1
     _require(not softmax_lse_flag, op, "softmax_lse_flag is not emulated")
-    _require(query.dim() == 3, op, f"query must be [T, N, D] for TND: {list(query.shape)}")
+    heads, decode = num_heads, input_layout == "BSH"
+    if decode:
+        tokens, dim, ends = _bsh_decode_query(query, heads, actual_seq_lengths)
+    else:
+        _require(query.dim() == 3, op, f"query must be [T, N, D] for TND: {list(query.shape)}")
+        tokens, given, dim = query.shape
+        _require(given == heads, op, f"num_heads {heads} must equal query's N {given}")
+        ends = _tnd_query_ends(actual_seq_lengths, tokens)
     _require(query.is_contiguous(), op, "query must be contiguous")
-    tokens, heads, dim = query.shape
     _require(
         query.dtype in _HALF or (query.dtype == torch.float32 and query.device.type == "cpu"),
         op,
         f"query must be float16 or bfloat16 (float32 only in this fake, on CPU): {query.dtype}",
     )
     _require(dim % 16 == 0, op, f"head_dim must be a multiple of 16 for float inputs: {dim}")
-    _require(num_heads == heads, op, f"num_heads {num_heads} must equal query's N {heads}")
     kv_heads = num_key_value_heads or num_heads
     _require(num_heads % kv_heads == 0, op, "num_heads must be a multiple of num_key_value_heads")
     _require(num_heads // kv_heads <= 64, op, "num_heads / num_key_value_heads must be <= 64")
@@ -259,35 +280,20 @@ def npu_fused_infer_attention_score(
     blocks = key.shape[0]
     _require(block_size == key.shape[1], op, f"block_size {block_size} != {key.shape[1]}")
 
-    # Lengths: cumulative query ends, per-row kv lengths, both host int lists.
-    for name, lengths in (
-        ("actual_seq_lengths", actual_seq_lengths),
-        ("actual_seq_lengths_kv", actual_seq_lengths_kv),
-    ):
-        _require(
-            isinstance(lengths, list) and all(type(n) is int for n in lengths),
-            op,
-            f"{name} must be a list of ints: {type(lengths).__name__}",
-        )
-    assert actual_seq_lengths is not None
-    assert actual_seq_lengths_kv is not None
-    ends = actual_seq_lengths
-    _require(len(ends) >= 1, op, "actual_seq_lengths must not be empty (it sets B for TND)")
-    _require(
-        all(b >= a for a, b in zip([0, *ends], ends, strict=False)),
-        op,
-        f"actual_seq_lengths must be cumulative (non-decreasing, >= 0): {ends}",
-    )
-    _require(ends[-1] == tokens, op, f"actual_seq_lengths must end at T = {tokens}: {ends[-1]}")
     batch = len(ends)
     query_lens = [b - a for a, b in zip([0, *ends], ends, strict=False)]
     kv_lens = actual_seq_lengths_kv
     _require(
+        isinstance(kv_lens, list) and all(type(n) is int for n in kv_lens),
+        op,
+        f"actual_seq_lengths_kv must be a list of ints: {type(kv_lens).__name__}",
+    )
+    assert kv_lens is not None
+    _require(
         len(kv_lens) == batch, op, f"actual_seq_lengths_kv must have B = {batch} entries: {kv_lens}"
     )
 
-    prefill = max(query_lens) > 1
-    if prefill:
+    if max(query_lens) > 1:
         _require(
             block_size % 128 == 0 and 128 <= block_size <= 512,
             op,
@@ -328,7 +334,92 @@ def npu_fused_infer_attention_score(
             f"each row's kv length must be >= its query length: {kv_len} < {query_len}",
         )
 
-    _require(sparse_mode == 3, op, f"this fake emulates sparse_mode 3: {sparse_mode}")
+    if decode:
+        _require(
+            sparse_mode == 0 and atten_mask is None,
+            op,
+            f"one query token per row sees its whole context: BSH decode takes no atten_mask "
+            f"and sparse_mode 0: sparse_mode {sparse_mode}, atten_mask "
+            f"{None if atten_mask is None else list(atten_mask.shape)}",
+        )
+    else:
+        _check_causal_mask(sparse_mode, atten_mask)
+
+    groups = heads // kv_heads
+    keys = key.view(blocks * block_size, kv_heads, dim)
+    values = value.view(blocks * block_size, kv_heads, dim)
+    flat = query.view(tokens, heads, dim)
+    out = torch.empty_like(flat)
+    for row, (start, end, kv) in enumerate(zip([0, *ends], ends, kv_lens, strict=False)):
+        position = torch.arange(kv)
+        slots = block_table[row].long()[position // block_size] * block_size + position % block_size
+        k = keys[slots].float().repeat_interleave(groups, dim=1)  # [kv, heads, D]
+        v = values[slots].float().repeat_interleave(groups, dim=1)
+        q = flat[start:end].float()  # [q, heads, D]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        # Right-down causal: query i sees keys j <= kv - q + i.
+        offset = kv - (end - start)
+        hidden = position[None, :] > torch.arange(end - start)[:, None] + offset
+        scores = scores.masked_fill(hidden[None], float("-inf"))
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+    return out.view(query.shape), torch.zeros(1)
+
+
+def _tnd_query_ends(actual_seq_lengths: list[int] | None, tokens: int) -> list[int]:
+    """TND: ``actual_seq_lengths`` are the cumulative query ends, the last one ``T``."""
+    op = "npu_fused_infer_attention_score"
+    ends = actual_seq_lengths
+    _require(
+        isinstance(ends, list) and all(type(n) is int for n in ends),
+        op,
+        f"actual_seq_lengths must be a list of ints: {type(ends).__name__}",
+    )
+    assert ends is not None
+    _require(len(ends) >= 1, op, "actual_seq_lengths must not be empty (it sets B for TND)")
+    _require(
+        all(b >= a for a, b in zip([0, *ends], ends, strict=False)),
+        op,
+        f"actual_seq_lengths must be cumulative (non-decreasing, >= 0): {ends}",
+    )
+    _require(ends[-1] == tokens, op, f"actual_seq_lengths must end at T = {tokens}: {ends[-1]}")
+    return ends
+
+
+def _bsh_decode_query(
+    query: torch.Tensor, num_heads: int, actual_seq_lengths: list[int] | None
+) -> tuple[int, int, list[int]]:
+    """BSH with one query token per row: ``(B, D, the rows' query ends)``."""
+    op = "npu_fused_infer_attention_score"
+    _require(query.dim() == 3, op, f"query must be [B, S, H] for BSH: {list(query.shape)}")
+    batch, seq, hidden = query.shape
+    _require(
+        seq == 1, op, f"this fake emulates BSH for incremental decode only: S must be 1: {seq}"
+    )
+    _require(batch >= 1, op, "query must hold at least one row")
+    _require(
+        num_heads >= 1 and hidden % num_heads == 0,
+        op,
+        f"query's H {hidden} must be num_heads {num_heads} x head_dim",
+    )
+    lengths = actual_seq_lengths
+    if lengths is not None:
+        _require(
+            isinstance(lengths, list) and all(type(n) is int for n in lengths),
+            op,
+            f"actual_seq_lengths must be a list of ints: {type(lengths).__name__}",
+        )
+        _require(
+            lengths == [1] * batch,
+            op,
+            f"for BSH actual_seq_lengths holds each row's own query length (not cumulative), "
+            f"B = {batch} entries of S = 1: {lengths}",
+        )
+    return batch, hidden // num_heads, list(range(1, batch + 1))
+
+
+def _check_causal_mask(sparse_mode: int, atten_mask: torch.Tensor | None) -> None:
+    op = "npu_fused_infer_attention_score"
+    _require(sparse_mode == 3, op, f"this fake emulates TND with sparse_mode 3: {sparse_mode}")
     _require(atten_mask is not None, op, "sparse_mode 3 requires atten_mask")
     assert atten_mask is not None
     _require(
@@ -347,21 +438,3 @@ def npu_fused_infer_attention_score(
         op,
         "atten_mask must be 1 strictly above the diagonal and 0 elsewhere",
     )
-
-    groups = heads // kv_heads
-    keys = key.view(blocks * block_size, kv_heads, dim)
-    values = value.view(blocks * block_size, kv_heads, dim)
-    out = torch.empty_like(query)
-    for row, (start, end, kv) in enumerate(zip([0, *ends], ends, kv_lens, strict=False)):
-        position = torch.arange(kv)
-        slots = block_table[row].long()[position // block_size] * block_size + position % block_size
-        k = keys[slots].float().repeat_interleave(groups, dim=1)  # [kv, heads, D]
-        v = values[slots].float().repeat_interleave(groups, dim=1)
-        q = query[start:end].float()  # [q, heads, D]
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        # Right-down causal: query i sees keys j <= kv - q + i.
-        offset = kv - (end - start)
-        hidden = position[None, :] > torch.arange(end - start)[:, None] + offset
-        scores = scores.masked_fill(hidden[None], float("-inf"))
-        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
-    return out, torch.zeros(1)

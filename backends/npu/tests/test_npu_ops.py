@@ -94,6 +94,56 @@ def test_paged_attention_agrees_on_both_paths(npu_ops: NpuOps) -> None:
     assert torch.equal(caches[0].layers[0].value, caches[1].layers[0].value)
 
 
+def _decode_dispatch(page: int) -> Any:
+    """One decode-only dispatch: four rows of one token at each context's last position (a
+    first token, one opening a second page, a long context, a short one)."""
+    lengths = [1, 129, 300, 17]
+    schedule = plan_prefill(
+        lengths,
+        PlannerConfig(max_num_batched_tokens=512),
+        num_computed_tokens=[n - 1 for n in lengths],
+    )
+    tables = plan_pages(lengths, page_size=page, num_pages=sum(-(-n // page) for n in lengths))
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    assert arrays.num_tokens == arrays.num_rows == len(lengths)
+    return arrays, tables
+
+
+@pytest.mark.parametrize("page", [128, 16])
+def test_decode_only_attention_agrees_on_both_paths(
+    page: int, npu_ops: NpuOps, fake_npu_module: ModuleType
+) -> None:
+    arrays, tables = _decode_dispatch(page)
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
+    value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
+    outputs, caches = [], []
+    fake_npu_module.reset_calls()
+    for ops in (TorchOps(), npu_ops):
+        cache = _filled_cache(tables, seed=8)
+        attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+        attention.write_kv(key, value, cache.layers[0])
+        outputs.append(attention.attend(query, cache.layers[0]))
+        caches.append(cache)
+    assert dict(fake_npu_module.LAYOUTS) == {"BSH": 1}
+    assert outputs[1].shape == query.shape
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
+    # The first row's only key is its own: its output is its value, repeated per group.
+    torch.testing.assert_close(outputs[0][0], value[0].repeat_interleave(2, dim=0))
+
+
+def test_a_dispatch_with_a_longer_row_takes_the_prefill_call(
+    npu_ops: NpuOps, fake_npu_module: ModuleType
+) -> None:
+    arrays, tables = _dispatch(128)  # its last row is one token, the others are not
+    fake_npu_module.reset_calls()
+    attention = npu_ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim)
+    attention.attend(query, _filled_cache(tables, seed=1).layers[0])
+    assert dict(fake_npu_module.LAYOUTS) == {"TND": 1}
+
+
 def test_float32_pages_become_bfloat16_on_a_real_npu_only(npu_ops: NpuOps) -> None:
     npu: Any = SimpleNamespace(type="npu")
     cpu = torch.device("cpu")
@@ -141,7 +191,8 @@ def _padded_table(call: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("change", "rule"),
     [
-        (lambda c: c.update(input_layout="BSH"), "input_layout 'TND'"),
+        (lambda c: c.update(input_layout="BNSD"), "input_layout 'TND' .* and 'BSH'"),
+        (lambda c: c.update(input_layout="BSH"), "S must be 1"),
         (lambda c: c.update(query=c["query"].float().to(torch.float64)), "float16 or bfloat16"),
         (lambda c: c.update(actual_seq_lengths=[40, 211, 1]), "must be cumulative"),
         (lambda c: c.update(actual_seq_lengths=np.array([40, 210, 211])), "list of ints"),
@@ -172,6 +223,70 @@ def test_the_fake_rejects_a_broken_attention_call(
 def test_the_fake_rejects_small_blocks_for_prefill(fake_npu_module: ModuleType) -> None:
     with pytest.raises(AssertionError, match="multiple of 128 in \\[128, 512\\]: 16"):
         fake_npu_module.npu_fused_infer_attention_score(**_attention_call(page=16))
+
+
+def _decode_call(page: int = 128) -> dict[str, Any]:
+    """Keyword arguments of a valid decode-only attention call, as the NPU path marshals them."""
+    arrays, tables = _decode_dispatch(page)
+    cache = _filled_cache(tables, seed=9).layers[0]
+    table = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
+    rows = arrays.num_rows
+    return {
+        "query": _random(rows, 1, SHAPE.num_heads * SHAPE.head_dim).half(),
+        "key": cache.key.view(tables.num_pages, page, -1).half(),
+        "value": cache.value.view(tables.num_pages, page, -1).half(),
+        "block_table": torch.from_numpy(table),
+        "input_layout": "BSH",
+        "block_size": page,
+        "actual_seq_lengths": [1] * rows,
+        "actual_seq_lengths_kv": arrays.seq_lens.tolist(),
+        "num_heads": SHAPE.num_heads,
+        "num_key_value_heads": SHAPE.num_kv_heads,
+        "scale": SHAPE.scale,
+    }
+
+
+@pytest.mark.parametrize("page", [128, 16])
+def test_the_fake_accepts_the_npu_paths_decode_call(page: int, fake_npu_module: ModuleType) -> None:
+    call = _decode_call(page)
+    out, _ = fake_npu_module.npu_fused_infer_attention_score(**call)
+    assert out.shape == call["query"].shape
+    assert out.dtype == torch.float16
+    call.pop("actual_seq_lengths")  # optional for one query token per row
+    again, _ = fake_npu_module.npu_fused_infer_attention_score(**call)
+    assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        (lambda c: c.update(query=c["query"].view(2, 2, -1)), "S must be 1: 2"),
+        (lambda c: c.update(actual_seq_lengths=[1, 2, 3, 4]), "not cumulative"),
+        (lambda c: c.update(actual_seq_lengths=[1, 1]), "B = 4 entries"),
+        (lambda c: c.update(atten_mask=causal_mask(torch.device("cpu"))), "no atten_mask"),
+        (lambda c: c.update(sparse_mode=3), "sparse_mode 0"),
+        (lambda c: c.update(num_heads=3), "H 256 must be num_heads 3"),
+        (lambda c: c.update(num_key_value_heads=1), r"key must be \[blocks, block_size, 64\]"),
+        (lambda c: c.update(block_table=c["block_table"].long()), "block_table must be int32"),
+        (lambda c: c.update(block_table=c["block_table"][:3]), r"block_table must be \[B = 4"),
+        (lambda c: c.update(actual_seq_lengths_kv=[1, 129, 300]), "B = 4 entries"),
+        (lambda c: c.update(actual_seq_lengths_kv=[1, 129, 600, 17]), "must hold 5 pages"),
+        (lambda c: c.update(block_size=64), "block_size 64"),
+        (lambda c: c.update(query=c["query"].float().double()), "float16 or bfloat16"),
+    ],
+)
+def test_the_fake_rejects_a_broken_decode_call(
+    change: Any, rule: str, fake_npu_module: ModuleType
+) -> None:
+    call = _decode_call()
+    change(call)
+    with pytest.raises(AssertionError, match=rule):
+        fake_npu_module.npu_fused_infer_attention_score(**call)
+
+
+def test_the_fake_rejects_decode_blocks_off_its_grid(fake_npu_module: ModuleType) -> None:
+    with pytest.raises(AssertionError, match=r"multiple of 16 in \[16, 512\]: 8"):
+        fake_npu_module.npu_fused_infer_attention_score(**_decode_call(page=8))
 
 
 def _scatter_call() -> dict[str, Any]:

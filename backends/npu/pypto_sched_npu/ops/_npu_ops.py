@@ -5,16 +5,30 @@ Per layer, attention is two kernel calls:
 * ``npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping,
   cache_mode="Norm")`` writes the dispatch's ``[T, kv_heads, head_dim]`` keys and values into
   the ``[num_pages, page_size, kv_heads, head_dim]`` pages at its slots (int32).
-* ``npu_fused_infer_attention_score`` with ``input_layout="TND"`` (query ``[T, heads,
-  head_dim]``), the pages viewed as ``[num_pages, page_size, kv_heads * head_dim]``,
-  ``actual_seq_lengths`` the *cumulative* query ends (``cu_seqlens[1:]``),
-  ``actual_seq_lengths_kv`` the *per-row* context lengths, ``block_table`` int32 with
-  ``block_size`` the page size, and ``sparse_mode=3`` (causal aligned to the bottom right,
-  which is exactly chunked prefill over a cached prefix) with the shared 2048 x 2048 int8
-  upper-triangular mask. The kernel takes pages of 128 to 512 slots in steps of 128
-  (:meth:`NpuOps.check_page_size`, checked when the cache is made). Block-table padding
-  (-1 from the planner) becomes page 0: the kernel does not check block ids, and never reads
-  past a row's context length.
+* ``npu_fused_infer_attention_score`` over the pages viewed as ``[num_pages, page_size,
+  kv_heads * head_dim]``, with an int32 ``block_table``, ``block_size`` the page size and
+  ``actual_seq_lengths_kv`` the *per-row* context lengths, in one of two layouts chosen per
+  dispatch (:meth:`NpuOps.attention`):
+
+  - **Prefill or mixed** (some row has more than one query token; decode rows may sit beside
+    prefill chunks): ``input_layout="TND"`` (query ``[T, heads, head_dim]``),
+    ``actual_seq_lengths`` the *cumulative* query ends (``cu_seqlens[1:]``), and
+    ``sparse_mode=3`` (causal aligned to the bottom right, which is exactly chunked prefill
+    over a cached prefix, and a decode row's one query seeing its whole context) with the
+    shared 2048 x 2048 int8 upper-triangular mask: vllm-ascend's chunked-prefill call.
+  - **Decode only** (every row is one query token at position ``context - 1``):
+    ``input_layout="BSH"`` with query ``[rows, 1, heads * head_dim]``, ``actual_seq_lengths``
+    the *per-row* query lengths (all 1), no mask and ``sparse_mode=0``: with one query token
+    the kernel takes its incremental (IncreFlashAttention) branch, which attends to the
+    row's whole context. This is the decode call of vllm-ascend's ``attention_v1.py``
+    (``_forward_decode_only``, the ``npu_fused_infer_attention_score`` branch) and the
+    paged-decode form in the torch_npu documentation of the op.
+
+  The kernel takes pages of 128 to 512 slots in steps of 128 when a query row has more than
+  one token (16 to 512 in steps of 16 for decode only); generation mixes both kinds of
+  dispatch over one cache, so :meth:`NpuOps.check_page_size` asks for the prefill rule when
+  the cache is made. Block-table padding (-1 from the planner) becomes page 0: the kernel
+  does not check block ids, and never reads past a row's context length.
 
 RMSNorm, SwiGLU and rotary use ``npu_rms_norm`` (which returns ``(y, rstd)``), ``npu_swiglu``
 (gate half first) and ``npu_apply_rotary_pos_emb`` (in place, ``BSND``, head_dim 64 or 128;
@@ -117,25 +131,56 @@ class NpuOps:
         *,
         device: torch.device,
         dtype: torch.dtype,
-    ) -> NpuAttention:
+    ) -> NpuAttention | NpuDecodeAttention:
+        """The decode-only call when every row has one query token, else the TND call."""
+        tables = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
+        block_table = torch.from_numpy(tables).to(device)
+        slots = torch.from_numpy(arrays.slot_mapping.astype(np.int32)).to(device)
+        seq_lens = [int(length) for length in arrays.seq_lens]
+        # A one-token row's query sits at its context's last position (decode rows, and
+        # one-token prefill chunks alike), so it sees its whole context: no mask needed.
+        if arrays.num_tokens == arrays.num_rows:
+            return NpuDecodeAttention(
+                torch_npu=self.torch_npu,
+                shape=shape,
+                slots=slots,
+                block_table=block_table,
+                seq_lens=seq_lens,
+            )
         mask = self._masks.get(device)
         if mask is None:
             mask = self._masks.setdefault(device, causal_mask(device))
-        tables = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
         return NpuAttention(
             torch_npu=self.torch_npu,
             shape=shape,
-            slots=torch.from_numpy(arrays.slot_mapping.astype(np.int32)).to(device),
-            block_table=torch.from_numpy(tables).to(device),
+            slots=slots,
+            block_table=block_table,
             query_ends=[int(end) for end in arrays.cu_seqlens[1:]],
-            seq_lens=[int(length) for length in arrays.seq_lens],
+            seq_lens=seq_lens,
             mask=mask,
         )
 
 
+def _write_kv(
+    torch_npu: ModuleType,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache: LayerKV,
+    slots: torch.Tensor,
+) -> None:
+    torch_npu.npu_scatter_pa_kv_cache(
+        key.to(cache.key.dtype).contiguous(),
+        value.to(cache.value.dtype).contiguous(),
+        cache.key,
+        cache.value,
+        slots,
+        cache_mode="Norm",
+    )
+
+
 @attrs.frozen(eq=False, kw_only=True)
 class NpuAttention:
-    """One dispatch's kernel arguments, shared by every layer."""
+    """One prefill (or mixed) dispatch's kernel arguments, shared by every layer: TND."""
 
     torch_npu: ModuleType
     shape: AttentionShape
@@ -148,14 +193,7 @@ class NpuAttention:
     mask: torch.Tensor
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
-        self.torch_npu.npu_scatter_pa_kv_cache(
-            key.to(cache.key.dtype).contiguous(),
-            value.to(cache.value.dtype).contiguous(),
-            cache.key,
-            cache.value,
-            self.slots,
-            cache_mode="Norm",
-        )
+        _write_kv(self.torch_npu, key, value, cache, self.slots)
 
     def attend(self, query: torch.Tensor, cache: LayerKV) -> torch.Tensor:
         pages, page_size = cache.num_pages, cache.page_size
@@ -176,3 +214,37 @@ class NpuAttention:
         )
         out: torch.Tensor = result[0]
         return out.to(query.dtype)
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class NpuDecodeAttention:
+    """One decode-only dispatch's kernel arguments (one query token per row): BSH."""
+
+    torch_npu: ModuleType
+    shape: AttentionShape
+    slots: torch.Tensor
+    block_table: torch.Tensor
+    #: Per-row context lengths (``actual_seq_lengths_kv``), this token included.
+    seq_lens: list[int]
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
+        _write_kv(self.torch_npu, key, value, cache, self.slots)
+
+    def attend(self, query: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        rows, heads, dim = query.shape
+        pages, page_size = cache.num_pages, cache.page_size
+        result: tuple[Any, ...] = self.torch_npu.npu_fused_infer_attention_score(
+            query.to(cache.key.dtype).reshape(rows, 1, heads * dim).contiguous(),
+            cache.key.view(pages, page_size, -1),
+            cache.value.view(pages, page_size, -1),
+            block_table=self.block_table,
+            input_layout="BSH",
+            block_size=page_size,
+            actual_seq_lengths=[1] * rows,
+            actual_seq_lengths_kv=self.seq_lens,
+            num_heads=self.shape.num_heads,
+            num_key_value_heads=self.shape.num_kv_heads,
+            scale=self.shape.scale,
+        )
+        out: torch.Tensor = result[0]
+        return out.view(rows, heads, dim).to(query.dtype)

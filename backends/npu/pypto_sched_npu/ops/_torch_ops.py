@@ -8,7 +8,9 @@ query ``i`` of a row with ``q`` new tokens and context ``c`` sees keys ``j <= c 
 Rows shorter than the longest are padded; padded keys are masked out and padded queries are
 dropped, and no query row is ever fully masked (a padded query ``i >= q`` sees the whole
 context). The gather indices and the mask depend only on the dispatch, so they are built
-once and shared by every layer.
+once and shared by every layer. A decode-only dispatch (one query token per row, at its
+context's last position) is the same computation with chunks of one: nothing is padded, and
+the mask only hides the keys past each row's context.
 """
 
 from __future__ import annotations
@@ -105,8 +107,8 @@ class TorchAttention:
     #: ``[rows, 1, longest chunk, longest context]`` additive mask (0 where a query sees a
     #: key, -inf elsewhere), or ``None`` when plain causal attention is exact.
     mask: torch.Tensor | None
-    #: Per token: its place in the ``[rows * longest chunk]`` padded layout, or ``None`` for a
-    #: single row (no padding).
+    #: Per token: its place in the ``[rows * longest chunk]`` padded layout, or ``None`` when
+    #: every row has the longest chunk's length (no padding: one row, or decode only).
     padded_index: torch.Tensor | None
     num_rows: int
     longest_chunk: int
@@ -147,8 +149,9 @@ class TorchAttention:
             context_slots=_to_device(context_slots, device),
             context_start=first if consecutive else None,
             mask=mask,
+            # Rows of equal length (one row, or a decode-only dispatch) need no padding.
             padded_index=None
-            if rows == 1
+            if arrays.num_tokens == rows * longest_chunk
             else _to_device(_padded_index(arrays.cu_seqlens, longest_chunk), device),
             num_rows=rows,
             longest_chunk=longest_chunk,
