@@ -182,6 +182,23 @@ def test_the_npu_path_runs_each_kernel_once_per_layer(
         # input, post-attention, q and k norms per layer, and the final norm
         "npu_rms_norm": 4 * layers + 1,
     }
+    assert dict(fake_npu_module.LAYOUTS) == {"TND": layers}
+
+
+def test_a_decode_only_dispatch_takes_the_bsh_decode_call_in_every_layer(
+    backends: Backends, fake_npu_module: ModuleType
+) -> None:
+    backend = backends("tied", ops="npu")
+    arrays, tables = _one_dispatch([130, 5, 1], [129, 4, 0], 128)
+    fake_npu_module.reset_calls()
+    output = backend.run_dispatch(
+        _batch(arrays, logits=True, greedy=True),
+        backend.new_cache(num_pages=tables.num_pages, page_size=128),
+    )
+    assert output.greedy_token_ids is not None
+    assert output.greedy_token_ids.shape == (3,)
+    layers = backend.model.config.num_hidden_layers
+    assert dict(fake_npu_module.LAYOUTS) == {"BSH": layers}
 
 
 # -- warmup ------------------------------------------------------------------------------------
@@ -275,6 +292,35 @@ def test_a_write_outside_the_requests_pages_is_refused_before_any_kernel_runs(
     )
     with pytest.raises(InvalidInputError, match=message):
         backend.run_dispatch(_batch(bad, logits=True, greedy=False), cache)
+    assert not any(kv.key.any() or kv.value.any() for kv in cache.layers)
+
+
+@pytest.mark.parametrize("ops", PATHS)
+@pytest.mark.parametrize("fault", ["spare page", "page not granted"])
+def test_a_decode_write_outside_the_requests_pages_is_refused_before_any_kernel_runs(
+    ops: str, fault: str, backends: Backends
+) -> None:
+    """A decode-only dispatch (one token per row at its context's last position) whose first
+    row opens a new page: its token must land in that page, granted in its block table."""
+    backend, page = backends("tied", ops=ops), PAGE[ops]
+    lengths = [page + 1, 5]
+    arrays, tables = _one_dispatch(lengths, [n - 1 for n in lengths], page)
+    assert arrays.num_tokens == arrays.num_rows  # decode only
+    spare = tables.num_pages
+    slots, block_tables = arrays.slot_mapping.copy(), arrays.block_tables.copy()
+    if fault == "spare page":
+        slots[0] = spare * page
+    else:  # the slot the new page would give, but the page is missing from the table
+        block_tables[0, 1] = -1
+    bad = attrs.evolve(arrays, slot_mapping=slots, block_tables=block_tables)
+    cache = backend.new_cache(num_pages=spare + 1, page_size=page)
+    owned = [int(p) for p in block_tables[0] if p >= 0]
+    message = (
+        rf"row 0 would write position {page} of request 0 to slot {slots[0]} "
+        rf"\(page {slots[0] // page}\), outside its pages " + re.escape(str(owned))
+    )
+    with pytest.raises(InvalidInputError, match=message):
+        backend.run_dispatch(_batch(bad, logits=False, greedy=True), cache)
     assert not any(kv.key.any() or kv.value.any() for kv in cache.layers)
 
 
