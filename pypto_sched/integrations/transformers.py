@@ -237,26 +237,43 @@ class PyptoScheduler(Scheduler):
         )
 
     def _reconcile(self) -> None:
-        """Bring the prefill state in line with the server's requests (see the module doc)."""
+        """Bring the prefill state in line with the server's requests (see the module doc).
+
+        A request whose progress the server changed keeps its place at the front of the
+        queue, as do the requests the server offloaded to the CPU (its own schedulers serve
+        those first); a request reset by the server comes back as a new one, last.
+        """
         state = self.prefill_state
+        front: list[RequestState] = []
         for request_id in list(state):
             server = self._server_request(request_id)
             if server is None or server.status not in _PREFILLING:
                 state = state.remove(request_id)
                 continue
             planned = state[request_id]
+            if (planned.prompt_length, planned.num_computed_tokens) != _progress(server):
+                state = state.remove(request_id)
+                front.append(server)
+        back: list[RequestState] = []
+        for server in self._prefilling_requests():
+            if server.request_id not in state and server not in front:
+                (front if server.is_cpu_offloaded else back).append(server)
+        for server in reversed(front):  # each goes ahead of the one after it
             length, computed = _progress(server)
-            if (planned.prompt_length, planned.num_computed_tokens) != (length, computed):
-                state = state.remove(request_id).add(
-                    request_id, length, num_computed_tokens=computed
-                )
-        arrived = [s for s in self.active_requests.values() if s.status == RequestStatus.PREFILLING]
-        arrived += [self.waiting_requests[rid] for rid in self.waiting_requests_order]
-        for server in arrived:
-            if server.request_id not in state and server.remaining_prefill_tokens:
-                length, computed = _progress(server)
-                state = state.add(server.request_id, length, num_computed_tokens=computed)
+            state = state.add(
+                server.request_id, length, num_computed_tokens=computed, at_front=True
+            )
+        for server in back:
+            length, computed = _progress(server)
+            state = state.add(server.request_id, length, num_computed_tokens=computed)
         self.prefill_state = state
+
+    def _prefilling_requests(self) -> list[RequestState]:
+        """The server's requests with prompt tokens left: active ones, then waiting ones,
+        each in the server's order."""
+        active = [s for s in self.active_requests.values() if s.status == RequestStatus.PREFILLING]
+        waiting = [self.waiting_requests[rid] for rid in self.waiting_requests_order]
+        return [s for s in active + waiting if s.remaining_prefill_tokens]
 
     def _plannable(self, skipped: set[str], *, new_requests: bool) -> PrefillState[str]:
         """The state to plan from: without the requests ``skipped`` in this batch, and
