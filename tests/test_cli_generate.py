@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -434,3 +435,24 @@ def test_verify_exits_1_on_a_mismatch(
     assert status == EXIT_FAILED
     assert "FAIL vs transformers generate(): 0/1 equal" in err
     assert "request 0: generated token 1 is" in err
+
+
+# -- help ------------------------------------------------------------------------------------
+
+
+def test_help_fits_80_columns_and_its_examples_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    body = out[out.index("\n\n") :]
+    assert [line for line in body.splitlines() if len(line) > 80] == []
+    monkeypatch.chdir(tmp_path)
+    write_prompts(tmp_path / "prompts.jsonl", [{"token_ids": p} for p in PROMPTS])
+    for _, example in generate_command.EXAMPLES[:2]:  # the third needs a checkpoint
+        argv = shlex.split(example.replace("\\\n", " "))
+        status, _, _ = (main(argv), *capsys.readouterr())
+        assert status == EXIT_OK, example
+    assert len(outputs((tmp_path / "out.jsonl").read_text())) == len(PROMPTS)

@@ -47,19 +47,23 @@ __all__ = ["EXAMPLES", "add_parser", "execute", "handle"]
 EXAMPLES: list[Example] = [
     (
         "greedy, prompts chunked by 16 tokens, on the NumPy reference backend",
-        "generate --backend reference --prompts prompts.jsonl --max-new-tokens 8 \\\n"
-        "      --max-num-batched-tokens 64 --long-prefill-token-threshold 16",
+        "generate --backend reference --prompts prompts.jsonl \\\n"
+        "      --max-new-tokens 8 --max-num-batched-tokens 64 \\\n"
+        "      --long-prefill-token-threshold 16",
     ),
     (
-        "sampled, a KV pool of 12 pages of 4 tokens, the tokens written to a file",
-        "generate --backend reference --prompts prompts.jsonl --max-new-tokens 8 \\\n"
-        "      --max-num-batched-tokens 64 --kv-page-size 4 --num-kv-pages 12 \\\n"
-        "      --temperature 0.8 --top-p 0.95 --sampling-seed 1 --output out.jsonl",
+        "sampled, over a KV pool of 12 pages of 4 tokens, written to a file",
+        "generate --backend reference --prompts prompts.jsonl \\\n"
+        "      --max-new-tokens 8 --max-num-batched-tokens 64 \\\n"
+        "      --kv-page-size 4 --num-kv-pages 12 --temperature 0.8 --top-p 0.95 \\\n"
+        "      --sampling-seed 1 --output out.jsonl",
     ),
     (
         "a Hugging Face checkpoint, checked token for token against transformers",
-        "generate --backend reference --backend-option checkpoint=/models/qwen3 \\\n"
-        "      --prompts prompts.jsonl --max-new-tokens 32 --max-num-batched-tokens 512 --verify",
+        "generate --backend reference \\\n"
+        "      --backend-option checkpoint=/models/qwen3 \\\n"
+        "      --prompts prompts.jsonl --max-new-tokens 32 \\\n"
+        "      --max-num-batched-tokens 512 --verify",
     ),
 ]
 
@@ -331,7 +335,10 @@ def _summary(
     table.add_row("generated", f"{stats.num_generated_tokens:,} tokens")
     table.add_row("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
                   "prefill and decode)")  # fmt: skip
-    table.add_row("preemptions", f"{stats.num_preemptions:,} ({preempted:,} requests)")
+    table.add_row(
+        "preemptions",
+        f"{stats.num_preemptions:,} ({preempted:,} request{'' if preempted == 1 else 's'})",
+    )
     table.add_row(
         "time to first token",
         f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
