@@ -19,7 +19,7 @@ $(VENV)/.core: pyproject.toml backends/reference/pyproject.toml
 # torch is pinned first so that nothing pulls a (multi-GB) CUDA build.
 $(VENV)/.full: $(VENV)/.core backends/npu/pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e 'backends/npu[test]'
+	$(PIP) install -q -e 'backends/npu[test]' -e '.[dev,ray]'
 	touch $@
 
 demo: $(VENV)/.core

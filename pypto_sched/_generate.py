@@ -111,6 +111,7 @@ def generate(
     num_pages: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     on_step: Callable[[StepDone], None] | None = None,
+    request_indices: Sequence[int] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens (one int, or one per prompt) for each of
     ``prompts`` (token id arrays) on ``backend``, every dispatch planned under ``config``.
@@ -120,6 +121,10 @@ def generate(
     ``num_pages`` pages of ``page_size`` tokens (default: enough for every request at once);
     when it is smaller, requests wait for pages and are preempted by recomputation.
     ``sampling`` defaults to greedy. Results come back in input order.
+
+    ``request_indices[r]`` is the request index that seeds prompt ``r``'s random stream
+    (default: ``r``); a part of a larger batch passes its requests' indices in the batch, so
+    that sampling does not depend on how the batch was split.
     """
     if not isinstance(backend, Backend):
         raise InvalidInputError(
@@ -142,6 +147,11 @@ def generate(
         if not prompt:
             raise InvalidInputError(f"'prompts[{r}]' must hold at least one token: it is empty")
     stops = _stop_sets(stop_token_ids, request_stop_token_ids, len(tokens))
+    seeds = (
+        list(range(len(tokens)))
+        if request_indices is None
+        else _per_request_counts(request_indices, len(tokens), name="request_indices", low=0)
+    )
     page_size = check_int("page_size", page_size, min_value=1)
     lengths = [len(prompt) for prompt in tokens]
     news = _per_request_counts(max_new_tokens, len(tokens))
@@ -150,17 +160,19 @@ def generate(
     state = GenerationState.from_prompt_lengths(
         lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
     )
-    return _Run(backend, config, sampling, tokens, stops, on_step).until_done(state)
+    return _Run(backend, config, sampling, tokens, stops, on_step, seeds).until_done(state)
 
 
-def _per_request_counts(values: int | Sequence[int], count: int) -> list[int]:
+def _per_request_counts(
+    values: int | Sequence[int], count: int, *, name: str = "max_new_tokens", low: int = 1
+) -> list[int]:
     if isinstance(values, int | np.integer) and not isinstance(values, bool):
-        return [check_int("max_new_tokens", values, min_value=1)] * count
+        return [check_int(name, values, min_value=low)] * count
     if not isinstance(values, Sequence) or len(values) != count:
         raise InvalidInputError(
-            f"'max_new_tokens' must be an int or one int per prompt ({count}): {values!r}"
+            f"'{name}' must be an int or one int per prompt ({count}): {values!r}"
         )
-    return [check_int(f"max_new_tokens[{r}]", v, min_value=1) for r, v in enumerate(values)]
+    return [check_int(f"{name}[{r}]", v, min_value=low) for r, v in enumerate(values)]
 
 
 def _stop_sets(
@@ -191,6 +203,7 @@ class _Run:
         tokens: list[list[int]],
         stops: list[frozenset[int]],
         on_step: Callable[[StepDone], None] | None,
+        seeds: list[int],
     ) -> None:
         self.backend = backend
         self.config = config
@@ -199,6 +212,7 @@ class _Run:
         self.prompt_lengths = [len(t) for t in tokens]
         self.stops = stops
         self.on_step = on_step
+        self.seeds = seeds
         count = len(tokens)
         self.reasons: list[FinishReason | None] = [None] * count
         self.first_token: list[int] = [-1] * count
@@ -238,8 +252,9 @@ class _Run:
                 )
             ),
             input_embeddings=None,
-            return_logits=not greedy,
-            return_greedy=greedy,
+            # A dispatch of intermediate chunks only is asked for nothing (the contract).
+            return_logits=not greedy and bool(step.sampled),
+            return_greedy=greedy and bool(step.sampled),
         )
         rows = ", ".join(f"request {r} tokens {c.start}:{c.start + c.length}" for r, c in
                          list(step.rows.items())[:3])  # fmt: skip
@@ -253,7 +268,7 @@ class _Run:
                 token = sample_token(
                     cast(npt.NDArray[np.floating[Any]], output.logits)[row],
                     self.sampling,
-                    request_index=request,
+                    request_index=self.seeds[request],
                     token_index=len(self.tokens[request]) - self.prompt_lengths[request],
                 )
             self.tokens[request].append(token)

@@ -1,0 +1,644 @@
+"""Run an offline batch on Ray: one actor per replica, parts balanced by tokens.
+
+``pip install 'pypto-sched[ray]'``; this module imports Ray, nothing else in ``pypto_sched``
+does.
+
+Theory of operation
+===================
+:class:`RayReplicas` starts one Ray actor per replica. Each actor builds one backend, once,
+from the backend's name and options (:func:`pypto_sched.load_backend`), and then runs *parts*
+of batches, one part at a time, each in a KV cache of its own:
+
+* prefill (:meth:`RayReplicas.prefill`): the part is planned with
+  :func:`~pypto_sched.plan_prefill` and run with :func:`~pypto_sched.execute_schedule`, as
+  ``pypto-sched run`` does; it returns each request's greedy next token and, only when asked,
+  its final logits (a batch of full-vocabulary logits is gigabytes);
+* generation (:meth:`RayReplicas.generate`): :func:`~pypto_sched.generate` on the part, each
+  request's random stream seeded by its index in the whole batch.
+
+The batch is split by :func:`~pypto_sched.partition_requests`, weighing each request by its
+prompt tokens for prefill and by prompt plus ``max_new_tokens`` for generation: part ``i`` is
+replica ``i``'s. Every result comes back under its request index, so the output is in input
+order, and for a batch-invariant backend equal to a one-device run (see
+``docs/scaling-out.md`` for what "equal" means per backend).
+
+Faults
+------
+* An actor that dies (its process or node lost, or :func:`ray.kill`) fails its part with a
+  :class:`ray.exceptions.RayActorError`; the part goes back to the queue and a new actor takes
+  the dead one's place. A part that loses its actor more than ``max_restarts`` times stops
+  the job with :class:`ReplicaError`. A part runs from scratch on the new actor and its
+  results are filed once, when it completes: nothing is lost or counted twice.
+* A deterministic failure (:class:`~pypto_sched.ExecutionError` from the backend, a bad input)
+  is raised unchanged, never retried: running it again would fail again.
+* Before starting any actor, the cluster's nodes are checked for room for every replica; when
+  there is none the error says so at once rather than waiting for Ray to place actors that
+  never fit. Actors that are not ready within ``start_timeout`` seconds (the cluster busy with
+  other work) are a :class:`ReplicaError` too.
+
+Progress
+--------
+With ``on_progress``, the driver asks every busy actor what its part has done every
+``poll_seconds`` (the actors run two threads: one works, one answers) and reports a
+:class:`BatchProgress`: requests and tokens done, over all replicas and per replica.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import ray
+import ray.exceptions
+
+from .._config import PlannerConfig
+from .._errors import BackendError, InvalidInputError
+from .._generate import GeneratedSequence, GenerationStats, StepDone, generate
+from .._partition import Partition, partition_requests
+from .._policies import plan_prefill
+from .._sampling import SamplingParams
+from .._validate import check_int, read_only
+from ..backends import Backend, BackendFactory, load_backend
+from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, execute_schedule
+
+__all__ = [
+    "DEFAULT_RESOURCES",
+    "BatchProgress",
+    "RayGenerationResult",
+    "RayPrefillResult",
+    "RayReplicas",
+    "ReplicaError",
+    "ReplicaProgress",
+    "default_resources",
+    "ray_session",
+]
+
+Job = Literal["prefill", "generate"]
+IntArray = npt.NDArray[np.int64]
+
+#: What one replica's actor asks of the cluster, per backend name; any other backend (and a
+#: factory passed directly) asks for one CPU. ``NPU`` is Ray's own Ascend accelerator
+#: resource: Ray sets ``ASCEND_RT_VISIBLE_DEVICES`` for the actor.
+DEFAULT_RESOURCES: Mapping[str, Mapping[str, float]] = {"npu": {"NPU": 1.0}}
+
+#: Ray errors that mean an actor (or the node holding it, or its result) is gone: the part
+#: it was running is resubmitted to a new actor.
+_LOST = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+         ray.exceptions.ObjectLostError)  # fmt: skip
+
+
+class ReplicaError(BackendError):
+    """The Ray cluster could not provide the replicas asked for, or kept losing them."""
+
+
+def default_resources(backend: str | BackendFactory) -> Mapping[str, float]:
+    """What one replica of ``backend`` asks Ray for (see :data:`DEFAULT_RESOURCES`)."""
+    name = backend if isinstance(backend, str) else None
+    return DEFAULT_RESOURCES.get(name, {"CPU": 1.0}) if name else {"CPU": 1.0}
+
+
+@contextmanager
+def ray_session(address: str | None = None, **init_options: Any) -> Iterator[None]:
+    """Join the Ray cluster at ``address`` (``"auto"``: the one this machine belongs to), or
+    without one use the running connection, else start a local instance and stop it on exit.
+    ``init_options`` go to :func:`ray.init` when this call connects."""
+    if ray.is_initialized() and address is None:
+        yield
+        return
+    if ray.is_initialized():
+        raise InvalidInputError(
+            f"'address' must be None when Ray is already connected: {address!r}"
+        )
+    try:
+        ray.init(address=address, **init_options)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ReplicaError(
+            f"could not join the Ray cluster at {address!r}: {type(error).__name__}: {first}"
+        ) from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+# -- values -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaProgress:
+    """What one replica has done of its part."""
+
+    replica: int
+    num_requests: int
+    num_requests_done: int
+    #: Prefill: prompt tokens; generation: tokens to generate (``max_new_tokens``, an upper
+    #: bound when stop tokens end requests early).
+    num_tokens: int
+    num_tokens_done: int
+    #: How often its actor was replaced.
+    num_restarts: int
+
+    @property
+    def fraction(self) -> float:
+        """Share of its tokens done, in ``[0, 1]`` (1 for an empty part)."""
+        return self.num_tokens_done / self.num_tokens if self.num_tokens else 1.0
+
+
+@attrs.frozen(kw_only=True)
+class BatchProgress:
+    """Told to ``on_progress``: what every replica has done so far."""
+
+    job: Job
+    replicas: tuple[ReplicaProgress, ...]
+
+    @property
+    def num_requests(self) -> int:
+        return sum(r.num_requests for r in self.replicas)
+
+    @property
+    def num_requests_done(self) -> int:
+        return sum(r.num_requests_done for r in self.replicas)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.replicas)
+
+    @property
+    def num_tokens_done(self) -> int:
+        return sum(r.num_tokens_done for r in self.replicas)
+
+    @property
+    def spread(self) -> float:
+        """How far the busiest replica is behind the most advanced one, as a share of their
+        tokens: ``max(fraction) - min(fraction)`` over non-empty replicas."""
+        fractions = [r.fraction for r in self.replicas if r.num_requests]
+        return max(fractions) - min(fractions) if fractions else 0.0
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RayPrefillResult:
+    """A prefill run on replicas, in request (input) order."""
+
+    #: ``[num_requests]`` greedy next token of every request (read-only).
+    greedy_token_ids: IntArray
+    #: ``[num_requests, vocab_size]`` final logits (read-only), or ``None`` if not asked for.
+    logits: npt.NDArray[np.floating[Any]] | None
+    partition: Partition
+    #: Per replica: dispatches of its part's schedule.
+    num_dispatches: tuple[int, ...]
+    #: Actors replaced during the run.
+    num_restarts: int
+    wall_seconds: float
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RayGenerationResult:
+    """A generation run on replicas, in request (input) order."""
+
+    #: One per prompt; ``first_token_dispatch`` counts the dispatches of its own replica.
+    sequences: tuple[GeneratedSequence, ...]
+    partition: Partition
+    #: Per replica: the statistics of its part (``None`` for an empty part).
+    stats: tuple[GenerationStats | None, ...]
+    num_restarts: int
+    wall_seconds: float
+
+
+# -- the actor ----------------------------------------------------------------------------
+
+
+class _Replica:
+    """One replica: a backend built once, running one part at a time (a Ray actor)."""
+
+    def __init__(self, backend: str | BackendFactory, options: Mapping[str, Any]) -> None:
+        # A backend that cannot be built is reported by every call, as the backend's own
+        # error: an actor whose constructor raises dies, and a death would be retried.
+        self._error: Exception | None = None
+        self._backend: Backend | None = None
+        try:
+            self._backend = (
+                load_backend(backend, **options) if isinstance(backend, str) else backend(**options)
+            )
+        except Exception as error:
+            self._error = error
+        self._done = (-1, 0, 0)  # part, requests done, tokens done
+
+    def ready(self) -> int:
+        """The backend's vocabulary size, once it is built."""
+        return self._get().vocab_size
+
+    def progress(self) -> tuple[int, int, int]:
+        return self._done
+
+    def prefill(
+        self,
+        part: int,
+        prompts: list[IntArray],
+        config: PlannerConfig,
+        return_logits: bool,
+        page_size: int | None,
+    ) -> tuple[IntArray, npt.NDArray[np.floating[Any]] | None, int]:
+        self._done = (part, 0, 0)
+        schedule = plan_prefill([len(p) for p in prompts], config)
+        finished = np.cumsum(
+            np.bincount(schedule.finish_dispatch, minlength=schedule.num_dispatches)
+        )
+        tokens = [0]
+
+        def on_dispatch(done: DispatchDone) -> None:
+            tokens[0] += done.num_tokens
+            self._done = (part, int(finished[done.index]), tokens[0])
+
+        result = execute_schedule(
+            schedule,
+            self._get(),
+            prompts,
+            return_logits=return_logits,
+            return_greedy=True,
+            page_size=page_size,
+            on_dispatch=on_dispatch,
+        )
+        assert result.greedy_token_ids is not None  # asked for: the driver checked it
+        return result.greedy_token_ids, result.logits, schedule.num_dispatches
+
+    def generate(
+        self, part: int, prompts: list[IntArray], indices: list[int], options: dict[str, Any]
+    ) -> tuple[tuple[GeneratedSequence, ...], GenerationStats]:
+        self._done = (part, 0, 0)
+
+        def on_step(done: StepDone) -> None:
+            self._done = (part, done.num_finished, done.num_generated_tokens)
+
+        result = generate(self._get(), prompts, request_indices=indices, on_step=on_step, **options)
+        return result.sequences, result.stats
+
+    def _get(self) -> Backend:
+        if self._error is not None:
+            raise self._error
+        assert self._backend is not None
+        return self._backend
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+
+class RayReplicas:
+    """``num_replicas`` Ray actors, each holding one ``backend`` built with ``options``.
+
+    ``backend`` is a registered backend's name (or a factory, pickled to the actors);
+    ``resources`` what one actor asks Ray for (default: :func:`default_resources`), as
+    ``{"CPU": 1}``, ``{"GPU": 1}``, ``{"NPU": 1}`` or any custom resource. Ray must be
+    connected (:func:`ray_session`). Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        backend: str | BackendFactory,
+        *,
+        num_replicas: int,
+        options: Mapping[str, Any] | None = None,
+        resources: Mapping[str, float] | None = None,
+        max_restarts: int = 3,
+        start_timeout: float = 300.0,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        if not ray.is_initialized():
+            raise ReplicaError("Ray is not connected: use ray_session() or ray.init() first")
+        self.num_replicas = check_int("num_replicas", num_replicas, min_value=1)
+        self.max_restarts = check_int("max_restarts", max_restarts, min_value=0)
+        self.start_timeout = float(start_timeout)
+        self.poll_seconds = float(poll_seconds)
+        self.resources = dict(default_resources(backend) if resources is None else resources)
+        for key, amount in self.resources.items():
+            if not isinstance(amount, int | float) or not math.isfinite(amount) or amount < 0:
+                raise InvalidInputError(
+                    f"'resources' must map names to finite amounts >= 0: {key!r}: {amount!r}"
+                )
+        _check_room(self.resources, self.num_replicas)
+        cpus = self.resources.get("CPU", 0.0)
+        gpus = self.resources.get("GPU", 0.0)
+        custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
+        self._actor_class = ray.remote(_Replica).options(
+            num_cpus=cpus, num_gpus=gpus, resources=custom, max_concurrency=2
+        )
+        self._backend = backend
+        self._options = dict(options or {})
+        self._actors = [self._start() for _ in range(self.num_replicas)]
+        self.vocab_size = self._wait_ready(self._actors)
+
+    @property
+    def actors(self) -> tuple[Any, ...]:
+        """The actor handles, one per replica (for monitoring and fault drills)."""
+        return tuple(self._actors)
+
+    def __enter__(self) -> RayReplicas:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every actor."""
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+
+    # -- the two jobs --
+
+    def prefill(
+        self,
+        prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        *,
+        config: PlannerConfig,
+        return_logits: bool = False,
+        page_size: int | None = None,
+        on_progress: Callable[[BatchProgress], None] | None = None,
+    ) -> RayPrefillResult:
+        """Prefill every prompt on the replicas; greedy next tokens (and logits when asked)
+        in input order."""
+        tokens = self._prompts(prompts)
+        _check_config(config)
+        lengths = np.array([p.size for p in tokens], dtype=np.int64)
+        partition = partition_requests(lengths, self.num_replicas)
+        start = time.perf_counter()
+        outputs, restarts = self._run(
+            "prefill",
+            partition,
+            [int(lengths[part].sum()) for part in partition.parts],
+            lambda actor, i, part: actor.prefill.remote(
+                i, [tokens[r] for r in part.tolist()], config, bool(return_logits), page_size
+            ),
+            on_progress,
+        )
+        greedy = np.zeros(len(tokens), dtype=np.int64)
+        logits: npt.NDArray[np.floating[Any]] | None = None
+        dispatches = [0] * self.num_replicas
+        for i, (ids, part_logits, count) in outputs.items():
+            part = partition.parts[i]
+            greedy[part] = ids
+            dispatches[i] = count
+            if part_logits is not None:
+                if logits is None:
+                    logits = np.zeros((len(tokens), part_logits.shape[1]), part_logits.dtype)
+                logits[part] = part_logits
+        return RayPrefillResult(
+            greedy_token_ids=read_only(greedy),
+            logits=None if logits is None else read_only(logits),
+            partition=partition,
+            num_dispatches=tuple(dispatches),
+            num_restarts=restarts,
+            wall_seconds=time.perf_counter() - start,
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        *,
+        config: PlannerConfig,
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams | None = None,
+        stop_token_ids: Collection[int] = (),
+        request_stop_token_ids: Sequence[Collection[int]] | None = None,
+        num_pages: int | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        on_progress: Callable[[BatchProgress], None] | None = None,
+    ) -> RayGenerationResult:
+        """:func:`~pypto_sched.generate` on the replicas; ``num_pages`` is each replica's KV
+        pool (default: room for its whole part). Sequences in input order."""
+        tokens = self._prompts(prompts)
+        _check_config(config)
+        news = _per_request("max_new_tokens", max_new_tokens, len(tokens))
+        stops = None if request_stop_token_ids is None else list(request_stop_token_ids)
+        if stops is not None and len(stops) != len(tokens):
+            raise InvalidInputError(
+                f"'request_stop_token_ids' must have one entry per prompt ({len(tokens)}): "
+                f"{len(stops)} entries"
+            )
+        lengths = np.array([p.size for p in tokens], dtype=np.int64)
+        partition = partition_requests(lengths, self.num_replicas, weights=lengths + news)
+        common = {
+            "config": config,
+            "sampling": sampling,
+            "stop_token_ids": tuple(stop_token_ids),
+            "num_pages": num_pages,
+            "page_size": page_size,
+        }
+
+        def submit(actor: Any, i: int, part: IntArray) -> Any:
+            rows = part.tolist()
+            options = {
+                **common,
+                "max_new_tokens": [int(news[r]) for r in rows],
+                "request_stop_token_ids": None if stops is None else [stops[r] for r in rows],
+            }
+            return actor.generate.remote(i, [tokens[r] for r in rows], rows, options)
+
+        start = time.perf_counter()
+        outputs, restarts = self._run(
+            "generate", partition, [int(news[part].sum()) for part in partition.parts],
+            submit, on_progress,
+        )  # fmt: skip
+        sequences: list[GeneratedSequence | None] = [None] * len(tokens)
+        stats: list[GenerationStats | None] = [None] * self.num_replicas
+        for i, (part_sequences, part_stats) in outputs.items():
+            for r, sequence in zip(partition.parts[i].tolist(), part_sequences, strict=True):
+                sequences[r] = sequence
+            stats[i] = part_stats
+        assert all(s is not None for s in sequences)  # every part completed
+        return RayGenerationResult(
+            sequences=tuple(s for s in sequences if s is not None),
+            partition=partition,
+            stats=tuple(stats),
+            num_restarts=restarts,
+            wall_seconds=time.perf_counter() - start,
+        )
+
+    # -- running parts, replacing dead actors --
+
+    def _run(
+        self,
+        job: Job,
+        partition: Partition,
+        part_tokens: list[int],
+        submit: Callable[[Any, int, IntArray], Any],
+        on_progress: Callable[[BatchProgress], None] | None,
+    ) -> tuple[dict[int, Any], int]:
+        """Run every non-empty part, part ``i`` on actor ``i``; return each part's output."""
+        if not self._actors:
+            raise ReplicaError("the replicas are closed")
+        parts = partition.parts
+        queue = collections.deque(i for i, part in enumerate(parts) if part.size)
+        running: dict[Any, int] = {}  # the result's ref -> part (= replica)
+        losses = [0] * self.num_replicas
+        done = [(0, 0)] * self.num_replicas  # per part: requests, tokens done
+        outputs: dict[int, Any] = {}
+        last: BatchProgress | None = None
+        while queue or running:
+            while queue:
+                i = queue.popleft()
+                running[submit(self._actors[i], i, parts[i])] = i
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_seconds)
+            for ref in ready:
+                i = running.pop(ref)
+                try:
+                    outputs[i] = ray.get(ref)
+                except _LOST as error:
+                    losses[i] += 1
+                    if losses[i] > self.max_restarts:
+                        raise ReplicaError(
+                            f"replica {i} lost its actor {losses[i]} times (max_restarts "
+                            f"{self.max_restarts}): {_first_line(error)}"
+                        ) from None
+                    ray.kill(self._actors[i])
+                    self._actors[i] = self._start()
+                    done[i] = (0, 0)
+                    queue.append(i)
+                except ray.exceptions.RayTaskError as error:
+                    self._cancel(running)
+                    raise _cause(error) from None
+                else:
+                    done[i] = (parts[i].size, part_tokens[i])
+            if on_progress is not None:
+                self._poll(running, done)
+                progress = BatchProgress(
+                    job=job,
+                    replicas=tuple(
+                        ReplicaProgress(
+                            replica=i,
+                            num_requests=int(parts[i].size),
+                            num_requests_done=done[i][0],
+                            num_tokens=part_tokens[i],
+                            num_tokens_done=min(done[i][1], part_tokens[i]),
+                            num_restarts=losses[i],
+                        )
+                        for i in range(self.num_replicas)
+                    ),
+                )
+                if progress != last:
+                    on_progress(progress)
+                    last = progress
+        return outputs, sum(losses)
+
+    def _poll(self, running: Mapping[Any, int], done: list[tuple[int, int]]) -> None:
+        """Ask each busy actor how far its part is (a dead one just does not answer)."""
+        asked = {self._actors[i].progress.remote(): i for i in running.values()}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=self.poll_seconds)
+        for ref in answered:
+            try:
+                part, requests, tokens = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue
+            if part == asked[ref]:
+                done[part] = (requests, tokens)
+
+    def _cancel(self, running: Mapping[Any, int]) -> None:
+        """Stop the other parts' work: their actors are replaced, the job having failed."""
+        for i in running.values():
+            ray.kill(self._actors[i])
+            self._actors[i] = self._start()
+
+    def _start(self) -> Any:
+        return self._actor_class.remote(self._backend, self._options)
+
+    def _wait_ready(self, actors: list[Any]) -> int:
+        refs = [actor.ready.remote() for actor in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
+        if len(ready) < len(refs):
+            self.close()
+            raise ReplicaError(
+                f"{len(refs) - len(ready)} of {len(refs)} replicas were not ready within "
+                f"start_timeout {self.start_timeout:g} s (each asks for {self.resources}; the "
+                f"cluster has {_totals()} available {_available()})"
+            )
+        try:
+            sizes = ray.get(refs)
+        except ray.exceptions.RayTaskError as error:
+            self.close()
+            raise _cause(error) from None
+        return int(sizes[0])
+
+    def _prompts(
+        self, prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]]
+    ) -> list[IntArray]:
+        if not isinstance(prompts, Sequence) or isinstance(prompts, str | bytes) or not prompts:
+            raise InvalidInputError("'prompts' must be a non-empty sequence of token id arrays")
+        tokens = []
+        for r, prompt in enumerate(prompts):
+            array = np.asarray(prompt)
+            if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+                raise InvalidInputError(
+                    f"'prompts[{r}]' must be a non-empty 1-D array of token ids: shape "
+                    f"{array.shape}, dtype {array.dtype}"
+                )
+            if array.min() < 0 or array.max() >= self.vocab_size:
+                raise InvalidInputError(
+                    f"'prompts[{r}]' must hold token ids in [0, {self.vocab_size}): "
+                    f"{int(array.min())}..{int(array.max())}"
+                )
+            tokens.append(read_only(array.astype(np.int64)))
+        return tokens
+
+
+def _check_config(config: object) -> None:
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+
+
+def _per_request(name: str, values: int | Sequence[int], count: int) -> IntArray:
+    if isinstance(values, int | np.integer) and not isinstance(values, bool):
+        return np.full(count, check_int(name, values, min_value=1), dtype=np.int64)
+    if not isinstance(values, Sequence) or len(values) != count:
+        raise InvalidInputError(
+            f"'{name}' must be an int or one int per prompt ({count}): {values!r}"
+        )
+    return np.array(
+        [check_int(f"{name}[{r}]", v, min_value=1) for r, v in enumerate(values)], dtype=np.int64
+    )
+
+
+def _check_room(resources: Mapping[str, float], num_replicas: int) -> None:
+    """Raise :class:`ReplicaError` when the cluster's nodes cannot hold ``num_replicas``
+    actors asking ``resources`` each, counting whole actors per node."""
+    needed = {name: amount for name, amount in resources.items() if amount > 0}
+    if not needed:
+        return
+    room = 0
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node.get("Alive"):
+            have = node.get("Resources", {})
+            room += min(int(have.get(name, 0.0) // amount) for name, amount in needed.items())
+    if room < num_replicas:
+        raise ReplicaError(
+            f"'num_replicas' {num_replicas} actors asking {dict(needed)} each do not fit the "
+            f"Ray cluster: its nodes have room for {room} (cluster resources {_totals()})"
+        )
+
+
+def _totals() -> dict[str, float]:
+    totals = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return {k: v for k, v in totals.items() if not k.startswith("node:")}
+
+
+def _available() -> dict[str, float]:
+    available = ray.available_resources()  # type: ignore[no-untyped-call]
+    return {k: v for k, v in available.items() if not k.startswith("node:")}
+
+
+def _cause(error: ray.exceptions.RayTaskError) -> BaseException:
+    """The exception raised inside the actor (a RayTaskError also *is* one, but prints the
+    remote traceback in its message)."""
+    cause = error.cause
+    return cause if isinstance(cause, BaseException) else error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

@@ -1,0 +1,276 @@
+"""pypto_sched.integrations.ray on a local Ray instance: two replicas of the reference backend
+give exactly the one-process output for prefill and generation, also when an actor is killed
+mid-run; a backend's ExecutionError is raised once, never retried; missing resources are a
+one-line error at once.
+
+One local Ray instance (two CPUs) serves the whole module; it costs seconds to start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pypto_sched import (
+    ExecutionError,
+    GenerationResult,
+    PlannerConfig,
+    SamplingParams,
+    execute_schedule,
+    generate,
+    load_backend,
+    plan_prefill,
+)
+
+ray = pytest.importorskip("ray", reason="the Ray executor needs the ray extra")
+
+from pypto_sched.integrations.ray import (  # noqa: E402  (after the skip)
+    BatchProgress,
+    RayReplicas,
+    ReplicaError,
+    ray_session,
+)
+
+pytestmark = pytest.mark.slow
+
+VOCAB_SIZE = 64  # the reference backend's tiny random model
+#: Half a CPU per actor: the shared pair leaves one of the instance's two CPUs for the pools
+#: single tests start.
+HALF_CPU = {"CPU": 0.5}
+LENGTHS = [5, 40, 17, 90, 3, 64, 33, 12, 1, 27]
+CONFIGS = {
+    "round_robin": PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16),
+    "packed": PlannerConfig(max_num_batched_tokens=48, policy="packed", max_num_seqs=4),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    with ray_session(num_cpus=2, include_dashboard=False, log_to_driver=False):
+        yield
+
+
+@pytest.fixture(scope="module")
+def replicas(cluster: None) -> Iterator[RayReplicas]:
+    with RayReplicas(
+        "reference", num_replicas=2, resources=HALF_CPU, poll_seconds=0.02, start_timeout=60
+    ) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(0, VOCAB_SIZE, size=n) for n in LENGTHS]
+
+
+def one_process_prefill(prompts: list[np.ndarray], config: PlannerConfig) -> Any:
+    backend = load_backend("reference")
+    schedule = plan_prefill([len(p) for p in prompts], config)
+    return execute_schedule(schedule, backend, prompts, return_greedy=True)
+
+
+def one_process_generate(prompts: list[np.ndarray], **options: Any) -> GenerationResult:
+    return generate(load_backend("reference"), prompts, **options)
+
+
+def assert_same_sequences(got: Any, want: GenerationResult) -> None:
+    assert len(got.sequences) == len(want.sequences)
+    for r, (a, b) in enumerate(zip(got.sequences, want.sequences, strict=True)):
+        assert a.token_ids.tolist() == b.token_ids.tolist(), f"request {r}"
+        assert a.finish_reason == b.finish_reason, f"request {r}"
+
+
+@pytest.mark.parametrize("policy", list(CONFIGS))
+def test_prefill_on_two_replicas_gives_the_one_process_tokens_and_logits(
+    replicas: RayReplicas, prompts: list[np.ndarray], policy: str
+) -> None:
+    want = one_process_prefill(prompts, CONFIGS[policy])
+    got = replicas.prefill(prompts, config=CONFIGS[policy], return_logits=True)
+    np.testing.assert_array_equal(got.greedy_token_ids, want.greedy_token_ids)
+    assert got.logits is not None
+    # Rows batched differently round differently in the last bits (float64), within the
+    # backend's tolerance; the tokens are exactly equal.
+    tolerance = load_backend("reference").tolerance
+    np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=tolerance)
+    assert all(got.num_dispatches)  # both replicas worked
+    assert got.num_restarts == 0
+
+
+def test_prefill_returns_logits_only_when_asked(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    got = replicas.prefill(prompts, config=CONFIGS["packed"])
+    assert got.logits is None
+    assert got.greedy_token_ids.shape == (len(prompts),)
+
+
+@settings(max_examples=6)
+@given(st.lists(st.integers(min_value=1, max_value=80), min_size=1, max_size=7))
+def test_prefill_of_any_batch_equals_one_process(replicas: RayReplicas, lengths: list[int]) -> None:
+    rng = np.random.default_rng(len(lengths))
+    batch = [rng.integers(0, VOCAB_SIZE, size=n) for n in lengths]
+    want = one_process_prefill(batch, CONFIGS["round_robin"])
+    got = replicas.prefill(batch, config=CONFIGS["round_robin"])
+    np.testing.assert_array_equal(got.greedy_token_ids, want.greedy_token_ids)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"config": CONFIGS["round_robin"], "max_new_tokens": 8},
+        {"config": CONFIGS["packed"], "max_new_tokens": [3, 9, 1, 6, 8, 2, 5, 7, 4, 6],
+         "sampling": SamplingParams(temperature=0.9, top_k=20, seed=11)},
+        {"config": CONFIGS["packed"], "max_new_tokens": 6, "page_size": 4, "num_pages": 30,
+         "stop_token_ids": [5], "sampling": SamplingParams(temperature=1.3, seed=2)},
+    ],
+    ids=["greedy", "sampled", "small pool, stop token"],
+)  # fmt: skip
+def test_generate_on_two_replicas_equals_one_process(
+    replicas: RayReplicas, prompts: list[np.ndarray], options: dict[str, Any]
+) -> None:
+    want = one_process_generate(prompts, **options)
+    got = replicas.generate(prompts, **options)
+    assert_same_sequences(got, want)
+    assert all(stats is not None for stats in got.stats)
+
+
+def test_a_small_pool_preempts_on_the_replicas_and_still_equals_one_process(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    options: dict[str, Any] = {
+        "config": CONFIGS["round_robin"], "max_new_tokens": 10, "page_size": 4, "num_pages": 26,
+    }  # fmt: skip
+    got = replicas.generate(prompts, **options)
+    assert sum(s.num_preemptions for s in got.stats if s is not None) > 0
+    assert_same_sequences(got, one_process_generate(prompts, **options))
+
+
+def test_progress_covers_every_request_and_token_once(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    seen: list[BatchProgress] = []
+    replicas.generate(prompts, config=CONFIGS["packed"], max_new_tokens=40, on_progress=seen.append)
+    last = seen[-1]
+    assert last.num_requests == last.num_requests_done == len(prompts)
+    assert last.num_tokens == last.num_tokens_done == 40 * len(prompts)
+    assert last.spread == 0.0
+    assert len(last.replicas) == 2
+    done = [p.num_tokens_done for p in seen]
+    assert done == sorted(done)
+
+
+def test_an_actor_killed_mid_run_is_replaced_and_the_output_is_unchanged(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    options: dict[str, Any] = {"config": CONFIGS["round_robin"], "max_new_tokens": 150}
+    want = one_process_generate(prompts, **options)
+    killed: list[BatchProgress] = []
+
+    def kill_replica_0_once(progress: BatchProgress) -> None:
+        first = progress.replicas[0]
+        if not killed and 0 < first.num_tokens_done < first.num_tokens:
+            killed.append(progress)
+            ray.kill(replicas.actors[0])
+
+    got = replicas.generate(prompts, on_progress=kill_replica_0_once, **options)
+    assert killed, "the run ended before replica 0 reported progress"
+    assert got.num_restarts == 1
+    assert_same_sequences(got, want)
+
+
+def test_a_dead_actor_before_the_run_is_replaced(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    ray.kill(replicas.actors[1])
+    got = replicas.prefill(prompts, config=CONFIGS["packed"])
+    assert got.num_restarts == 1
+    np.testing.assert_array_equal(
+        got.greedy_token_ids, one_process_prefill(prompts, CONFIGS["packed"]).greedy_token_ids
+    )
+
+
+def test_losing_an_actor_more_than_max_restarts_times_is_a_replica_error(
+    cluster: None, prompts: list[np.ndarray]
+) -> None:
+    with RayReplicas(
+        "reference", num_replicas=1, max_restarts=0, resources=HALF_CPU, start_timeout=60
+    ) as pool:
+        ray.kill(pool.actors[0])
+        with pytest.raises(ReplicaError, match=r"replica 0 lost its actor 1 times"):
+            pool.prefill(prompts, config=CONFIGS["packed"])
+
+
+def test_an_execution_error_is_raised_once_not_retried(
+    cluster: None, prompts: list[np.ndarray], tmp_path: Path
+) -> None:
+    log = tmp_path / "attempts"
+
+    def failing_backend(**options: Any) -> Any:
+        class Failing:  # the reference backend, whose device faults on every dispatch
+            name = "failing"
+
+            def __init__(self) -> None:
+                self.inner = load_backend("reference")
+                self.tolerance = self.inner.tolerance
+                self.vocab_size = self.inner.vocab_size
+                self.hidden_size = self.inner.hidden_size
+
+            def new_cache(self, *, num_pages: int, page_size: int) -> Any:
+                return self.inner.new_cache(num_pages=num_pages, page_size=page_size)
+
+            def embed(self, token_ids: Any) -> Any:
+                return self.inner.embed(token_ids)
+
+            def run_dispatch(self, batch: Any, cache: Any) -> Any:
+                with log.open("a") as file:
+                    file.write("attempt\n")
+                raise RuntimeError("device fault")
+
+        return Failing()
+
+    with (
+        RayReplicas(
+            failing_backend, num_replicas=1, max_restarts=3, resources=HALF_CPU, start_timeout=60
+        ) as pool,
+        pytest.raises(ExecutionError, match="device fault") as error,
+    ):
+        pool.prefill(prompts, config=CONFIGS["packed"])
+    assert error.value.dispatch == 0
+    assert log.read_text().splitlines() == ["attempt"]
+
+
+def test_a_backend_that_cannot_be_built_is_its_own_error_at_once(cluster: None) -> None:
+    from pypto_sched_reference import InvalidModelError
+
+    with pytest.raises(InvalidModelError, match="unknown options"):
+        RayReplicas("reference", num_replicas=1, options={"no_such_option": 1}, resources=HALF_CPU)
+
+
+@pytest.mark.parametrize(
+    ("resources", "num_replicas"), [({"NPU": 1}, 1), ({"CPU": 1}, 3), ({"GPU": 1}, 1)]
+)
+def test_missing_resources_are_a_one_line_error_at_once(
+    cluster: None, resources: dict[str, float], num_replicas: int
+) -> None:
+    started = time.perf_counter()
+    with pytest.raises(ReplicaError, match="do not fit the Ray cluster") as error:
+        RayReplicas("reference", num_replicas=num_replicas, resources=resources)
+    assert time.perf_counter() - started < 5
+    assert "\n" not in str(error.value)
+    assert str(next(iter(resources))) in str(error.value)
+
+
+def test_importing_pypto_sched_does_not_import_ray() -> None:
+    code = "import sys, pypto_sched, pypto_sched.integrations; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
