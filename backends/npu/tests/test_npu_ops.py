@@ -8,8 +8,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pypto_sched import PlannerConfig, dispatch_arrays, plan_pages, plan_prefill
+from pypto_sched import (
+    PagePool,
+    PlannerConfig,
+    StepChunk,
+    dispatch_arrays,
+    plan_pages,
+    plan_prefill,
+    step_arrays,
+)
 
 pytest.importorskip("torch", reason="the npu backend runs on torch")
 
@@ -131,6 +141,55 @@ def test_decode_only_attention_agrees_on_both_paths(
     assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
     # The first row's only key is its own: its output is its value, repeated per group.
     torch.testing.assert_close(outputs[0][0], value[0].repeat_interleave(2, dim=0))
+
+
+@st.composite
+def _generation_dispatches(draw: st.DrawFn) -> tuple[Any, PagePool[int]]:
+    """A dispatch of a generation: rows of one token (decode) or more (prefill chunks) at
+    the end of contexts whose pages a pool handed out one at a time, round robin, so that
+    block tables interleave and a page freed by a finished request is reused."""
+    decode_only = draw(st.booleans())
+    page = draw(st.sampled_from([16, 32, 128] if decode_only else [128, 256]))
+    contexts = draw(st.lists(st.integers(1, 300), min_size=1, max_size=5))
+    lengths = [1 if decode_only else draw(st.integers(1, min(c, 40))) for c in contexts]
+    pool: PagePool[int] = PagePool(num_pages=sum(-(-c // page) for c in contexts) + 1,
+                                   page_size=page).hold(-1, 1)  # fmt: skip
+    for held in range(page, max(contexts) + page, page):
+        for request, context in enumerate(contexts):
+            pool = pool.hold(request, min(held, context))
+        if held == page:
+            pool = pool.release(-1)  # its page goes to whoever grows next
+    rows = {
+        r: StepChunk(start=c - n, length=n, is_final=True)
+        for r, (c, n) in enumerate(zip(contexts, lengths, strict=True))
+    }
+    return step_arrays(rows, pool), pool
+
+
+@settings(max_examples=30, deadline=None)
+@given(dispatch=_generation_dispatches())
+def test_both_op_paths_agree_on_any_generation_dispatch(
+    dispatch: tuple[Any, PagePool[int]], fake_npu_module: ModuleType
+) -> None:
+    arrays, pool = dispatch
+    npu_ops = NpuOps(fake_npu_module)
+    tables = pool.block_tables(list(range(arrays.num_rows)))
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
+    value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
+    outputs, caches = [], []
+    fake_npu_module.reset_calls()
+    for ops in (TorchOps(), npu_ops):
+        cache = _filled_cache(tables, seed=8)
+        attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+        attention.write_kv(key, value, cache.layers[0])
+        outputs.append(attention.attend(query, cache.layers[0]))
+        caches.append(cache)
+    layout = "BSH" if arrays.num_tokens == arrays.num_rows else "TND"
+    assert dict(fake_npu_module.LAYOUTS) == {layout: 1}
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
+    assert torch.equal(caches[0].layers[0].value, caches[1].layers[0].value)
 
 
 def test_a_dispatch_with_a_longer_row_takes_the_prefill_call(
