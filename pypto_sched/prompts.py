@@ -18,7 +18,9 @@ vocabulary, and a request that fits the model's positions. Every error is an
 reading the same format would call; the command line ``pypto-sched generate`` does only that.
 
 :func:`load_tokenizer` reads a checkpoint directory's ``tokenizer.json`` with the
-``tokenizers`` library (``pip install 'pypto-sched[tokenizer]'``), imported only then.
+``tokenizers`` library (``pip install 'pypto-sched[tokenizer]'``), imported only then;
+:func:`eos_token_ids` reads the ids a checkpoint's model ends its text with, where
+transformers reads them (``generation_config.json``, else ``config.json``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "PromptRequest",
     "TextCodec",
     "Tokenizer",
+    "eos_token_ids",
     "load_tokenizer",
     "read_prompts",
 ]
@@ -50,6 +53,10 @@ TOKENIZER_FILE = "tokenizer.json"
 MAX_LINE_BYTES = 16 * 1024 * 1024
 #: Largest ``tokenizer.json`` read (a large vocabulary's is about 10 MB).
 _MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+#: Largest ``generation_config.json`` or ``config.json`` read for the EOS ids.
+_MAX_CONFIG_BYTES = 16 * 1024 * 1024
+#: Where transformers finds a model's EOS ids, in the order it looks.
+_EOS_FILES = ("generation_config.json", "config.json")
 _KEYS = frozenset({"token_ids", "prompt", "max_new_tokens", "stop_token_ids"})
 
 
@@ -118,17 +125,46 @@ def load_tokenizer(directory: str | Path) -> Tokenizer | None:
         raise MissingDependencyError(
             f"{str(path)!r} needs the tokenizers library: pip install 'pypto-sched[tokenizer]'"
         ) from None
-    try:
-        with path.open("rb") as stream:
-            data = stream.read(_MAX_TOKENIZER_BYTES + 1)
-    except OSError as error:
-        raise InvalidInputError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    data = _read(path, _MAX_TOKENIZER_BYTES)
     load_json(data, what=repr(str(path)), max_bytes=_MAX_TOKENIZER_BYTES)
     try:
         parsed = HFTokenizer.from_str(data.decode("utf-8"))
     except Exception as error:  # tokenizers raises its own Exception subclass
         raise InvalidInputError(f"{str(path)!r} is not a tokenizer: {error}") from None
     return Tokenizer(parsed, path=path)
+
+
+def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
+    """The ``eos_token_id`` (one id or a list) of the checkpoint ``directory``'s
+    ``generation_config.json``, or of its ``config.json`` when it has none; ``()`` when
+    neither names one. Raises :class:`~pypto_sched.InvalidInputError` for a file that is not
+    strict JSON or an id that is not a non-negative int."""
+    for name in _EOS_FILES:
+        path = Path(directory) / name
+        if path.is_file():
+            where = repr(str(path))
+            fields = load_json(_read(path, _MAX_CONFIG_BYTES), what=where)
+            if not isinstance(fields, dict):
+                raise InvalidInputError(f"{where} must hold a JSON object")
+            found = fields.get("eos_token_id")
+            ids = [] if found is None else found if isinstance(found, list) else [found]
+            if not all(_is_int(i) and i >= 0 for i in ids):
+                raise InvalidInputError(
+                    f"{where}: 'eos_token_id' must be an id or a list of ids: {found!r}"
+                )
+            return tuple(ids)
+    return ()
+
+
+def _read(path: Path, limit: int) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(limit + 1)
+    except OSError as error:
+        raise InvalidInputError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    if len(data) > limit:
+        raise InvalidInputError(f"{str(path)!r} is larger than the limit of {limit:,} bytes")
+    return data
 
 
 def read_prompts(

@@ -456,3 +456,47 @@ def test_help_fits_80_columns_and_its_examples_run(
         status, _, _ = (main(argv), *capsys.readouterr())
         assert status == EXIT_OK, example
     assert len(outputs((tmp_path / "out.jsonl").read_text())) == len(PROMPTS)
+
+
+# -- the checkpoint's EOS ids ----------------------------------------------------------------
+
+
+@pytest.fixture
+def reference_checkpoint(tmp_path: Path) -> Path:
+    directory = tmp_path / "model"
+    save_checkpoint(Weights.random(TINY_MODEL, seed=0), directory)
+    return directory
+
+
+@pytest.mark.parametrize("file", ["generation_config.json", "config.json"])
+def test_the_checkpoints_eos_ids_end_requests_unless_ignored(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, reference_checkpoint: Path, file: str
+) -> None:
+    args = ["--backend-option", f"checkpoint={reference_checkpoint}", "--prompts", prompts_file,
+            "--max-new-tokens", "6", *CHUNKED]  # fmt: skip
+    status, out, _ = cli(capsys, *args)
+    assert status == EXIT_OK
+    free = outputs(out)
+    eos = free[0]["token_ids"][2]
+    path = reference_checkpoint / file
+    fields = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**fields, "eos_token_id": [VOCAB - 1, eos]}))
+    status, out, _ = cli(capsys, *args)
+    assert status == EXIT_OK
+    for before, after in zip(free, outputs(out), strict=True):
+        ids = before["token_ids"]
+        ends = [i for i, t in enumerate(ids) if t in (eos, VOCAB - 1)]
+        if ends:
+            assert after == {**before, "token_ids": ids[: ends[0] + 1], "finish_reason": "stop"}
+        else:
+            assert after == before
+    assert outputs(cli(capsys, *args, "--ignore-eos")[1]) == free
+
+
+def test_a_bad_eos_id_is_one_line(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, reference_checkpoint: Path
+) -> None:
+    (reference_checkpoint / "generation_config.json").write_text('{"eos_token_id": "2"}')
+    args = ["--backend-option", f"checkpoint={reference_checkpoint}", "--prompts", prompts_file,
+            "--max-new-tokens", "6", *CHUNKED]  # fmt: skip
+    assert_usage_error(cli(capsys, *args), "generation_config.json", "'eos_token_id' must be")

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -30,7 +30,14 @@ from ..integrations.hf_verify import (
     transformers_missing,
     verify_greedy_generation,
 )
-from ..prompts import MissingDependencyError, PromptRequest, Tokenizer, load_tokenizer, read_prompts
+from ..prompts import (
+    MissingDependencyError,
+    PromptRequest,
+    Tokenizer,
+    eos_token_ids,
+    load_tokenizer,
+    read_prompts,
+)
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError
 from ._inputs import config as planner_config
 from ._lengths import read_text
@@ -76,7 +83,8 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         description="Generate up to --max-new-tokens tokens for each prompt of a JSON Lines "
         'file, one request per line: {"token_ids": [...]}, or {"prompt": "text"} when the '
         "checkpoint directory has a tokenizer.json; optional per line: "
-        '"max_new_tokens", "stop_token_ids". Every dispatch mixes decode rows and prefill '
+        '"max_new_tokens", "stop_token_ids". A request also stops on the EOS ids of the '
+        "checkpoint unless --ignore-eos. Every dispatch mixes decode rows and prefill "
         "chunks as the planner decides, over a KV cache of --num-kv-pages pages; requests "
         "wait for pages and are preempted (and recomputed) when it is short. Prints one JSON "
         'line per request, in input order: {"index", "token_ids" (the generated ids), '
@@ -136,6 +144,12 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "--output", metavar="FILE", help="write the JSON lines here (default: stdout)"
     )
     parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop on the checkpoint's EOS ids (generation_config.json, else "
+        "config.json); only on the lines' stop_token_ids and --max-new-tokens",
+    )
+    parser.add_argument(
         "--verify", action="store_true", help="compare with transformers' generate() (greedy)"
     )
     parser.add_argument(
@@ -163,12 +177,15 @@ def handle(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         what=f"--prompts {args.prompts!r}",
     )
+    checkpoint = _checkpoint(args)
+    eos = () if checkpoint is None or args.ignore_eos else eos_token_ids(checkpoint)
     with _progress_bar(args, len(requests)) as on_step:
         result = execute(
             backend,
             requests,
             config=config,
             sampling=sampling,
+            stop_token_ids=eos,
             num_pages=args.num_kv_pages,
             page_size=page_size,
             on_step=on_step,
@@ -181,7 +198,7 @@ def handle(args: argparse.Namespace) -> int:
             [r.token_ids for r in requests],
             [s.token_ids.tolist() for s in result.sequences],
             max_new_tokens=[r.max_new_tokens for r in requests],
-            stop_token_ids=[r.stop_token_ids for r in requests],
+            stop_token_ids=[(*eos, *r.stop_token_ids) for r in requests],
         )
     _emit_stderr(_summary(backend, config, result, verification))
     if verification is not None and not verification.passed:
@@ -195,11 +212,13 @@ def execute(
     *,
     config: PlannerConfig,
     sampling: SamplingParams,
+    stop_token_ids: Collection[int],
     num_pages: int | None,
     page_size: int,
     on_step: Callable[[StepDone], None],
 ) -> GenerationResult:
-    """Run ``requests`` on ``backend``: the one call that does the work."""
+    """Run ``requests`` on ``backend``, each stopping on ``stop_token_ids`` and its own:
+    the one call that does the work."""
     try:
         return generate(
             backend,
@@ -207,6 +226,7 @@ def execute(
             config=config,
             max_new_tokens=[r.max_new_tokens for r in requests],
             sampling=sampling,
+            stop_token_ids=stop_token_ids,
             request_stop_token_ids=[r.stop_token_ids for r in requests],
             num_pages=num_pages,
             page_size=page_size,
