@@ -9,6 +9,7 @@ bad input the issue lists exits with status 2 and one line on stderr.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import re
 import shlex
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from pypto_sched import InvalidInputError, PlannerConfig, SamplingParams, generate
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from pypto_sched.cli import generate as generate_command
+from pypto_sched.integrations import hf_verify
 from pypto_sched.prompts import PromptRequest, read_prompts
 from pypto_sched_reference import TINY_MODEL, ReferenceBackend, Weights, save_checkpoint
 
@@ -500,3 +502,38 @@ def test_a_bad_eos_id_is_one_line(
     args = ["--backend-option", f"checkpoint={reference_checkpoint}", "--prompts", prompts_file,
             "--max-new-tokens", "6", *CHUNKED]  # fmt: skip
     assert_usage_error(cli(capsys, *args), "generation_config.json", "'eos_token_id' must be")
+
+
+def test_prompts_are_read_from_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, prompts_file: str
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(Path(prompts_file).read_bytes())))
+    status, out, _ = cli(capsys, "--prompts", "-", "--max-new-tokens", "2", *CHUNKED)
+    assert status == EXIT_OK
+    assert [line["index"] for line in outputs(out)] == list(range(len(PROMPTS)))
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([1, 2, 3], [1, 5, 3], (1, 2, 5)),
+        ([1, 2], [1, 2, 3], (2, None, 3)),
+        ([1, 2, 3], [1, 2], (2, 3, None)),
+    ],
+)
+def test_a_verification_names_the_first_differing_token(
+    ours: list[int], theirs: list[int], expected: tuple[int, int | None, int | None] | None
+) -> None:
+    found = hf_verify._first_difference(4, ours, theirs)
+    if expected is None:
+        assert found is None
+    else:
+        assert found == hf_verify.Mismatch(
+            index=4, position=expected[0], ours=expected[1], theirs=expected[2]
+        )
+
+
+def test_transformers_tokens_are_cut_after_the_first_stop_token() -> None:
+    assert hf_verify._until_stop([4, 7, 9, 7], {7, 9}) == [4, 7]
+    assert hf_verify._until_stop([4, 5], {7}) == [4, 5]
