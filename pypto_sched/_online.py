@@ -244,7 +244,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         ``plan`` was planned from an earlier state, and this one is that state changed only by
         :meth:`add`, :meth:`remove` and :meth:`discard` while the dispatch ran: the requests
         that arrived meanwhile are kept, and a request removed meanwhile stays removed (its
-        row is ignored). Applied to the state it was planned from, it gives ``plan.state``.
+        row is ignored; do not add its id again before applying). Applied to the state it was
+        planned from, it gives ``plan.state``.
         A request whose chunk ran rejoins ``round_robin``'s queue behind the requests that
         arrived while it ran, as if queued when the dispatch ended; ``packed``'s newly
         started requests follow its started ones, as in ``plan.state``.
