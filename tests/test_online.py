@@ -1,9 +1,10 @@
 """``PrefillState`` and ``plan_step``: the contract of ``pypto_sched/_online.py``.
 
-The properties drive a state through random histories of arrivals, removals and steps with
-random reservations, keep a plain model of every request on the side, and check each step
-against it: the limits, the tiling of each prompt, the fairness bounds stated in the module
-header and the immutability of every state along the way.
+The properties drive a state through random histories of arrivals, removals, steps with
+random reservations and steps applied to a state that changed while they ran, keep a plain
+model of every request on the side, and check each step against it: the limits, the tiling
+of each prompt, the fairness bounds stated in the header of ``pypto_sched/_policies.py`` and
+the immutability of every state along the way.
 """
 
 from __future__ import annotations
@@ -332,7 +333,7 @@ def test_without_reservations_waits_stay_within_the_stated_bounds(
 
 
 def packed_skip_bound(config: PlannerConfig, older_tokens: int) -> int:
-    """``T // min(M, R - p + 1)``: the packed bound of the module header, with no
+    """``T // min(M, R - p + 1)``: the packed bound of the rules' header, with no
     reservations (``R`` is the budget, ``M`` the row limit, ``p`` the page size or 1)."""
     per_skip = config.max_num_batched_tokens - (config.page_size or 1) + 1
     if config.max_num_seqs is not None:
