@@ -152,8 +152,8 @@ def _generation_dispatches(draw: st.DrawFn) -> tuple[Any, PagePool[int]]:
     page = draw(st.sampled_from([16, 32, 128] if decode_only else [128, 256]))
     contexts = draw(st.lists(st.integers(1, 300), min_size=1, max_size=5))
     lengths = [1 if decode_only else draw(st.integers(1, min(c, 40))) for c in contexts]
-    pool: PagePool[int] = PagePool(num_pages=sum(-(-c // page) for c in contexts) + 1,
-                                   page_size=page)  # fmt: skip
+    num_pages = sum(-(-c // page) for c in contexts) + 1
+    pool: PagePool[int] = PagePool(num_pages=num_pages, page_size=page)
     pool = pool.hold(-1, 1)  # a request that leaves after the first round
     for held in range(page, max(contexts) + page, page):
         for request, context in enumerate(contexts):

@@ -20,9 +20,13 @@ Per layer, attention is two kernel calls:
     ``input_layout="BSH"`` with query ``[rows, 1, heads * head_dim]``, ``actual_seq_lengths``
     the *per-row* query lengths (all 1), no mask and ``sparse_mode=0``: with one query token
     the kernel takes its incremental (IncreFlashAttention) branch, which attends to the
-    row's whole context. This is the decode call of vllm-ascend's ``attention_v1.py``
-    (``_forward_decode_only``, the ``npu_fused_infer_attention_score`` branch) and the
-    paged-decode form in the torch_npu documentation of the op.
+    row's whole context (torch_npu's documentation of the op: a query whose S is 1 takes
+    that branch). This is the decode call of vllm-ascend's
+    ``vllm_ascend/attention/attention_v1.py`` (``_forward_decode_only``, its
+    ``npu_fused_infer_attention_score`` branch: query viewed ``[batch, 1, heads *
+    head_size]``, caches flattened to ``[blocks, block_size, kv_heads * head_size]``,
+    ``actual_seq_lengths=[1] * batch``); its mixed dispatches take the TND call above
+    (``_forward_v1_style``).
 
   The kernel takes pages of 128 to 512 slots in steps of 128 when a query row has more than
   one token (16 to 512 in steps of 16 for decode only); generation mixes both kinds of
