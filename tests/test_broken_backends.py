@@ -5,13 +5,17 @@ passes) with one deliberate bug, of the kinds real backends have shipped: index 
 that assumes contiguous pages, a host-embedding path that is ignored, a cache that is
 ignored or assumed zeroed, positions off by one, K/V written at the wrong slots, outputs in
 the wrong order, NaNs, a greedy id that is not the argmax, a wrong name, a missing output,
-inputs mutated in place. Every one must fail ``check_backend`` at its default settings, with
-a message that says what broke.
+inputs mutated in place, and decode rows mishandled (the cache ignored, K/V written at the
+wrong slot or into the wrong page when a new one is granted, decode rows assumed to come
+last, reused pages assumed to keep their K/V). Every one must fail ``check_backend`` at its
+default settings, with a message that says what broke; every decode bug must also fail its
+generation case alone.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -270,6 +274,110 @@ class MisnamedBackend(ToyBackend):  # type: ignore[misc]
     name: ClassVar[str] = "toy2"
 
 
+# -- decode rows ----------------------------------------------------------------------------
+# A decode row is a final one-token chunk at position context - 1, before the dispatch's
+# prefill chunks; a backend cannot tell it from a prefill's last one-token chunk, and these
+# bugs key on that shape, as real decode paths do.
+
+
+def decode_rows(batch: DispatchInput) -> npt.NDArray[np.bool_]:
+    """Per row: whether it has a decode row's shape (final, one token, past position 0)."""
+    arrays = batch.arrays
+    decode: npt.NDArray[np.bool_] = (
+        arrays.is_final & (arrays.query_lens == 1) & (arrays.token_starts > 0)
+    )
+    return decode
+
+
+class DecodeIgnoresTheCache(ToyBackend):  # type: ignore[misc]
+    """A decode path that attends to the new token alone, not to its context in the cache."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        decode = decode_rows(batch)[batch.arrays.is_final]  # among the final rows
+        if not decode.any():
+            return output  # type: ignore[no-any-return]
+        x = batch.input_embeddings
+        x = self.embed(batch.token_ids) if x is None else x
+        new = x[batch.arrays.logits_indices[decode]]
+        # Attention over one key gives its own value.
+        alone = (new + new @ self._wv @ self._wo) @ self._lm_head
+        logits = None if output.logits is None else np.array(output.logits)
+        greedy = None if output.greedy_token_ids is None else np.array(output.greedy_token_ids)
+        if logits is not None:
+            logits[decode] = alone
+        if greedy is not None:
+            greedy[decode] = alone.argmax(axis=1)
+        return DispatchOutput(logits=logits, greedy_token_ids=greedy)
+
+
+def decode_tokens(batch: DispatchInput) -> npt.NDArray[np.int64]:
+    """The flat indices of the decode rows' tokens."""
+    return batch.arrays.cu_seqlens[:-1][decode_rows(batch)].astype(np.int64)
+
+
+class DecodeWritesOneSlotLate(ToyBackend):  # type: ignore[misc]
+    """Writes a decode row's K/V at the slot after its own."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        slots = np.array(batch.arrays.slot_mapping)
+        tokens = decode_tokens(batch)
+        slots[tokens] = (slots[tokens] + 1) % cache.keys.shape[0]
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(batch, slot_mapping=slots), cache
+        )
+
+
+class DecodeWritesIntoThePreviousPage(ToyBackend):  # type: ignore[misc]
+    """Finds a decode row's page from the position before it (the last one cached): wrong
+    when the new token is the first of a page granted for it."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        arrays = batch.arrays
+        slots = np.array(arrays.slot_mapping)
+        size = arrays.page_size
+        for row in np.flatnonzero(decode_rows(batch)):
+            token = arrays.cu_seqlens[row]
+            position = int(arrays.positions[token])
+            page = arrays.block_tables[row, (position - 1) // size]
+            slots[token] = page * size + position % size
+        return super().run_dispatch(  # type: ignore[no-any-return]
+            with_arrays(batch, slot_mapping=slots), cache
+        )
+
+
+class DecodeRowsAssumedLast(ToyBackend):  # type: ignore[misc]
+    """Returns the prefill rows' outputs first, then the decode rows': it assumes a batch
+    lays out its prefill chunks before its decode rows."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        order = np.argsort(decode_rows(batch)[batch.arrays.is_final], kind="stable")
+        return DispatchOutput(
+            logits=None if output.logits is None else output.logits[order],
+            greedy_token_ids=None
+            if output.greedy_token_ids is None
+            else output.greedy_token_ids[order],
+        )
+
+
+class WritesEachSlotOnce(ToyBackend):  # type: ignore[misc]
+    """Keeps the first K/V written to a slot (a later write lasts only its dispatch), as a
+    cache that assumes a page keeps its owner would: wrong once pages freed by a finished
+    or preempted request are reused."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if not hasattr(cache, "written"):
+            cache.written = np.zeros(cache.keys.shape[0], dtype=bool)
+        slots = batch.arrays.slot_mapping
+        kept = slots[cache.written[slots]]
+        keys, values = cache.keys[kept].copy(), cache.values[kept].copy()
+        output = super().run_dispatch(batch, cache)
+        cache.keys[kept], cache.values[kept] = keys, values
+        cache.written[slots] = True
+        return output  # type: ignore[no-any-return]
+
+
 # -- the suite ------------------------------------------------------------------------------
 
 DIFFERS = (
@@ -277,6 +385,14 @@ DIFFERS = (
     r"column \d+"
 )
 GREEDY = r"greedy id \(vocabulary column\) \d+ of request \d+ at position \d+ is not an argmax"
+GENERATED = (
+    r"generation example \d+ .*, generated over \d+ dispatches .*: generated token \d+ of "
+    r"request \d+, \d+, from the logits at position \d+, is not an argmax of the one-shot "
+    r"logits of its context"
+)
+#: Decode bugs may show first in a prefill example's last one-token chunk, which has a
+#: decode row's shape.
+DECODE = rf"(?:{DIFFERS}|{GENERATED})"
 
 BROKEN: list[tuple[type[Any], str]] = [
     (ContiguousPages, rf"scattered block tables .*: (?:{DIFFERS}|{GREEDY})"),
@@ -302,6 +418,18 @@ BROKEN: list[tuple[type[Any], str]] = [
         r"malformed output for dispatch \d+ of \d+ .*: expected a DispatchOutput, got NoneType",
     ),
     (MutatesItsInputs, r"run_dispatch modified its input batch.token_ids"),
+    (DecodeIgnoresTheCache, DECODE),
+    (DecodeWritesOneSlotLate, DECODE),
+    (DecodeWritesIntoThePreviousPage, DECODE),
+    (DecodeRowsAssumedLast, DECODE),
+    (WritesEachSlotOnce, DECODE),
+]
+DECODE_BUGS = [
+    DecodeIgnoresTheCache,
+    DecodeWritesOneSlotLate,
+    DecodeWritesIntoThePreviousPage,
+    DecodeRowsAssumedLast,
+    WritesEachSlotOnce,
 ]
 
 
@@ -317,7 +445,15 @@ def test_every_planted_bug_is_caught_with_a_message_naming_it(
 ) -> None:
     with pytest.raises(AssertionError, match=message) as info:
         check_backend(broken())
-    assert "seed 0, example" in str(info.value)  # names the example to reproduce it
+    # Names the example to reproduce it.
+    assert re.search(r"seed 0, (?:generation )?example \d+", str(info.value))
+
+
+@pytest.mark.parametrize("broken", DECODE_BUGS, ids=[b.__name__ for b in DECODE_BUGS])
+def test_every_decode_bug_fails_the_generation_case_alone(broken: type[Any]) -> None:
+    with pytest.raises(AssertionError, match=GENERATED) as info:
+        check_backend(broken(), max_examples=0)
+    assert "seed 0, generation example" in str(info.value)
 
 
 def test_a_backend_declaring_another_name_than_its_registration_fails() -> None:

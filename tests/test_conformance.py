@@ -16,10 +16,19 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pypto_sched import DispatchInput, DispatchOutput, InvalidInputError, plan_one_shot
+from pypto_sched import (
+    DispatchInput,
+    DispatchOutput,
+    GenerationResult,
+    InvalidInputError,
+    generate,
+    plan_one_shot,
+)
 from pypto_sched.execute import execute_schedule
-from pypto_sched.testing import check_backend
+from pypto_sched.testing import _conformance, check_backend
 
 reference = pytest.importorskip("pypto_sched_reference")
 
@@ -163,6 +172,16 @@ def test_bad_page_sizes_are_rejected(page_sizes: Any) -> None:
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 
+def toy_backend() -> Any:
+    """The documented toy backend (docs/examples/toy_backend.py), a correct one."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from toy_backend import ToyBackend  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return ToyBackend()
+
+
 def test_a_broken_backend_fails_under_python_dash_o() -> None:
     # check_backend raises explicitly: `python -O` strips assert statements, not raises.
     code = (
@@ -244,7 +263,9 @@ def test_the_registered_name_must_be_the_declared_one() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_examples": 0}, "'max_examples' must be an int >= 1"),
+        ({"max_examples": -1}, "'max_examples' must be an int >= 0"),
+        ({"generation_examples": 1.5}, "'generation_examples' must be an int >= 0"),
+        ({"max_examples": 0, "generation_examples": 0}, "must not both be 0"),
         ({"name": 3}, "'name' must be a str or None"),
         ({"oracle": 3}, "'oracle' must be callable or None"),
         ({"oracle_tolerance": -1.0}, "'oracle_tolerance' must be a number >= 0"),
@@ -253,3 +274,90 @@ def test_the_registered_name_must_be_the_declared_one() -> None:
 def test_bad_options_are_rejected(options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         check_backend(Wrapped(), **options)
+
+
+# -- the generation case ----------------------------------------------------------------------
+
+
+def test_the_reference_backend_generates_the_tokens_of_one_shot_recomputation() -> None:
+    check_backend(Wrapped(), max_examples=0, generation_examples=12, seed=1)
+
+
+@pytest.fixture
+def generations(monkeypatch: pytest.MonkeyPatch) -> list[GenerationResult]:
+    """Every generation check_backend runs, as it runs it."""
+    results: list[GenerationResult] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> GenerationResult:
+        result = generate(*args, **kwargs)
+        results.append(result)
+        return result
+
+    monkeypatch.setattr(_conformance, "generate", recorded)
+    return results
+
+
+def test_the_default_generation_examples_preempt_mix_and_decode(
+    generations: list[GenerationResult],
+) -> None:
+    check_backend(Wrapped(), max_examples=1)
+    assert len(generations) == _conformance.DEFAULT_GENERATION_EXAMPLES
+    assert any(result.stats.num_preemptions > 0 for result in generations)
+    assert any(result.stats.num_mixed_dispatches > 0 for result in generations)
+    decoded = sum(s.token_ids.size - 1 for result in generations for s in result.sequences)
+    assert decoded >= 10  # tokens after the first come from decode rows
+
+
+class DecodeWritesTheFirstLayerOnly(Wrapped):
+    """In a dispatch of one-token rows only (a decode step), writes K/V for the first layer
+    and leaves the other layers' slots as they were."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if batch.arrays.num_tokens > batch.arrays.num_rows:
+            return super().run_dispatch(batch, cache)
+        slots = batch.arrays.slot_mapping
+        keys, values = cache.keys[1:, slots].copy(), cache.values[1:, slots].copy()
+        output = super().run_dispatch(batch, cache)
+        cache.keys[1:, slots], cache.values[1:, slots] = keys, values
+        return output
+
+
+def test_a_multi_layer_decode_bug_fails_the_generation_case() -> None:
+    with pytest.raises(
+        AssertionError,
+        match=r"generation example \d+ .*: generated token \d+ of request \d+, \d+, from "
+        r"the logits at position \d+, is not an argmax of the one-shot logits",
+    ):
+        check_backend(DecodeWritesTheFirstLayerOnly(), max_examples=0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_a_correct_backend_passes_the_generation_case_at_every_seed(seed: int) -> None:
+    check_backend(toy_backend(), max_examples=0, generation_examples=3, seed=seed)
+
+
+def test_a_decode_bug_fails_under_python_dash_o() -> None:
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(EXAMPLES)!r})\n"
+        "from toy_backend import ToyBackend\n"
+        "from pypto_sched.testing import check_backend\n"
+        "class Broken(ToyBackend):\n"
+        "    def run_dispatch(self, batch, cache):\n"
+        "        if batch.arrays.num_tokens == batch.arrays.num_rows:\n"
+        "            cache = self.new_cache(num_pages=cache.keys.shape[0], page_size=1)\n"
+        "        return super().run_dispatch(batch, cache)\n"
+        "assert False, 'asserts are on'\n"
+        "try:\n"
+        "    check_backend(Broken(), max_examples=0)\n"
+        "except AssertionError as error:\n"
+        "    print('caught:', error)\n"
+        "else:\n"
+        "    print('passed')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.startswith("caught: backend 'toy', seed 0, generation example")
+    assert "is not an argmax of the one-shot logits of its context" in result.stdout

@@ -26,7 +26,20 @@ and embedded -- the backend contract of :mod:`pypto_sched.backends`:
 * **inputs left alone**: the arrays a dispatch is handed are read-only by convention; a
   backend that changes them (after making them writeable) fails;
 * **metadata**: ``name`` (and, given ``name=``, that it is the name the backend was
-  registered under), ``tolerance``, ``vocab_size``, ``hidden_size`` and ``embed``'s shape.
+  registered under), ``tolerance``, ``vocab_size``, ``hidden_size`` and ``embed``'s shape;
+* **generation** (``generation_examples``): greedy :func:`~pypto_sched.generate` of a drawn
+  batch, under either policy, thresholds, row caps and page alignment, gives every request
+  the tokens of one-shot recomputation: its generated token ``k`` is a greedy id of the
+  one-shot prefill (one dispatch, the whole context, an empty cache) of its prompt and its
+  first ``k`` generated tokens, by the same verification rule. Each token is checked against
+  the context the backend itself generated, so a near-tie broken the other way (accepted by
+  the rule) does not derail the tokens after it. Decode rows -- final one-token chunks at
+  position ``context - 1``, placed before the dispatch's prefill chunks -- read their
+  context through the backend's cache; pages are granted mid-generation as contexts grow;
+  KV pools drawn from the smallest that holds one request to room for all force
+  preemption by recomputation (most such examples are drawn so that the plan preempts),
+  so pages freed by a preempted or finished request are reused. The pool's pages are
+  renamed to scattered pages of a larger cache whose every slot holds stale K/V.
 
 What it does not prove
 ======================
@@ -35,7 +48,8 @@ model consistently (a wrong RoPE base, a missing norm) passes. Give an ``oracle`
 function returning the last-token logits of whole prompts from an implementation you did
 not write (transformers, the reference backend) -- and every example's one-shot logits are
 also compared with it, which proves the model too, on those prompts. It also proves nothing
-about speed, memory, or decoding (no decode rows yet).
+about speed, memory, sampling (the generation case is greedy) or host embeddings in
+generation (the driver looks the ids up on the device).
 
 Examples are drawn from a seeded NumPy generator, so no Hypothesis is needed and a failure
 names the example (``seed`` and index) to reproduce it.
@@ -53,8 +67,11 @@ import numpy.typing as npt
 
 from .._config import POLICIES, PlannerConfig, Policy
 from .._errors import ExecutionError, InvalidConfigError, InvalidInputError
+from .._generate import GenerationResult, generate
+from .._generation import GenerationState, plan_generation_step
 from .._pages import BlockTables
 from .._policies import plan_one_shot, plan_prefill
+from .._validate import read_only
 from .._verify import compare_results
 from ..backends import Backend, DispatchInput, DispatchOutput
 from ..execute import ExecutionResult, execute_schedule, write_prefixes
@@ -63,9 +80,15 @@ __all__ = ["check_backend"]
 
 #: KV page sizes the examples draw from by default: one-token pages, odd and power-of-two sizes.
 DEFAULT_PAGE_SIZES = (1, 2, 3, 4, 8, 16)
+#: Generation examples run by default, after the prefill ones.
+DEFAULT_GENERATION_EXAMPLES = 6
 _MAX_REQUESTS = 4
 _MAX_PROMPT = 40
 _MAX_SPARE_PAGES = 3
+_MAX_GENERATION_PROMPT = 24
+_MAX_NEW_TOKENS = 6
+#: Pool sizes tried when looking for one whose plan preempts.
+_POOL_CANDIDATES = 8
 
 Prompt = npt.NDArray[np.int64]
 
@@ -96,10 +119,32 @@ class _Example:
         )
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class _GenerationExample:
+    """One drawn generation: prompts, how many tokens each generates, the planner config
+    and the KV pool."""
+
+    prompts: tuple[Prompt, ...]
+    max_new_tokens: tuple[int, ...]
+    config: PlannerConfig
+    page_size: int
+    num_pages: int
+    #: Preemptions the plan makes (it does not depend on the tokens: no stop tokens).
+    num_preemptions: int
+
+    def describe(self) -> str:
+        return (
+            f"prompt lengths {[prompt.size for prompt in self.prompts]}, max new tokens "
+            f"{list(self.max_new_tokens)}, {self.num_pages} KV pages of {self.page_size} "
+            f"({self.num_preemptions} preemptions planned), {self.config}"
+        )
+
+
 def check_backend(
     backend: Backend,
     *,
     max_examples: int = 20,
+    generation_examples: int = DEFAULT_GENERATION_EXAMPLES,
     seed: int = 0,
     page_sizes: Sequence[int] = DEFAULT_PAGE_SIZES,
     name: str | None = None,
@@ -108,9 +153,10 @@ def check_backend(
 ) -> None:
     """Check that ``backend`` keeps the :class:`~pypto_sched.backends.Backend` contract.
 
-    Runs ``max_examples`` generated examples drawn from ``seed``; each uses a KV page size
-    drawn from ``page_sizes`` (pass the sizes your kernels accept, e.g. ``(128, 256)`` for
-    Ascend's paged attention). ``name``, when given, is the name the backend was registered
+    Runs ``max_examples`` prefill examples, then ``generation_examples`` generation
+    examples, drawn from ``seed``; each uses a KV page size drawn from ``page_sizes`` (pass
+    the sizes your kernels accept, e.g. ``(128, 256)`` for Ascend's paged attention). Either
+    count may be 0, not both. ``name``, when given, is the name the backend was registered
     (or loaded) under, and must be the one it declares. ``oracle``, when given, returns the
     last-token logits of whole prompts from an implementation you trust; each example's
     one-shot logits must equal its within ``oracle_tolerance`` (default
@@ -118,13 +164,25 @@ def check_backend(
 
     Proves chunking invariance, cache discipline (scattered, permuted and reused pages,
     prefix hits), that the host-embedding path is honoured and agrees with the device one,
-    and the output contract; **not** model correctness unless an ``oracle`` is given (see
+    the output contract, and that greedy generation (decode rows mixed with prefill chunks,
+    pages granted as contexts grow, preemption by recomputation) gives the tokens of
+    one-shot recomputation; **not** model correctness unless an ``oracle`` is given (see
     the module docstring). Raises :class:`AssertionError` (explicitly, so it works under
     ``python -O``) naming the example, the request, the position and the vocabulary column
-    that differed; bad arguments raise :class:`~pypto_sched.InvalidInputError`.
+    that differed (in generation, the request, the generated token's index and the
+    position whose logits gave it); bad arguments raise
+    :class:`~pypto_sched.InvalidInputError`.
     """
-    if type(max_examples) is not int or max_examples < 1:
-        raise InvalidInputError(f"'max_examples' must be an int >= 1: {max_examples!r}")
+    for option, count in (
+        ("max_examples", max_examples),
+        ("generation_examples", generation_examples),
+    ):
+        if type(count) is not int or count < 0:
+            raise InvalidInputError(f"{option!r} must be an int >= 0: {count!r}")
+    if max_examples + generation_examples == 0:
+        raise InvalidInputError(
+            "'max_examples' and 'generation_examples' must not both be 0: nothing would be checked"
+        )
     sizes = tuple(page_sizes) if isinstance(page_sizes, Sequence) else ()
     if not sizes or any(type(size) is not int or size < 1 for size in sizes):
         raise InvalidInputError(
@@ -155,6 +213,23 @@ def check_backend(
             _check_example(watched, example, rng, where, greedy_only=index // 2 % 2 == 1)
             if oracle is not None:
                 _check_oracle(watched, example, oracle, float(tolerance), where)
+        except ExecutionError as error:
+            raise AssertionError(f"{where}: {error}") from error
+    for index in range(generation_examples):
+        generation = _draw_generation(
+            rng,
+            backend.vocab_size,
+            policy=POLICIES[index % len(POLICIES)],
+            # Two examples in three look for a pool whose plan preempts.
+            tight=index % 3 != 2,
+            page_sizes=sizes,
+        )
+        where = (
+            f"backend {backend.name!r}, seed {seed}, generation example {index} "
+            f"({generation.describe()})"
+        )
+        try:
+            _check_generation(watched, generation, rng, where)
         except ExecutionError as error:
             raise AssertionError(f"{where}: {error}") from error
 
@@ -254,6 +329,66 @@ def _scattered_tables(
     return BlockTables.from_lists(tables, page_size=page_size, num_pages=num_pages)
 
 
+def _draw_generation(
+    rng: np.random.Generator,
+    vocab_size: int,
+    *,
+    policy: Policy,
+    tight: bool,
+    page_sizes: tuple[int, ...],
+) -> _GenerationExample:
+    """A small batch to generate for, with a pool between the smallest that holds every
+    request alone and room for all; ``tight``: at least two requests that decode and, among
+    a few pool sizes, one whose plan preempts (if any does)."""
+    count = int(rng.integers(2 if tight else 1, _MAX_REQUESTS + 1))
+    lengths = rng.integers(1, _MAX_GENERATION_PROMPT + 1, size=count)
+    news = rng.integers(2 if tight else 1, _MAX_NEW_TOKENS + 1, size=count)
+    prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
+    page_size = int(rng.choice(page_sizes))
+    config = _draw_config(rng, policy, int(lengths.sum()), count, page_size)
+    # The last generated token is never cached: a request holds P + N - 1 tokens of KV.
+    needed = [-(-int(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True)]
+    smallest, room_for_all = max(needed), sum(needed)
+    spread = np.linspace(smallest, room_for_all, _POOL_CANDIDATES).astype(int)
+    candidates = np.unique(spread).tolist() if tight else []
+    plans = {n: _planned_preemptions(lengths, news, config, n, page_size) for n in candidates}
+    preempting = [size for size, preemptions in plans.items() if preemptions > 0]
+    if preempting:
+        num_pages = int(rng.choice(preempting))
+    else:
+        num_pages = int(rng.integers(smallest, room_for_all + 1))
+    if num_pages not in plans:
+        plans[num_pages] = _planned_preemptions(lengths, news, config, num_pages, page_size)
+    return _GenerationExample(
+        prompts=prompts,
+        max_new_tokens=tuple(int(m) for m in news),
+        config=config,
+        page_size=page_size,
+        num_pages=num_pages,
+        num_preemptions=plans[num_pages],
+    )
+
+
+def _planned_preemptions(
+    lengths: npt.NDArray[np.int64],
+    news: npt.NDArray[np.int64],
+    config: PlannerConfig,
+    num_pages: int,
+    page_size: int,
+) -> int:
+    """How often the generation's plan preempts: planning is pure and, without stop
+    tokens, independent of the tokens, so this is what :func:`generate` will do."""
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    preemptions = 0
+    while state:
+        step = plan_generation_step(state, config)
+        preemptions += len(step.preempted)
+        state = step.state
+    return preemptions
+
+
 # -- running and comparing ------------------------------------------------------------------
 
 
@@ -343,6 +478,65 @@ def _check_oracle(
         raise AssertionError(f"{where}, one-shot: {verification.first_problem()}")
 
 
+def _check_generation(
+    backend: Backend, example: _GenerationExample, rng: np.random.Generator, where: str
+) -> GenerationResult:
+    """Greedy generation through the backend's cache must give, token by token, the greedy
+    ids of one-shot prefills of the contexts it generated."""
+    result = generate(
+        cast(Backend, _ReusedPages(backend, rng)),
+        example.prompts,
+        config=example.config,
+        max_new_tokens=list(example.max_new_tokens),
+        num_pages=example.num_pages,
+        page_size=example.page_size,
+    )
+    # Row i of the one-shot run: request origins[i]'s context before its token origins[i].
+    contexts: list[Prompt] = []
+    origins: list[tuple[int, int]] = []
+    for request, (prompt, sequence) in enumerate(
+        zip(example.prompts, result.sequences, strict=True)
+    ):
+        for k in range(sequence.token_ids.size):
+            contexts.append(np.concatenate([prompt, sequence.token_ids[:k]]))
+            origins.append((request, k))
+    lengths = [context.size for context in contexts]
+    one_shot = execute_schedule(
+        plan_one_shot(lengths),
+        backend,
+        contexts,
+        page_size=example.page_size,
+        return_logits=True,
+        return_greedy=True,
+    )
+    generated = np.concatenate([sequence.token_ids for sequence in result.sequences])
+    as_run = ExecutionResult(
+        logits=None,
+        greedy_token_ids=read_only(generated.astype(np.int64)),
+        block_tables=one_shot.block_tables,
+        cache=None,
+    )
+    verification = compare_results(
+        as_run, one_shot, tolerance=backend.tolerance, prompt_lengths=lengths
+    )
+    agrees = verification.greedy_agrees
+    if agrees is not None and not agrees.all():
+        row = int(np.flatnonzero(~agrees)[0])
+        request, k = origins[row]
+        logits = cast(npt.NDArray[np.floating[Any]], one_shot.logits)[row]
+        token, best = int(generated[row]), int(np.argmax(logits))
+        stats = result.stats
+        raise AssertionError(
+            f"{where}, generated over {stats.num_dispatches} dispatches "
+            f"({stats.num_mixed_dispatches} mixed, {stats.num_preemptions} preemptions): "
+            f"generated token {k} of request {request}, {token}, from the logits at position "
+            f"{lengths[row] - 1}, is not an argmax of the one-shot logits of its context "
+            f"within {2 * backend.tolerance:g}: one-shot gives {best}, "
+            f"{float(logits[best] - logits[token]):.3g} higher"
+        )
+    return result
+
+
 def _tables(tables: BlockTables) -> str:
     return str([tables.table(r).tolist() for r in range(tables.num_requests)])
 
@@ -389,6 +583,62 @@ class _Watched:
                     f"read-only, copy one to change it"
                 )
         return output
+
+
+class _RenamedCache:
+    """A backend's cache and where each page of the driver's pool lives in it."""
+
+    def __init__(self, cache: Any, pages: npt.NDArray[np.int64]) -> None:
+        self.cache = cache
+        self.pages = pages
+
+
+class _ReusedPages:
+    """``backend`` under :func:`generate`: the pool's pages renamed to scattered pages of a
+    larger cache (spare pages included) whose every slot holds stale K/V, so that decode
+    rows and pages granted mid-generation are neither contiguous, ascending nor fresh."""
+
+    def __init__(self, backend: Backend, rng: np.random.Generator) -> None:
+        self._backend = backend
+        self._rng = rng
+
+    @property
+    def name(self) -> str:
+        return self._backend.name
+
+    @property
+    def tolerance(self) -> float:
+        return self._backend.tolerance
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._backend.hidden_size
+
+    def new_cache(self, *, num_pages: int, page_size: int) -> _RenamedCache:
+        total = num_pages + int(self._rng.integers(0, _MAX_SPARE_PAGES + 1))
+        cache = _stale_cache(self._backend, self._rng, total, page_size)
+        return _RenamedCache(cache, self._rng.permutation(total)[:num_pages].astype(np.int64))
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
+        return self._backend.embed(token_ids)
+
+    def run_dispatch(self, batch: DispatchInput, cache: _RenamedCache) -> DispatchOutput:
+        arrays = batch.arrays
+        size, pages = arrays.page_size, cache.pages
+        tables = arrays.block_tables
+        slots = arrays.slot_mapping
+        renamed = attrs.evolve(
+            arrays,
+            block_tables=read_only(
+                np.where(tables >= 0, pages[np.maximum(tables, 0)], -1).astype(np.int32)
+            ),
+            slot_mapping=read_only(pages[slots // size] * size + slots % size),
+        )
+        return self._backend.run_dispatch(attrs.evolve(batch, arrays=renamed), cache.cache)
 
 
 def _inputs(batch: DispatchInput) -> dict[str, npt.NDArray[Any]]:
