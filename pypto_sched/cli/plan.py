@@ -20,6 +20,7 @@ from ._options import (
     add_format_option,
     add_workload_options,
 )
+from ._replicas import add_replica_options, check_replicas, partition_summary, partition_table
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -34,6 +35,11 @@ EXAMPLES: list[Example] = [
         f"plan {SEED} \\\n      --policy packed --max-num-seqs 16",
     ),
     ("the schedule itself, as JSON", f"plan {SEED} --format json"),
+    (
+        "how a long-tailed batch splits over 4 replicas, by tokens",
+        "plan --workload lognormal --num-requests 64 \\\n"
+        "      --max-num-batched-tokens 8192 --replicas 4",
+    ),
 ]
 
 
@@ -48,18 +54,30 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     add_workload_options(parser)
     add_config_options(parser)
+    add_replica_options(parser, runs=False)
     add_format_option(
         parser,
-        'text: a readable summary; json: the schedule in its JSON format with a "summary" key',
+        'text: a readable summary; json: the schedule in its JSON format with a "summary" key '
+        '(and a "partition" key with --replicas)',
     )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     schedule, _ = plan(args)
+    num_replicas = check_replicas(args)
+    partition = (
+        None
+        if num_replicas is None
+        else partition_summary(
+            schedule.prompt_lengths, schedule.num_computed_tokens, num_replicas, schedule.config
+        )
+    )
     if args.format == "json":
         data = schedule.to_dict()
         data["summary"] = schedule.stats.to_dict()
+        if partition is not None:
+            data["partition"] = partition
         _render.print_json(data)
         return EXIT_OK
     stats = schedule.stats
@@ -68,6 +86,8 @@ def handle(args: argparse.Namespace) -> int:
         f"{stats.num_tokens:,} tokens to prefill"
     )
     _render.emit(heading, _summary_grid(schedule), "", *_finish_table(schedule))
+    if partition is not None:
+        _render.emit("", *partition_table(partition))
     return EXIT_OK
 
 

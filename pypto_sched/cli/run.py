@@ -21,7 +21,7 @@ from .._errors import PyptoSchedError
 from .._verify import Verification, verify_against_one_shot
 from ..backends import Backend, load_backend
 from ..execute import execute_schedule
-from . import _progress, _render
+from . import _progress, _render, _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError
 from ._inputs import plan
 from ._options import (
@@ -52,6 +52,11 @@ EXAMPLES: list[Example] = [
         "run --backend reference --backend-option num_hidden_layers=1 \\\n"
         "      --lengths 300x4 --max-num-batched-tokens 512 --policy packed --verify \\\n"
         "      --format json",
+    ),
+    (
+        "the same batch split by tokens over 2 Ray actors (a local Ray instance)",
+        "run --backend reference --lengths 300x4 \\\n"
+        "      --max-num-batched-tokens 512 --policy packed --replicas 2",
     ),
 ]
 
@@ -94,7 +99,12 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         metavar="N",
         help="KV cache page size (default: --page-size if set, else 16)",
     )
-    parser.add_argument("--verify", action="store_true", help="compare with one-shot prefill")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare with one-shot prefill (on one device: not with --replicas)",
+    )
+    _replicas.add_replica_options(parser, runs=True)
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -116,6 +126,11 @@ def handle(args: argparse.Namespace) -> int:
     seed = 0 if args.seed is None else args.seed
     if seed < 0:
         raise UsageError(f"--seed: must be >= 0: {seed}")
+    num_replicas = _replicas.check_replicas(args)
+    if num_replicas is not None:
+        if args.verify:
+            raise UsageError("--verify runs on one device: leave out --replicas")
+        return _run_on_replicas(args, schedule, source, seed, num_replicas)
     backend = _load(args)
     prompts = _token_ids(schedule, backend.vocab_size, seed)
     progress = _progress.bar(args)
@@ -157,6 +172,48 @@ def handle(args: argparse.Namespace) -> int:
         _render.emit(*_summary_table(summary, verification))
     if verification is not None and not verification.passed:
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def _run_on_replicas(
+    args: argparse.Namespace, schedule: Schedule, source: str, seed: int, num_replicas: int
+) -> int:
+    """Prefill the same prompts on ``num_replicas`` Ray actors, the batch split by tokens."""
+    options = backend_options(args.backend_option)
+    progress = _replicas.progress_bar(args)
+    with _replicas.replicas(args, args.backend, options, num_replicas) as pool:
+        prompts = _token_ids(schedule, pool.vocab_size, seed)
+        with progress("prefill") as on_progress:
+            result = pool.prefill(
+                prompts,
+                config=schedule.config,
+                page_size=args.kv_page_size,
+                on_progress=on_progress,
+            )
+    seconds = result.wall_seconds
+    summary: dict[str, Any] = {
+        "backend": args.backend,
+        "source": source,
+        "config": schedule.config.to_dict(),
+        "num_requests": schedule.num_requests,
+        "num_tokens": schedule.num_tokens,
+        "num_dispatches": sum(result.num_dispatches),
+        "seconds": seconds,
+        "tokens_per_second": schedule.num_tokens / seconds if seconds > 0 else None,
+        "greedy_token_ids": _ints(result.greedy_token_ids),
+        "verify": None,
+        "replicas": {
+            "num_replicas": num_replicas,
+            "tokens": [int(load) for load in result.partition.loads],
+            "num_dispatches": list(result.num_dispatches),
+            "imbalance": result.partition.imbalance,
+            "num_restarts": result.num_restarts,
+        },
+    }
+    if args.format == "json":
+        _render.print_json(summary)
+        return EXIT_OK
+    _render.emit(*_summary_table(summary, None))
     return EXIT_OK
 
 
@@ -217,6 +274,8 @@ def _summary_table(
     greedy = summary["greedy_token_ids"] or []
     more = f" ... ({len(greedy):,} in all)" if len(greedy) > 8 else ""
     table.add_row("greedy next tokens", " ".join(str(t) for t in greedy[:8]) + more)
+    if summary.get("replicas") is not None:
+        table.add_row("replicas", _replicas.describe(summary["replicas"]))
     if verification is not None:
         seconds = summary["verify"]["one_shot_seconds"]
         table.add_row("verify", f"{verification.describe()}; one-shot run {seconds:.2f} s")

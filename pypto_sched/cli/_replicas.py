@@ -1,0 +1,211 @@
+"""``--replicas N``: the partition of a batch (``plan``, no Ray needed) and running it on Ray
+replicas (``run``, ``generate``), with one progress bar over all of them.
+
+Everything but the options and the output is the library's:
+:func:`~pypto_sched.partition_requests` and :mod:`pypto_sched.integrations.ray`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._config import PlannerConfig
+from .._partition import partition_requests
+from .._policies import plan_prefill
+from . import _render
+from ._errors import CommandFailed, UsageError
+from ._render import console
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from ..integrations.ray import BatchProgress, RayReplicas
+
+__all__ = [
+    "add_replica_options",
+    "check_replicas",
+    "describe",
+    "partition_summary",
+    "partition_table",
+    "progress_bar",
+    "replicas",
+]
+
+
+def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
+    """``--replicas`` (and, for commands that run, ``--ray-address``)."""
+    group = parser.add_argument_group("replicas")
+    if runs:
+        group.add_argument(
+            "--replicas",
+            type=int,
+            metavar="N",
+            help="split the batch by tokens (longest first) over N Ray actors, one backend "
+            "each; starts a local Ray instance unless --ray-address is given (needs "
+            "'pypto-sched[ray]')",
+        )
+        group.add_argument(
+            "--ray-address",
+            metavar="ADDRESS",
+            help="with --replicas: join this Ray cluster ('auto': the one this machine is in)",
+        )
+    else:
+        group.add_argument(
+            "--replicas",
+            type=int,
+            metavar="N",
+            help="also show how the batch splits over N replicas, by tokens, longest first "
+            "(nothing runs; no Ray needed)",
+        )
+
+
+def check_replicas(args: argparse.Namespace) -> int | None:
+    """``--replicas`` as given (``None`` when left out); a usage error when below 1 or when
+    ``--ray-address`` comes without it."""
+    count: int | None = args.replicas
+    if count is not None and count < 1:
+        raise UsageError(f"--replicas: must be >= 1: {count}")
+    if count is None and getattr(args, "ray_address", None) is not None:
+        raise UsageError("--ray-address: only with --replicas")
+    return count
+
+
+# -- plan --replicas ------------------------------------------------------------------------
+
+
+def partition_summary(
+    lengths: npt.NDArray[np.int64],
+    computed: npt.NDArray[np.int64],
+    num_replicas: int,
+    config: PlannerConfig,
+) -> dict[str, Any]:
+    """The partition of a prefill batch as ``plan --replicas`` reports it (JSON-ready)."""
+    partition = partition_requests(lengths, num_replicas, num_computed_tokens=computed)
+    dispatches = [
+        plan_prefill(lengths[part], config, num_computed_tokens=computed[part]).num_dispatches
+        if part.size
+        else 0
+        for part in partition.parts
+    ]
+    return {
+        "num_replicas": num_replicas,
+        "makespan": partition.makespan,
+        "lower_bound": partition.lower_bound,
+        "imbalance": partition.imbalance,
+        "replicas": [
+            {"requests": part.tolist(), "tokens": int(load), "dispatches": count}
+            for part, load, count in zip(partition.parts, partition.loads, dispatches, strict=True)
+        ],
+    }
+
+
+def partition_table(summary: Mapping[str, Any]) -> list[RenderableType]:
+    """The partition as a table: per replica, its requests, tokens and dispatches."""
+    heading = (
+        f"{summary['num_replicas']:,} replicas, longest first by tokens: makespan "
+        f"{summary['makespan']:,} tokens, lower bound {summary['lower_bound']:,} "
+        f"({summary['imbalance']:.2f}x)"
+    )
+    table = _render.table("replica", "requests", "tokens", "dispatches", "first requests")
+    for i, replica in enumerate(summary["replicas"]):
+        requests = replica["requests"]
+        more = " ..." if len(requests) > 6 else ""
+        table.add_row(
+            f"{i:,}",
+            f"{len(requests):,}",
+            f"{replica['tokens']:,}",
+            f"{replica['dispatches']:,}",
+            " ".join(str(r) for r in requests[:6]) + more,
+        )
+    return [heading, table]
+
+
+# -- run --replicas / generate --replicas ------------------------------------------------------
+
+
+@contextmanager
+def replicas(
+    args: argparse.Namespace, backend: str, options: Mapping[str, Any], count: int
+) -> Iterator[RayReplicas]:
+    """Ray replicas of ``backend`` for the command: joins ``--ray-address``, else the running
+    local instance, else starts one and stops it at the end."""
+    try:
+        from ..integrations.ray import RayReplicas, ray_session
+    except ImportError as error:
+        raise CommandFailed(
+            f"--replicas needs Ray: pip install 'pypto-sched[ray]' ({error})"
+        ) from None
+    # Ray's own start-up lines (INFO, a note on token authentication) stay off stderr.
+    init = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+    with (
+        ray_session(args.ray_address, **init),
+        RayReplicas(backend, num_replicas=count, options=options) as pool,
+    ):
+        yield pool
+
+
+def progress_bar(
+    args: argparse.Namespace,
+) -> Callable[[str], Any]:
+    """``progress(label)``: a context whose value is an ``on_progress`` callback, drawn as
+    ``--progress`` asks (the rule of :func:`pypto_sched.cli._progress.bar`)."""
+    if args.progress is None:
+        show = sys.stderr.isatty() and args.format == "text"
+    else:
+        show = bool(args.progress)
+    if not show:
+        return _hidden
+    return lambda label: _shown(label, forced=args.progress is not None)
+
+
+@contextmanager
+def _hidden(_label: str) -> Iterator[Callable[[BatchProgress], None]]:
+    yield lambda _progress: None
+
+
+@contextmanager
+def _shown(label: str, *, forced: bool) -> Iterator[Callable[[BatchProgress], None]]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = console(stderr=True)
+    if forced:
+        err = type(err)(file=sys.stderr, force_terminal=True, width=err.width, markup=False)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(label, total=None, status="starting")
+
+        def update(done: BatchProgress) -> None:
+            status = (
+                f"{done.num_requests_done:,}/{done.num_requests:,} requests, "
+                f"{done.num_tokens_done:,}/{done.num_tokens:,} tokens, "
+                f"{len(done.replicas)} replicas (spread {done.spread:.0%})"
+            )
+            progress.update(
+                task, completed=done.num_tokens_done, total=done.num_tokens, status=status
+            )
+
+        yield update
+
+
+def describe(replicas: Mapping[str, Any]) -> str:
+    """One line on how the batch was split (a summary's ``"replicas"``)."""
+    loads = ", ".join(f"{load:,}" for load in replicas["tokens"])
+    restarts = replicas["num_restarts"]
+    replaced = f"; {restarts} actors replaced" if restarts else ""
+    return (
+        f"{replicas['num_replicas']} (tokens {loads}; {replicas['imbalance']:.2f}x the lower "
+        f"bound{replaced})"
+    )

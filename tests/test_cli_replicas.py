@@ -1,0 +1,93 @@
+"""``--replicas``: ``plan`` shows the partition of ``partition_requests`` without Ray;
+``run`` gives the greedy tokens of a one-device run on two Ray actors; bad combinations are
+usage errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pypto_sched import PlannerConfig, partition_requests, plan_prefill
+from pypto_sched.cli import EXIT_OK, EXIT_USAGE, main
+
+LONG_TAILED = [
+    "--workload",
+    "lognormal",
+    "--num-requests",
+    "40",
+    "--max-num-batched-tokens",
+    "2048",
+]
+RUN = ["run", "--backend", "reference", "--lengths", "300x4,50,700,9",
+       "--max-num-batched-tokens", "512", "--policy", "packed"]  # fmt: skip
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    status = main([*argv, "--format", "json"])
+    out, err = capsys.readouterr()
+    assert (status, err) == (EXIT_OK, "")
+    return json.loads(out)
+
+
+def test_plan_replicas_shows_partition_requests_and_each_parts_dispatches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_json(capsys, "plan", *LONG_TAILED, "--replicas", "3")
+    lengths = np.array(data["prompt_lengths"])
+    partition = partition_requests(lengths, 3)
+    shown = data["partition"]
+    assert [r["requests"] for r in shown["replicas"]] == [p.tolist() for p in partition.parts]
+    assert [r["tokens"] for r in shown["replicas"]] == partition.loads.tolist()
+    assert (shown["makespan"], shown["lower_bound"]) == (
+        partition.makespan,
+        partition.lower_bound,
+    )
+    config = PlannerConfig(max_num_batched_tokens=2048)
+    assert [r["dispatches"] for r in shown["replicas"]] == [
+        plan_prefill(lengths[p], config).num_dispatches for p in partition.parts
+    ]
+
+
+def test_plan_replicas_text_names_the_balance(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *LONG_TAILED, "--replicas", "4"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "4 replicas, longest first by tokens: makespan" in out
+    assert out.count("\n") > 4
+
+
+def test_plan_without_replicas_has_no_partition(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "partition" not in run_json(capsys, "plan", *LONG_TAILED)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", *LONG_TAILED, "--replicas", "0"], "--replicas: must be >= 1: 0"),
+        ([*RUN, "--replicas", "2", "--verify"], "--verify runs on one device"),
+        ([*RUN, "--ray-address", "auto"], "--ray-address: only with --replicas"),
+    ],
+)
+def test_bad_replica_options_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra")
+def test_run_on_two_replicas_gives_the_one_device_greedy_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    one = run_json(capsys, *RUN)
+    two = run_json(capsys, *RUN, "--replicas", "2")
+    assert two["greedy_token_ids"] == one["greedy_token_ids"]
+    assert two["replicas"]["num_replicas"] == 2
+    assert sum(two["replicas"]["tokens"]) == one["num_tokens"]
+    assert all(two["replicas"]["num_dispatches"])
