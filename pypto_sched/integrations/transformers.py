@@ -254,9 +254,10 @@ class PyptoScheduler(Scheduler):
             if (planned.prompt_length, planned.num_computed_tokens) != _progress(server):
                 state = state.remove(request_id)
                 front.append(server)
+        changed = {server.request_id for server in front}
         back: list[RequestState] = []
         for server in self._prefilling_requests():
-            if server.request_id not in state and server not in front:
+            if server.request_id not in state and server.request_id not in changed:
                 (front if server.is_cpu_offloaded else back).append(server)
         for server in reversed(front):  # each goes ahead of the one after it
             length, computed = _progress(server)
