@@ -1,4 +1,5 @@
-"""A batch of generation requests read from JSON Lines, and the tokenizer that reads text.
+"""A batch of generation requests read from JSON Lines, the tokenizer that reads text, and
+the JSON Lines of what was generated.
 
 The format, one request per line (blank lines are skipped)::
 
@@ -15,7 +16,8 @@ silently ignored.
 bounded) and checks what a backend would otherwise fail on mid-run: token ids inside the
 vocabulary, and a request that fits the model's positions. Every error is an
 :class:`~pypto_sched.InvalidInputError` naming the line. This module is what a server
-reading the same format would call; the command line ``pypto-sched generate`` does only that.
+reading the same format would call; the command line ``pypto-sched generate`` does only that,
+and writes :func:`output_lines`.
 
 :func:`load_tokenizer` reads a checkpoint directory's ``tokenizer.json`` with the
 ``tokenizers`` library (``pip install 'pypto-sched[tokenizer]'``), imported only then;
@@ -25,15 +27,19 @@ transformers reads them (``generation_config.json``, else ``config.json``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from ._errors import InvalidInputError, PyptoSchedError
 from ._json import load_json
 from ._validate import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from ._generate import GenerationResult
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -44,6 +50,7 @@ __all__ = [
     "Tokenizer",
     "eos_token_ids",
     "load_tokenizer",
+    "output_lines",
     "read_prompts",
 ]
 
@@ -202,6 +209,22 @@ def read_prompts(
     if not requests:
         raise InvalidInputError(f"{what} holds no request: one JSON object per line expected")
     return tuple(requests)
+
+
+def output_lines(result: GenerationResult, *, tokenizer: TextCodec | None = None) -> Iterator[str]:
+    """The output format, one JSON line per request in input order (without newlines):
+    ``{"index", "token_ids" (the generated ids), "finish_reason"}``, and ``"text"`` (the
+    generated ids decoded) with a ``tokenizer``."""
+    for index, sequence in enumerate(result.sequences):
+        ids = sequence.token_ids.tolist()
+        line: dict[str, Any] = {
+            "index": index,
+            "token_ids": ids,
+            "finish_reason": sequence.finish_reason,
+        }
+        if tokenizer is not None:
+            line["text"] = tokenizer.decode(ids)
+        yield json.dumps(line, ensure_ascii=False)
 
 
 def _request(

@@ -11,13 +11,12 @@ whole execution is the one call in :func:`execute`, so that another way of runni
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING
 
 from .._config import PlannerConfig
 from .._errors import InvalidConfigError
@@ -36,6 +35,7 @@ from ..prompts import (
     Tokenizer,
     eos_token_ids,
     load_tokenizer,
+    output_lines,
     read_prompts,
 )
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError
@@ -190,11 +190,11 @@ def handle(args: argparse.Namespace) -> int:
             page_size=page_size,
             on_step=on_step,
         )
-    _write(args.output, _lines(result, tokenizer))
+    _write(args.output, "".join(f"{line}\n" for line in output_lines(result, tokenizer=tokenizer)))
     verification = None
     if args.verify:
         verification = verify_greedy_generation(
-            str(_checkpoint(args)),
+            str(checkpoint),
             [r.token_ids for r in requests],
             [s.token_ids.tolist() for s in result.sequences],
             max_new_tokens=[r.max_new_tokens for r in requests],
@@ -272,33 +272,14 @@ def _tokenizer(args: argparse.Namespace) -> Tokenizer | None:
         raise UsageError(str(error)) from None
 
 
-def _lines(result: GenerationResult, tokenizer: Tokenizer | None) -> Iterator[str]:
-    for index, sequence in enumerate(result.sequences):
-        ids = sequence.token_ids.tolist()
-        line: dict[str, Any] = {
-            "index": index,
-            "token_ids": ids,
-            "finish_reason": sequence.finish_reason,
-        }
-        if tokenizer is not None:
-            line["text"] = tokenizer.decode(ids)
-        yield json.dumps(line, ensure_ascii=False)
-
-
-def _write(path: str | None, lines: Iterator[str]) -> None:
+def _write(path: str | None, text: str) -> None:
     if path is None:
-        _write_to(sys.stdout, lines)
+        sys.stdout.write(text)
         return
     try:
-        with Path(path).open("w", encoding="utf-8") as stream:
-            _write_to(stream, lines)
+        Path(path).write_text(text, encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--output: cannot write {path!r}: {error.strerror or error}") from None
-
-
-def _write_to(stream: TextIO, lines: Iterator[str]) -> None:
-    for line in lines:
-        stream.write(line + "\n")
 
 
 @contextmanager
