@@ -24,7 +24,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pypto_sched import GenerationResult, PlannerConfig, SamplingParams, generate
+from pypto_sched import (
+    GenerationResult,
+    InvalidInputError,
+    PlannerConfig,
+    SamplingParams,
+    generate,
+)
 
 pytest.importorskip("torch", reason="the npu backend runs on torch")
 
@@ -244,3 +250,31 @@ def test_the_checkpoints_cover_the_shapes_the_issue_names(backends: Backends) ->
     ratios = {c.num_attention_heads // c.num_key_value_heads for c in configs.values()}
     assert len(ratios) >= 2
     assert any(c.head_dim != c.hidden_size // c.num_attention_heads for c in configs.values())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_generation_runs_the_npu_kernels_in_their_dtype(
+    dtype: str,
+    backends: Backends,
+    prompts: list[npt.NDArray[np.int64]],
+    expected: dict[str, list[list[int]]],
+    fake_npu_module: ModuleType,
+) -> None:
+    """The fake asserts the kernels' dtypes on every call; the tokens stay close to float32's
+    (half precision may part at a near-tie, so only the first tokens are compared)."""
+    fake_npu_module.reset_calls()
+    result = _generate(backends("tied_varied", ops="npu", dtype=dtype), prompts, RUNS[3])
+    assert fake_npu_module.LAYOUTS["BSH"] > 0
+    assert fake_npu_module.LAYOUTS["TND"] > 0
+    assert all(s.token_ids.shape == (NEW_TOKENS,) for s in result.sequences)
+    first = [int(s.token_ids[0]) for s in result.sequences]
+    agree = sum(a == b[0] for a, b in zip(first, expected["tied_varied"], strict=True))
+    assert agree >= len(prompts) - 1
+
+
+def test_the_npu_kernels_refuse_the_default_page_size_with_the_reason(
+    backends: Backends, prompts: list[npt.NDArray[np.int64]]
+) -> None:
+    backend = backends("tied_varied", ops="npu")
+    with pytest.raises(InvalidInputError, match=r"multiple of 128 in \[128, 512\].*: 16"):
+        generate(backend, prompts, config=RUNS[0][1], max_new_tokens=2)
