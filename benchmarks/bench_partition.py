@@ -2,6 +2,7 @@
 
     python benchmarks/bench_partition.py            # 2 to 16 replicas, 20 seeds
     python benchmarks/bench_partition.py --seeds 5
+    python benchmarks/bench_partition.py --ray      # also: a generation job on 1 and 2 actors
 
 The splits, side by side on the same long-tailed batches (lognormal prompt lengths, mean about
 1,000 tokens, tail cut at 32k, as seen in offline batch jobs):
@@ -16,6 +17,10 @@ two ways: in tokens (``Partition.lower_bound``) and in dispatches, planning each
 with ``packed`` (budget 8,192, threshold 2,048, 256 rows) against the dispatch lower bound of
 the whole batch over ``N``. It also times ``partition_requests`` against a plain heap loop on
 a million prompts into 16 parts (best of 3, CPU time; a ratio, not an absolute claim).
+
+With ``--ray`` (needs ``pypto-sched[ray]``) it also times a generation job (long-tailed
+prompts, greedy, the reference backend's tiny model) on 2 local Ray actors against 1, actors
+started beforehand, and prints the ratio and whether the tokens are the same.
 
 Targets (asserted here, never in the test suite): longest-first within 1% of the token bound
 on every draw, and no worse than either count-based split on any draw.
@@ -100,9 +105,33 @@ def best_cpu_seconds(run: Callable[[], object], repeats: int = 3) -> float:
     return best
 
 
+def ray_generation(num_requests: int = 48, max_new_tokens: int = 48) -> None:
+    """Wall time of one generation job on 1 and on 2 local Ray actors (best of 3 each)."""
+    from pypto_sched.integrations.ray import RayReplicas, ray_session
+
+    lengths = np.minimum(long_tailed(1, num_requests) // 8, 1024)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 64, size=int(n)) for n in lengths]  # the tiny model's vocab
+    config = PlannerConfig(max_num_batched_tokens=512, policy="packed", max_num_seqs=64)
+    seconds, tokens = {}, {}
+    with ray_session(num_cpus=2, include_dashboard=False, logging_level="ERROR"):
+        for n in (1, 2):
+            with RayReplicas("reference", num_replicas=n) as pool:
+                runs = [pool.generate(prompts, config=config, max_new_tokens=max_new_tokens)
+                        for _ in range(3)]  # fmt: skip
+            seconds[n] = min(run.wall_seconds for run in runs)
+            tokens[n] = [s.token_ids.tolist() for s in runs[0].sequences]
+            print(f"{n} actor(s): {seconds[n]:.2f} s for {num_requests} prompts "
+                  f"({int(lengths.sum()):,} tokens) + {max_new_tokens} new tokens each, "
+                  f"balance {runs[0].partition.imbalance:.3f}x")  # fmt: skip
+    print(f"2 actors vs 1: {seconds[1] / seconds[2]:.2f}x faster; same tokens: "
+          f"{tokens[1] == tokens[2]}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--ray", action="store_true", help="also time generation on Ray")
     args = parser.parse_args()
     failures = []
     print(f"{REQUESTS} long-tailed prompts, {args.seeds} seeds: makespan / lower bound")
@@ -127,6 +156,8 @@ def main() -> None:
     loop_s = best_cpu_seconds(lambda: heap_loop(lengths.tolist(), 16))
     print(f"1,000,000 prompts into 16 parts: partition_requests is {loop_s / ours_s:.1f}x "
           f"the plain heap loop (same assignment)")  # fmt: skip
+    if args.ray:
+        ray_generation()
     if failures:
         raise SystemExit("targets missed:\n" + "\n".join(failures))
     print("targets met")
