@@ -168,6 +168,36 @@ def check_batches(
             assert all(row.is_final and row.start == 0 for row in prefill_rows), batch
 
 
+def check_prefills(
+    batches: Sequence[ScheduledBatch], prompts: Sequence[Sequence[int]], config: PlannerConfig
+) -> None:
+    """With a cache that holds every request at once (nothing is offloaded): each prompt's
+    chunks tile it, from where the prefix cache left off to its end, the last one final;
+    and ``packed`` never has more than ``max_num_partial_prefills`` prompts part-way."""
+    position: dict[str, int] = {}
+    done: set[str] = set()
+    for batch in batches:
+        for row in batch.rows:
+            if not row.is_prefill:
+                assert row.request_id in done, f"a decode before the prefill ended: {row}"
+                continue
+            assert row.request_id not in done, f"a chunk after the final one: {row}"
+            assert position.setdefault(row.request_id, row.start) == row.start, row
+            position[row.request_id] = row.end
+            length = len(prompts[int(row.request_id.rsplit("_", 1)[1])])
+            assert row.is_final == (row.end == length), row
+            if row.is_final:
+                done.add(row.request_id)
+        partial = len(set(position) - done)
+        if config.max_num_partial_prefills is not None:
+            assert partial <= config.max_num_partial_prefills, batch
+    assert len(done) == len(prompts), "a prompt was not prefilled"
+
+
+def blocks_needed(prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
+    return sum(-(-(len(prompt) + new_tokens) // PAGE) for prompt in prompts)
+
+
 def random_prompts(seed: int, lengths: Sequence[int]) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
@@ -316,6 +346,10 @@ def test_generate_batch_returns_the_tokens_of_fifo_and_generate(
     assert ours == expected
     assert fifo == expected
     check_batches(batches, config, max_batch_tokens=max_batch_tokens, max_rows=max_requests)
+    if blocks_needed(prompts, new_tokens) <= num_blocks:
+        check_prefills(batches, prompts, config)
+    else:  # the case this row is here for
+        assert blocks_needed(prompts, new_tokens) > 2 * num_blocks
 
 
 @st.composite
@@ -362,6 +396,8 @@ def test_generated_workloads_give_the_tokens_of_generate_within_the_config(
     ours = run_batch(model, prompts, new_tokens, "pypto_sched", server)
     assert ours == [reference(prompt, new_tokens) for prompt in prompts]
     check_batches(batches, config, max_batch_tokens=workload["max_batch_tokens"])
+    if blocks_needed(prompts, new_tokens) <= workload["num_blocks"]:
+        check_prefills(batches, prompts, config)
 
 
 def test_shared_prefixes_hit_the_server_prefix_cache_and_keep_the_tokens(
@@ -380,6 +416,7 @@ def test_shared_prefixes_hit_the_server_prefix_cache_and_keep_the_tokens(
     ours = run_batch(model, prompts, 3, "pypto_sched", server)
     assert ours == [reference(prompt, 3) for prompt in prompts]
     check_batches(batches, config, max_batch_tokens=32)
+    check_prefills(batches, prompts, config)
     first_rows: dict[str, ScheduledRow] = {}
     for batch in batches:
         for row in batch.rows:
