@@ -16,21 +16,29 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
 1. *Reconcile.* The scheduler keeps a :class:`~pypto_sched.PrefillState` of the requests
    whose prefill is not finished (the server's waiting and prefilling requests), keyed by
    the server's request ids. Requests the server has finished, cancelled or failed leave
-   it; new ones join it in arrival order; one whose progress the server changed on its own
-   (a prefix-cache hit, a CPU offload, a forked child) joins it again where it now is.
+   it; new ones join it in arrival order. A request in it whose progress the server changed
+   on its own (a prefix-cache hit, an offload) joins it again where it now is, at the front
+   of the queue; so does a decoding request the server offloaded to the CPU, which its own
+   schedulers serve first; a decoding request it reset to its start joins at the back, as
+   the server queues it.
 2. *Decode first.* Decoding requests run one token each, in the server's order, within the
    dispatch's tokens and rows (below).
 3. *Prefill.* :func:`~pypto_sched.plan_step` plans the prefill rows with the decode tokens
    and rows reserved: the policy, the chunk cap, page alignment and the partial-prefill
    limit all come from the planner.
 4. *The server's checks.* Each planned row then goes through the server's own checks, in
-   order: new requests wait while ``block_new_requests`` is set or the cache is under the
-   safety margin (one prefill row still runs then), a row must fit the cache budget, and
+   order: new requests wait while ``block_new_requests`` is set, under the cache's safety
+   margin a prefill row runs only in an empty batch, a row must fit the cache budget, and
    its cache blocks must be allocated. A row refused there does not run; the state advances
    only by the rows that run (the plan restricted to them), so a refused request keeps its
-   place and is planned again next batch. A refused active request is reported in
-   ``starved_requests``; when nothing runs because the cache is full the batch is ``None``,
-   and the server offloads requests and asks again.
+   place and is planned again next batch. If every planned row is refused, the step is
+   planned again without them (and without new requests once one found no free block), so
+   that a started request that cannot get blocks is reported in ``starved_requests``; when
+   nothing runs because the cache is full the batch is ``None``, and the server offloads
+   requests and asks again.
+
+Not covered: parallel sampling (``num_return_sequences > 1``). The server stops a forked
+request's prefill one token short of the planned chunk, so that chunk may end inside a page.
 
 The dispatch's limits are the tighter of the server's and the config's: at most
 ``min(token_budget, max_num_batched_tokens)`` tokens and ``min(max_requests_per_batch,
