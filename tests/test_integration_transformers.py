@@ -381,7 +381,7 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=6)
 @given(workload=workloads())
-def test_generated_workloads_give_the_tokens_of_generate_within_the_config(
+def test_generated_workloads_give_the_tokens_of_fifo_and_generate_within_the_config(
     model: Any, reference: Any, workload: dict[str, Any]
 ) -> None:
     prompts, new_tokens = workload["prompts"], workload["new_tokens"]
@@ -394,7 +394,9 @@ def test_generated_workloads_give_the_tokens_of_generate_within_the_config(
         max_batch_tokens=workload["max_batch_tokens"],
     )
     ours = run_batch(model, prompts, new_tokens, "pypto_sched", server)
-    assert ours == [reference(prompt, new_tokens) for prompt in prompts]
+    expected = [reference(prompt, new_tokens) for prompt in prompts]
+    assert ours == expected
+    assert run_batch(model, prompts, new_tokens, "fifo", server) == expected
     check_batches(batches, config, max_batch_tokens=workload["max_batch_tokens"])
     if blocks_needed(prompts, new_tokens) <= workload["num_blocks"]:
         check_prefills(batches, prompts, config)
