@@ -537,3 +537,17 @@ def test_a_verification_names_the_first_differing_token(
 def test_transformers_tokens_are_cut_after_the_first_stop_token() -> None:
     assert hf_verify._until_stop([4, 7, 9, 7], {7, 9}) == [4, 7]
     assert hf_verify._until_stop([4, 5], {7}) == [4, 5]
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1: 0"),
+        (["--max-new-tokens", "2", "--kv-page-size", "0"], "--kv-page-size: must be >= 1: 0"),
+        (["--max-new-tokens", "2", "--num-kv-pages", "0"], "'num_pages' must be >= 1"),
+    ],
+)
+def test_limits_below_one_are_named(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, flags: list[str], fragment: str
+) -> None:
+    assert_usage_error(cli(capsys, "--prompts", prompts_file, *flags, *CHUNKED), fragment)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._config import PlannerConfig
 from .._errors import InvalidConfigError
@@ -38,6 +38,7 @@ from ..prompts import (
     output_lines,
     read_prompts,
 )
+from . import _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError
 from ._inputs import config as planner_config
 from ._lengths import read_text
@@ -48,6 +49,8 @@ from .run import _load
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+
+    from ..integrations.ray import BatchProgress, RayReplicas
 
 __all__ = ["EXAMPLES", "add_parser", "execute", "handle"]
 
@@ -158,6 +161,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         default=None,
         help="show a progress bar on stderr (default: when stderr is a terminal)",
     )
+    _replicas.add_replica_options(parser, runs=True)
     parser.set_defaults(handler=handle, format="text")
 
 
@@ -166,8 +170,25 @@ def handle(args: argparse.Namespace) -> int:
     config = planner_config(args)
     if args.verify:
         _check_verify(args, sampling)
-    page_size = args.kv_page_size or args.page_size or DEFAULT_PAGE_SIZE
-    backend = _load(args)
+    for flag, value in (("--max-new-tokens", args.max_new_tokens),
+                        ("--kv-page-size", args.kv_page_size)):  # fmt: skip
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: must be >= 1: {value}")
+    page_size = next(
+        size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
+    )
+    with _replicas.optional_replicas(args) as pool:
+        backend = _load(args) if pool is None else pool
+        return _generate(args, backend, config, sampling, page_size)
+
+
+def _generate(
+    args: argparse.Namespace,
+    backend: Backend | RayReplicas,
+    config: PlannerConfig,
+    sampling: SamplingParams,
+    page_size: int,
+) -> int:
     tokenizer = _tokenizer(args)
     requests = read_prompts(
         read_text(args.prompts, name="--prompts"),
@@ -179,17 +200,24 @@ def handle(args: argparse.Namespace) -> int:
     )
     checkpoint = _checkpoint(args)
     eos = () if checkpoint is None or args.ignore_eos else eos_token_ids(checkpoint)
-    with _progress_bar(args, len(requests)) as on_step:
-        result = execute(
-            backend,
-            requests,
-            config=config,
-            sampling=sampling,
-            stop_token_ids=eos,
-            num_pages=args.num_kv_pages,
-            page_size=page_size,
-            on_step=on_step,
-        )
+    if isinstance(backend, Backend):
+        with _progress_bar(args, len(requests)) as on_step:
+            result = execute(
+                backend,
+                requests,
+                config=config,
+                sampling=sampling,
+                stop_token_ids=eos,
+                num_pages=args.num_kv_pages,
+                page_size=page_size,
+                on_step=on_step,
+            )
+    else:
+        with _replicas.progress_bar(args)("generate") as on_progress:
+            result, replicas = _on_replicas(
+                backend, requests, config=config, sampling=sampling, stop_token_ids=eos,
+                num_pages=args.num_kv_pages, page_size=page_size, on_progress=on_progress,
+            )  # fmt: skip
     _write(args.output, "".join(f"{line}\n" for line in output_lines(result, tokenizer=tokenizer)))
     verification = None
     if args.verify:
@@ -200,7 +228,10 @@ def handle(args: argparse.Namespace) -> int:
             max_new_tokens=[r.max_new_tokens for r in requests],
             stop_token_ids=[(*eos, *r.stop_token_ids) for r in requests],
         )
-    _emit_stderr(_summary(backend, config, result, verification))
+    summary = _summary(backend.name, config, result, verification)
+    if not isinstance(backend, Backend):
+        summary.append(f"replicas: {_replicas.describe(replicas)}")
+    _emit_stderr(summary)
     if verification is not None and not verification.passed:
         return EXIT_FAILED
     return EXIT_OK
@@ -234,6 +265,41 @@ def execute(
         )
     except InvalidConfigError as error:  # the pool cannot hold a request, or no pages at all
         raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
+
+
+def _on_replicas(
+    pool: RayReplicas,
+    requests: Sequence[PromptRequest],
+    *,
+    config: PlannerConfig,
+    sampling: SamplingParams,
+    stop_token_ids: Collection[int],
+    num_pages: int | None,
+    page_size: int,
+    on_progress: Callable[[BatchProgress], None],
+) -> tuple[GenerationResult, dict[str, Any]]:
+    """:func:`execute` on Ray replicas (``--replicas``); ``num_pages`` is each replica's."""
+    try:
+        result = pool.generate(
+            [r.token_ids for r in requests],
+            config=config,
+            max_new_tokens=[r.max_new_tokens for r in requests],
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            request_stop_token_ids=[r.stop_token_ids for r in requests],
+            num_pages=num_pages,
+            page_size=page_size,
+            on_progress=on_progress,
+        )
+    except InvalidConfigError as error:
+        raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
+    replicas = {
+        "num_replicas": pool.num_replicas,
+        "tokens": [int(load) for load in result.partition.loads],
+        "imbalance": result.partition.imbalance,
+        "num_restarts": result.num_restarts,
+    }
+    return GenerationResult(sequences=result.sequences, stats=result.total_stats), replicas
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -321,7 +387,7 @@ def _emit_stderr(items: list[RenderableType]) -> None:
 
 
 def _summary(
-    backend: Backend,
+    backend_name: str,
     config: PlannerConfig,
     result: GenerationResult,
     verification: TransformersVerification | None,
@@ -330,7 +396,7 @@ def _summary(
     preempted = sum(1 for s in result.sequences if s.num_preemptions)
     heading = (
         f"{len(result.sequences):,} requests, {stats.num_prompt_tokens:,} prompt tokens on "
-        f"backend {backend.name!r} ({config.policy})"
+        f"backend {backend_name!r} ({config.policy})"
     )
     table = grid()
     table.add_row("generated", f"{stats.num_generated_tokens:,} tokens")
