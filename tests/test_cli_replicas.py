@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,3 +92,27 @@ def test_run_on_two_replicas_gives_the_one_device_greedy_tokens(
     assert two["replicas"]["num_replicas"] == 2
     assert sum(two["replicas"]["tokens"]) == one["num_tokens"]
     assert all(two["replicas"]["num_dispatches"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra")
+def test_generate_on_two_replicas_writes_the_one_process_lines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(5)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"token_ids": rng.integers(0, 64, size=n).tolist()}) + "\n"
+            for n in (5, 40, 300, 17, 90, 3, 64)
+        )
+    )
+    argv = ["generate", "--backend", "reference", "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--max-num-batched-tokens", "64", "--temperature", "0.8",
+            "--sampling-seed", "3"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    one = capsys.readouterr().out
+    assert main([*argv, "--replicas", "2"]) == EXIT_OK
+    two, err = capsys.readouterr()
+    assert two == one
+    assert "replicas: 2 (tokens" in err

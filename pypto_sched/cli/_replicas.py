@@ -22,6 +22,7 @@ from .._policies import plan_prefill
 from . import _render
 from ._errors import CommandFailed, UsageError
 from ._render import console
+from ._specs import backend_options
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -32,6 +33,7 @@ __all__ = [
     "add_replica_options",
     "check_replicas",
     "describe",
+    "optional_replicas",
     "partition_summary",
     "partition_table",
     "progress_bar",
@@ -148,6 +150,17 @@ def replicas(
         ray_session(args.ray_address, **init),
         RayReplicas(backend, num_replicas=count, options=options) as pool,
     ):
+        yield pool
+
+
+@contextmanager
+def optional_replicas(args: argparse.Namespace) -> Iterator[RayReplicas | None]:
+    """The command's replicas with ``--replicas``, else ``None`` (it runs in this process)."""
+    count = check_replicas(args)
+    if count is None:
+        yield None
+        return
+    with replicas(args, args.backend, backend_options(args.backend_option), count) as pool:
         yield pool
 
 

@@ -211,6 +211,30 @@ class RayGenerationResult:
     num_restarts: int
     wall_seconds: float
 
+    @property
+    def total_stats(self) -> GenerationStats:
+        """The replicas' statistics as one run: counts summed, first tokens over every
+        request (each counted on its own replica), the job's wall time, and the longest
+        planning time of a replica (they plan in parallel)."""
+        parts = [s for s in self.stats if s is not None]
+        requests = [int(part.size) for part, s in zip(self.partition.parts, self.stats,
+                                                        strict=True) if s is not None]  # fmt: skip
+        return GenerationStats(
+            num_dispatches=sum(s.num_dispatches for s in parts),
+            num_mixed_dispatches=sum(s.num_mixed_dispatches for s in parts),
+            num_preemptions=sum(s.num_preemptions for s in parts),
+            num_prompt_tokens=sum(s.num_prompt_tokens for s in parts),
+            num_generated_tokens=sum(s.num_generated_tokens for s in parts),
+            num_computed_tokens=sum(s.num_computed_tokens for s in parts),
+            mean_time_to_first_token=sum(
+                s.mean_time_to_first_token * n for s, n in zip(parts, requests, strict=True)
+            )
+            / sum(requests),
+            max_time_to_first_token=max(s.max_time_to_first_token for s in parts),
+            wall_seconds=self.wall_seconds,
+            planning_seconds=max(s.planning_seconds for s in parts),
+        )
+
 
 # -- the actor ----------------------------------------------------------------------------
 
@@ -231,9 +255,12 @@ class _Replica:
             self._error = error
         self._done = (-1, 0, 0)  # part, requests done, tokens done
 
-    def ready(self) -> int:
-        """The backend's vocabulary size, once it is built."""
-        return self._get().vocab_size
+    def ready(self) -> tuple[str, int, int | None]:
+        """The backend's name, vocabulary size and longest sequence (``None``: not said),
+        once it is built."""
+        backend = self._get()
+        longest = getattr(backend, "max_position_embeddings", None)
+        return backend.name, backend.vocab_size, None if longest is None else int(longest)
 
     def progress(self) -> tuple[int, int, int]:
         return self._done
@@ -332,7 +359,9 @@ class RayReplicas:
         self._backend = backend
         self._options = dict(options or {})
         self._actors = [self._start() for _ in range(self.num_replicas)]
-        self.vocab_size = self._wait_ready(self._actors)
+        #: The backend's registered name, vocabulary size, and longest sequence it takes
+        #: (its ``max_position_embeddings``; ``None`` when it does not say).
+        self.name, self.vocab_size, self.max_position_embeddings = self._wait_ready(self._actors)
 
     @property
     def actors(self) -> tuple[Any, ...]:
@@ -548,7 +577,7 @@ class RayReplicas:
     def _start(self) -> Any:
         return self._actor_class.remote(self._backend, self._options)
 
-    def _wait_ready(self, actors: list[Any]) -> int:
+    def _wait_ready(self, actors: list[Any]) -> tuple[str, int, int | None]:
         refs = [actor.ready.remote() for actor in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
         if len(ready) < len(refs):
@@ -559,11 +588,11 @@ class RayReplicas:
                 f"cluster has {_totals()} available {_available()})"
             )
         try:
-            sizes = ray.get(refs)
+            answers: list[tuple[str, int, int | None]] = ray.get(refs)
         except ray.exceptions.RayTaskError as error:
             self.close()
             raise _cause(error) from None
-        return int(sizes[0])
+        return answers[0]
 
     def _prompts(
         self, prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]]
