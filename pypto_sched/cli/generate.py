@@ -170,7 +170,13 @@ def handle(args: argparse.Namespace) -> int:
     config = planner_config(args)
     if args.verify:
         _check_verify(args, sampling)
-    page_size = args.kv_page_size or args.page_size or DEFAULT_PAGE_SIZE
+    for flag, value in (("--max-new-tokens", args.max_new_tokens),
+                        ("--kv-page-size", args.kv_page_size)):  # fmt: skip
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: must be >= 1: {value}")
+    page_size = next(
+        size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
+    )
     with _replicas.optional_replicas(args) as pool:
         backend = _load(args) if pool is None else pool
         return _generate(args, backend, config, sampling, page_size)
