@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pypto_sched import (
     ExecutionError,
     GenerationResult,
+    InvalidInputError,
     PlannerConfig,
     SamplingParams,
     execute_schedule,
@@ -268,6 +269,28 @@ def test_missing_resources_are_a_one_line_error_at_once(
     assert time.perf_counter() - started < 5
     assert "\n" not in str(error.value)
     assert str(next(iter(resources))) in str(error.value)
+
+
+def test_total_stats_add_up_the_replicas(replicas: RayReplicas, prompts: list[np.ndarray]) -> None:
+    got = replicas.generate(prompts, config=CONFIGS["packed"], max_new_tokens=5)
+    parts = [s for s in got.stats if s is not None]
+    total = got.total_stats
+    assert total.num_generated_tokens == 5 * len(prompts)
+    assert total.num_prompt_tokens == sum(LENGTHS)
+    assert total.num_dispatches == sum(s.num_dispatches for s in parts)
+    first = [s.first_token_dispatch + 1 for s in got.sequences]
+    assert total.mean_time_to_first_token == pytest.approx(np.mean(first))
+    assert total.max_time_to_first_token == max(first)
+
+
+def test_a_session_inside_a_running_one_uses_it_and_refuses_another_address(
+    cluster: None,
+) -> None:
+    with ray_session():
+        assert ray.is_initialized()
+    assert ray.is_initialized()  # not stopped: this session did not start it
+    with pytest.raises(InvalidInputError, match="'address' must be None"), ray_session("auto"):
+        pass
 
 
 def test_importing_pypto_sched_does_not_import_ray() -> None:

@@ -559,6 +559,8 @@ class RayReplicas:
     def _poll(self, running: Mapping[Any, int], done: list[tuple[int, int]]) -> None:
         """Ask each busy actor how far its part is (a dead one just does not answer)."""
         asked = {self._actors[i].progress.remote(): i for i in running.values()}
+        if not asked:
+            return
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=self.poll_seconds)
         for ref in answered:
             try:
