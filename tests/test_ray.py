@@ -38,6 +38,7 @@ from pypto_sched.integrations.ray import (  # noqa: E402  (after the skip)
     BatchProgress,
     RayReplicas,
     ReplicaError,
+    default_resources,
     ray_session,
 )
 
@@ -291,6 +292,12 @@ def test_a_session_inside_a_running_one_uses_it_and_refuses_another_address(
     assert ray.is_initialized()  # not stopped: this session did not start it
     with pytest.raises(InvalidInputError, match="'address' must be None"), ray_session("auto"):
         pass
+
+
+def test_the_npu_backend_asks_for_an_npu_and_the_others_for_a_cpu() -> None:
+    assert default_resources("npu") == {"NPU": 1.0}
+    assert default_resources("reference") == {"CPU": 1.0}
+    assert default_resources(load_backend) == {"CPU": 1.0}
 
 
 def test_importing_pypto_sched_does_not_import_ray() -> None:

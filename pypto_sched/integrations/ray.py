@@ -50,6 +50,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
@@ -86,7 +87,11 @@ IntArray = npt.NDArray[np.int64]
 #: What one replica's actor asks of the cluster, per backend name; any other backend (and a
 #: factory passed directly) asks for one CPU. ``NPU`` is Ray's own Ascend accelerator
 #: resource: Ray sets ``ASCEND_RT_VISIBLE_DEVICES`` for the actor.
-DEFAULT_RESOURCES: Mapping[str, Mapping[str, float]] = {"npu": {"NPU": 1.0}}
+DEFAULT_RESOURCES: Mapping[str, Mapping[str, float]] = MappingProxyType(
+    {"npu": MappingProxyType({"NPU": 1.0})}
+)
+#: What a replica of any other backend asks for.
+_ONE_CPU: Mapping[str, float] = MappingProxyType({"CPU": 1.0})
 
 #: Ray errors that mean an actor (or the node holding it, or its result) is gone: the part
 #: it was running is resubmitted to a new actor.
@@ -100,8 +105,9 @@ class ReplicaError(BackendError):
 
 def default_resources(backend: str | BackendFactory) -> Mapping[str, float]:
     """What one replica of ``backend`` asks Ray for (see :data:`DEFAULT_RESOURCES`)."""
-    name = backend if isinstance(backend, str) else None
-    return DEFAULT_RESOURCES.get(name, {"CPU": 1.0}) if name else {"CPU": 1.0}
+    if isinstance(backend, str):
+        return DEFAULT_RESOURCES.get(backend, _ONE_CPU)
+    return _ONE_CPU
 
 
 @contextmanager
