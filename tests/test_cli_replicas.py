@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pypto_sched import PlannerConfig, partition_requests, plan_prefill
-from pypto_sched.cli import EXIT_OK, EXIT_USAGE, main
+from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 
 LONG_TAILED = [
     "--workload",
@@ -70,6 +70,9 @@ def test_plan_without_replicas_has_no_partition(capsys: pytest.CaptureFixture[st
         (["plan", *LONG_TAILED, "--replicas", "0"], "--replicas: must be >= 1: 0"),
         ([*RUN, "--replicas", "2", "--verify"], "--verify runs on one device"),
         ([*RUN, "--ray-address", "auto"], "--ray-address: only with --replicas"),
+        ([*RUN, "--replica-resource", "NPU=1"], "--replica-resource: only with --replicas"),
+        ([*RUN, "--replicas", "2", "--replica-resource", "NPU"], "must be NAME=AMOUNT"),
+        ([*RUN, "--replicas", "2", "--replica-resource", "NPU=-1"], "AMOUNT >= 0: 'NPU=-1'"),
     ],
 )
 def test_bad_replica_options_are_usage_errors(
@@ -87,7 +90,10 @@ def test_run_on_two_replicas_gives_the_one_device_greedy_tokens(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     one = run_json(capsys, *RUN)
-    two = run_json(capsys, *RUN, "--replicas", "2")
+    assert main([*RUN, "--replicas", "2", "--progress", "--format", "json"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    two = json.loads(out)
+    assert "7/7 requests, 1,959/1,959 tokens, 2 replicas (spread 0%)" in err  # the last update
     assert two["greedy_token_ids"] == one["greedy_token_ids"]
     assert two["replicas"]["num_replicas"] == 2
     assert sum(two["replicas"]["tokens"]) == one["num_tokens"]
@@ -116,3 +122,14 @@ def test_generate_on_two_replicas_writes_the_one_process_lines(
     two, err = capsys.readouterr()
     assert two == one
     assert "replicas: 2 (tokens" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra")
+def test_replicas_the_cluster_cannot_hold_are_one_line_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*RUN, "--replicas", "1", "--replica-resource", "NPU=1"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "asking {'NPU': 1.0} each do not fit the Ray cluster: its nodes have room for 0" in err

@@ -8,6 +8,7 @@ Everything but the options and the output is the library's:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ __all__ = [
     "partition_table",
     "progress_bar",
     "replicas",
+    "resources",
 ]
 
 
@@ -58,6 +60,14 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
             metavar="ADDRESS",
             help="with --replicas: join this Ray cluster ('auto': the one this machine is in)",
         )
+        group.add_argument(
+            "--replica-resource",
+            action="append",
+            default=[],
+            metavar="NAME=AMOUNT",
+            help="with --replicas: what each actor asks Ray for, e.g. NPU=1, GPU=1, CPU=2 "
+            "(repeat for more; default NPU=1 for the npu backend, else CPU=1)",
+        )
     else:
         group.add_argument(
             "--replicas",
@@ -76,7 +86,28 @@ def check_replicas(args: argparse.Namespace) -> int | None:
         raise UsageError(f"--replicas: must be >= 1: {count}")
     if count is None and getattr(args, "ray_address", None) is not None:
         raise UsageError("--ray-address: only with --replicas")
+    if count is None and getattr(args, "replica_resource", None):
+        raise UsageError("--replica-resource: only with --replicas")
     return count
+
+
+def resources(specs: list[str]) -> dict[str, float] | None:
+    """``--replica-resource NAME=AMOUNT`` options as a mapping (``None`` when none given)."""
+    if not specs:
+        return None
+    parsed: dict[str, float] = {}
+    for spec in specs:
+        name, _, amount = spec.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = math.nan
+        if not name.strip() or not math.isfinite(value) or value < 0:
+            raise UsageError(
+                f"--replica-resource: must be NAME=AMOUNT with an AMOUNT >= 0: {spec!r}"
+            )
+        parsed[name.strip()] = value
+    return parsed
 
 
 # -- plan --replicas ------------------------------------------------------------------------
@@ -138,6 +169,7 @@ def replicas(
 ) -> Iterator[RayReplicas]:
     """Ray replicas of ``backend`` for the command: joins ``--ray-address``, else the running
     local instance, else starts one and stops it at the end."""
+    asked = resources(args.replica_resource)
     try:
         from ..integrations.ray import RayReplicas, ray_session
     except ImportError as error:
@@ -148,7 +180,7 @@ def replicas(
     init = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     with (
         ray_session(args.ray_address, **init),
-        RayReplicas(backend, num_replicas=count, options=options) as pool,
+        RayReplicas(backend, num_replicas=count, options=options, resources=asked) as pool,
     ):
         yield pool
 
