@@ -28,6 +28,7 @@ import torch
 from pypto_sched_npu import PagedKVCache
 from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
 from pypto_sched_npu.ops._npu_ops import causal_mask
+from pypto_sched_npu.ops._torch_ops import _row_groups
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=64)
 
@@ -191,6 +192,34 @@ def test_both_op_paths_agree_on_any_generation_dispatch(
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
     assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
     assert torch.equal(caches[0].layers[0].value, caches[1].layers[0].value)
+
+
+@given(
+    rows=st.lists(
+        st.integers(1, 4096).flatmap(lambda c: st.tuples(st.integers(1, c), st.just(c))),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_torch_row_groups_partition_the_rows_and_at_most_double_a_rows_padding(
+    rows: list[tuple[int, int]],
+) -> None:
+    query_lens = np.array([q for q, _ in rows], dtype=np.int64)
+    seq_lens = np.array([c for _, c in rows], dtype=np.int64)
+    groups = _row_groups(query_lens, seq_lens)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(len(rows)))
+    for group in groups:
+        assert group.tolist() == sorted(group.tolist())
+        longest_chunk, longest_context = query_lens[group].max(), seq_lens[group].max()
+        assert (longest_chunk < 2 * query_lens[group]).all()
+        assert (longest_context <= 2 * seq_lens[group]).all()
+
+
+def test_decode_rows_of_similar_contexts_share_one_group() -> None:
+    groups = _row_groups(np.ones(5, dtype=np.int64), np.array([300, 160, 299, 151, 200]))
+    assert [g.tolist() for g in groups] == [[0, 1, 2, 3, 4]]
+    mixed = _row_groups(np.array([1, 1, 256, 1]), np.array([300, 40, 1000, 290]))
+    assert sorted(g.tolist() for g in mixed) == [[0, 3], [1], [2]]
 
 
 def test_a_dispatch_with_a_longer_row_takes_the_prefill_call(

@@ -1,16 +1,17 @@
 """The portable ops: plain torch, on any device (the CPU path).
 
 Attention writes the dispatch's K/V into the pages with one ``index_copy_`` per layer, then
-gathers each row's whole context (cached prefix, earlier chunks and this chunk) through its
-block table into a ``[rows, kv_heads, longest context, head_dim]`` tensor and runs one
-``scaled_dot_product_attention`` over all rows. The mask is causal with each row's offset:
-query ``i`` of a row with ``q`` new tokens and context ``c`` sees keys ``j <= c - q + i``.
-Rows shorter than the longest are padded; padded keys are masked out and padded queries are
-dropped, and no query row is ever fully masked (a padded query ``i >= q`` sees the whole
-context). The gather indices and the mask depend only on the dispatch, so they are built
-once and shared by every layer. A decode-only dispatch (one query token per row, at its
-context's last position) is the same computation with chunks of one: nothing is padded, and
-the mask only hides the keys past each row's context.
+attends row group by row group (rows of similar chunk and context lengths, so that padding
+costs at most twice a row's queries and keys): it gathers each row's whole context (cached
+prefix, earlier chunks and this chunk) through its block table into a ``[rows, kv_heads,
+longest context, head_dim]`` tensor and runs one ``scaled_dot_product_attention`` over the
+group's rows. The mask is causal with each row's offset: query ``i`` of a row with ``q`` new
+tokens and context ``c`` sees keys ``j <= c - q + i``. Rows shorter than the group's longest
+are padded; padded keys are masked out and padded queries are dropped, and no query row is
+ever fully masked (a padded query ``i >= q`` sees the whole context). The gather indices and
+the masks depend only on the dispatch, so they are built once and shared by every layer. A
+decode row (one query token at its context's last position) is a chunk of one: decode rows
+need no query padding, and their mask only hides the keys past each row's context.
 """
 
 from __future__ import annotations
@@ -90,28 +91,13 @@ class TorchOps:
 
 @attrs.frozen(eq=False, kw_only=True)
 class TorchAttention:
-    """One dispatch's gather indices and mask, shared by every layer.
-
-    Grouped-query attention is the kernel's own (``enable_gqa``), so keys and values are not
-    copied per query head (torch < 2.5 repeats them instead).
-    """
+    """One dispatch's attention, prepared once and shared by every layer: its rows in groups
+    of similar chunk and context lengths (:func:`_row_groups`), one SDPA call a group."""
 
     shape: AttentionShape
     #: Per token: its KV slot.
     slots: torch.Tensor
-    #: ``[rows, longest context]``: the slot of each context position (0 past the end).
-    context_slots: torch.Tensor
-    #: The first slot of a single row whose context fills consecutive slots (pages in order,
-    #: the usual layout), read as a view instead of gathered; else ``None``.
-    context_start: int | None
-    #: ``[rows, 1, longest chunk, longest context]`` additive mask (0 where a query sees a
-    #: key, -inf elsewhere), or ``None`` when plain causal attention is exact.
-    mask: torch.Tensor | None
-    #: Per token: its place in the ``[rows * longest chunk]`` padded layout, or ``None`` when
-    #: every row has the longest chunk's length (no padding: one row, or decode only).
-    padded_index: torch.Tensor | None
-    num_rows: int
-    longest_chunk: int
+    groups: tuple[RowGroup, ...]
 
     @classmethod
     def prepare(
@@ -123,38 +109,13 @@ class TorchAttention:
         dtype: torch.dtype,
     ) -> TorchAttention:
         query_lens = np.diff(arrays.cu_seqlens).astype(np.int64)
-        seq_lens = arrays.seq_lens.astype(np.int64)
-        rows, longest_chunk = query_lens.size, int(query_lens.max())
-        longest_context = int(seq_lens.max())
-        position = np.arange(longest_context)
-        in_context = position[None, :] < seq_lens[:, None]
-        column = np.minimum(position // arrays.page_size, arrays.block_tables.shape[1] - 1)
-        pages = np.where(in_context, arrays.block_tables[:, column], 0).astype(np.int64)
-        context_slots = pages * arrays.page_size + position % arrays.page_size
-        context_slots[~in_context] = 0
-        first = int(context_slots[0, 0])
-        consecutive = rows == 1 and bool(
-            (context_slots[0] == first + np.arange(longest_context)).all()
-        )
-        plain_causal = rows == 1 and int(seq_lens[0]) == int(query_lens[0])
-        mask = None
-        if not plain_causal:
-            visible = _visible(query_lens, seq_lens, in_context)
-            additive = torch.zeros(visible.shape, dtype=dtype)
-            additive.masked_fill_(torch.from_numpy(~visible), float("-inf"))
-            mask = additive[:, None].to(device)
+        members = _row_groups(query_lens, arrays.seq_lens.astype(np.int64))
         return cls(
             shape=shape,
             slots=_to_device(arrays.slot_mapping, device),
-            context_slots=_to_device(context_slots, device),
-            context_start=first if consecutive else None,
-            mask=mask,
-            # Rows of equal length (one row, or a decode-only dispatch) need no padding.
-            padded_index=None
-            if arrays.num_tokens == rows * longest_chunk
-            else _to_device(_padded_index(arrays.cu_seqlens, longest_chunk), device),
-            num_rows=rows,
-            longest_chunk=longest_chunk,
+            groups=tuple(
+                RowGroup.prepare(arrays, rows, device=device, dtype=dtype) for rows in members
+            ),
         )
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
@@ -163,37 +124,133 @@ class TorchAttention:
         cache.value.view(-1, heads, dim).index_copy_(0, self.slots, value.to(cache.value.dtype))
 
     def attend(self, query: torch.Tensor, cache: LayerKV) -> torch.Tensor:
-        heads, dim = self.shape.num_heads, self.shape.head_dim
+        if len(self.groups) == 1:
+            return self.groups[0].attend(query, cache, self.shape)
+        out = torch.empty_like(query)
+        for group in self.groups:
+            tokens = group.tokens
+            assert tokens is not None  # only a lone group holds every row in order
+            out.index_copy_(0, tokens, group.attend(query[tokens], cache, self.shape))
+        return out
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class RowGroup:
+    """Rows attended together: their contexts gathered into one padded
+    ``[rows, kv_heads, longest context, head_dim]`` tensor, their queries into
+    ``[rows, heads, longest chunk, head_dim]``.
+
+    Grouped-query attention is the kernel's own (``enable_gqa``), so keys and values are not
+    copied per query head (torch < 2.5 repeats them instead).
+    """
+
+    #: The dispatch's tokens of these rows, in row order; ``None`` for every token in
+    #: dispatch order (one group of all the rows).
+    tokens: torch.Tensor | None
+    #: ``[rows, longest context]``: the slot of each context position (0 past the end).
+    context_slots: torch.Tensor
+    #: The first slot of a single row whose context fills consecutive slots (pages in order,
+    #: the usual layout), read as a view instead of gathered; else ``None``.
+    context_start: int | None
+    #: ``[rows, 1, longest chunk, longest context]`` additive mask (0 where a query sees a
+    #: key, -inf elsewhere), or ``None`` when none is needed (see ``causal``).
+    mask: torch.Tensor | None
+    #: Plain causal attention is exact: one row whose chunk is its whole context.
+    causal: bool
+    #: Per token: its place in the ``[rows * longest chunk]`` padded layout, or ``None`` when
+    #: every row has the longest chunk's length (no padding: one row, or decode rows).
+    padded_index: torch.Tensor | None
+    num_rows: int
+    longest_chunk: int
+
+    @classmethod
+    def prepare(
+        cls,
+        arrays: DispatchArrays,
+        rows: npt.NDArray[np.int64],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> RowGroup:
+        cu = arrays.cu_seqlens.astype(np.int64)
+        query_lens = (cu[1:] - cu[:-1])[rows]
+        seq_lens = arrays.seq_lens.astype(np.int64)[rows]
+        count, longest_chunk = rows.size, int(query_lens.max())
+        longest_context = int(seq_lens.max())
+        position = np.arange(longest_context)
+        in_context = position[None, :] < seq_lens[:, None]
+        tables = arrays.block_tables[rows]
+        column = np.minimum(position // arrays.page_size, tables.shape[1] - 1)
+        pages = np.where(in_context, tables[:, column], 0).astype(np.int64)
+        context_slots = pages * arrays.page_size + position % arrays.page_size
+        context_slots[~in_context] = 0
+        first = int(context_slots[0, 0])
+        consecutive = count == 1 and bool(
+            (context_slots[0] == first + np.arange(longest_context)).all()
+        )
+        causal = count == 1 and int(seq_lens[0]) == int(query_lens[0]) > 1
+        mask = None
+        visible = _visible(query_lens, seq_lens, in_context)
+        if not causal and not visible.all():
+            additive = torch.zeros(visible.shape, dtype=dtype)
+            additive.masked_fill_(torch.from_numpy(~visible), float("-inf"))
+            mask = additive[:, None].to(device)
+        local_cu = np.concatenate(([0], np.cumsum(query_lens)))
+        everything = count == arrays.num_rows
+        return cls(
+            tokens=None
+            if everything
+            else _to_device(np.concatenate([np.arange(cu[r], cu[r + 1]) for r in rows]), device),
+            context_slots=_to_device(context_slots, device),
+            context_start=first if consecutive else None,
+            mask=mask,
+            causal=causal,
+            padded_index=None
+            if int(local_cu[-1]) == count * longest_chunk
+            else _to_device(_padded_index(local_cu, longest_chunk), device),
+            num_rows=count,
+            longest_chunk=longest_chunk,
+        )
+
+    def attend(self, query: torch.Tensor, cache: LayerKV, shape: AttentionShape) -> torch.Tensor:
+        """Attention of these rows' queries (``[tokens, heads, head_dim]``, row order)."""
+        heads, dim = shape.num_heads, shape.head_dim
         rows, width = self.num_rows, self.longest_chunk
-        key, value = (self._context(pages, query.dtype) for pages in (cache.key, cache.value))
+        key, value = (
+            self._context(pages, query.dtype, shape) for pages in (cache.key, cache.value)
+        )
         if self.padded_index is None:
             padded = query
         else:
             padded = query.new_zeros(rows * width, heads, dim)
             padded.index_copy_(0, self.padded_index, query)
-        out = self._sdpa(padded.view(rows, width, heads, dim).transpose(1, 2), key, value)
+        out = self._sdpa(padded.view(rows, width, heads, dim).transpose(1, 2), key, value, shape)
         out = out.transpose(1, 2).reshape(rows * width, heads, dim)
         return out if self.padded_index is None else out[self.padded_index]
 
-    def _sdpa(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def _sdpa(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shape: AttentionShape
+    ) -> torch.Tensor:
         """``[rows, heads, width, dim]`` queries over ``[rows, kv_heads, context, dim]``."""
-        grouped = self.shape.num_heads != self.shape.num_kv_heads
-        causal, scale = self.mask is None, self.shape.scale
+        grouped = shape.num_heads != shape.num_kv_heads
         if _NATIVE_GQA:
             return F.scaled_dot_product_attention(
-                query, key, value, self.mask, is_causal=causal, scale=scale, enable_gqa=grouped
-            )
+                query, key, value, self.mask, is_causal=self.causal, scale=shape.scale,
+                enable_gqa=grouped,
+            )  # fmt: skip
         if grouped:
-            groups = self.shape.num_heads // self.shape.num_kv_heads
+            groups = shape.num_heads // shape.num_kv_heads
             key = key.repeat_interleave(groups, dim=1)
             value = value.repeat_interleave(groups, dim=1)
         return F.scaled_dot_product_attention(
-            query, key, value, self.mask, is_causal=causal, scale=scale
+            query, key, value, self.mask, is_causal=self.causal, scale=shape.scale
         )
 
-    def _context(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _context(
+        self, pages: torch.Tensor, dtype: torch.dtype, shape: AttentionShape
+    ) -> torch.Tensor:
         """Each row's whole context from ``pages``: ``[rows, kv_heads, context, dim]``."""
-        flat = pages.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
+        flat = pages.view(-1, shape.num_kv_heads, shape.head_dim)
         if self.context_start is not None:
             length = self.context_slots.shape[1]
             gathered = flat.narrow(0, self.context_start, length).unsqueeze(0)
@@ -202,6 +259,31 @@ class TorchAttention:
         else:
             gathered = flat[self.context_slots]
         return gathered.transpose(1, 2).to(dtype)
+
+
+def _row_groups(
+    query_lens: npt.NDArray[np.int64], seq_lens: npt.NDArray[np.int64]
+) -> list[npt.NDArray[np.int64]]:
+    """The dispatch's rows (indices, ascending in each group) in groups that pad little.
+
+    Padding every row to the dispatch's longest chunk and context costs what the longest
+    row costs, times the rows: a decode row beside a prefill chunk of 2,000 tokens would
+    attend 2,000 padded queries, a decode row of 20 tokens of context would gather 2,000.
+    A group holds rows of one power-of-two class of chunk length whose contexts are at least
+    half the group's longest, so padding at most doubles a row's queries and its keys.
+    """
+    chunk_class = np.frexp(query_lens.astype(np.float64))[1]
+    order = np.lexsort((-seq_lens, chunk_class))
+    groups: list[npt.NDArray[np.int64]] = []
+    start = 0
+    for i in range(1, order.size + 1):
+        if i < order.size:
+            row, lead = order[i], order[start]
+            if chunk_class[row] == chunk_class[lead] and 2 * seq_lens[row] >= seq_lens[lead]:
+                continue
+        groups.append(np.sort(order[start:i]).astype(np.int64))
+        start = i
+    return groups
 
 
 def _visible(
