@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pypto_sched import (
     ExecutionError,
     GenerationResult,
+    InvalidConfigError,
     InvalidInputError,
     PlannerConfig,
     SamplingParams,
@@ -249,6 +250,19 @@ def test_an_execution_error_is_raised_once_not_retried(
         pool.prefill(prompts, config=CONFIGS["packed"])
     assert error.value.dispatch == 0
     assert log.read_text().splitlines() == ["attempt"]
+
+
+def test_an_error_inside_the_actors_is_raised_as_is_and_the_replicas_still_work(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    # Two pages of 4 tokens cannot hold the 90-token prompt: generate() refuses it.
+    with pytest.raises(InvalidConfigError, match="raise 'num_pages'"):
+        replicas.generate(
+            prompts, config=CONFIGS["packed"], max_new_tokens=4, page_size=4, num_pages=2
+        )
+    got = replicas.prefill(prompts, config=CONFIGS["packed"])
+    want = one_process_prefill(prompts, CONFIGS["packed"])
+    np.testing.assert_array_equal(got.greedy_token_ids, want.greedy_token_ids)
 
 
 def test_a_backend_that_cannot_be_built_is_its_own_error_at_once(cluster: None) -> None:

@@ -299,7 +299,7 @@ class _Replica:
             page_size=page_size,
             on_dispatch=on_dispatch,
         )
-        assert result.greedy_token_ids is not None  # asked for: the driver checked it
+        assert result.greedy_token_ids is not None  # asked for, so execute_schedule returns them
         return result.greedy_token_ids, result.logits, schedule.num_dispatches
 
     def generate(
@@ -321,6 +321,37 @@ class _Replica:
 
 
 # -- the driver ---------------------------------------------------------------------------
+
+
+class _JobRun:
+    """One job in progress on the replicas: which parts wait, run and are done."""
+
+    def __init__(self, job: Job, partition: Partition, part_tokens: list[int]) -> None:
+        self.job = job
+        self.partition = partition
+        self.part_tokens = part_tokens
+        self.queue = collections.deque(i for i, p in enumerate(partition.parts) if p.size)
+        self.running: dict[Any, int] = {}  # a part's result ref -> the part (= replica)
+        self.losses = [0] * partition.num_parts  # actors each part lost
+        self.done = [(0, 0)] * partition.num_parts  # per part: requests, tokens done
+        self.outputs: dict[int, Any] = {}
+        self.reported: BatchProgress | None = None
+
+    def progress(self) -> BatchProgress:
+        return BatchProgress(
+            job=self.job,
+            replicas=tuple(
+                ReplicaProgress(
+                    replica=i,
+                    num_requests=int(part.size),
+                    num_requests_done=self.done[i][0],
+                    num_tokens=self.part_tokens[i],
+                    num_tokens_done=min(self.done[i][1], self.part_tokens[i]),
+                    num_restarts=self.losses[i],
+                )
+                for i, part in enumerate(self.partition.parts)
+            ),
+        )
 
 
 class RayReplicas:
@@ -506,65 +537,54 @@ class RayReplicas:
         submit: Callable[[Any, int, IntArray], Any],
         on_progress: Callable[[BatchProgress], None] | None,
     ) -> tuple[dict[int, Any], int]:
-        """Run every non-empty part, part ``i`` on actor ``i``; return each part's output."""
+        """Run every non-empty part, part ``i`` on actor ``i``; return each part's output
+        and how many actors were replaced."""
         if not self._actors:
             raise ReplicaError("the replicas are closed")
-        parts = partition.parts
-        queue = collections.deque(i for i, part in enumerate(parts) if part.size)
-        running: dict[Any, int] = {}  # the result's ref -> part (= replica)
-        losses = [0] * self.num_replicas
-        done = [(0, 0)] * self.num_replicas  # per part: requests, tokens done
-        outputs: dict[int, Any] = {}
-        last: BatchProgress | None = None
-        while queue or running:
-            while queue:
-                i = queue.popleft()
-                running[submit(self._actors[i], i, parts[i])] = i
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_seconds)
-            for ref in ready:
-                i = running.pop(ref)
-                try:
-                    outputs[i] = ray.get(ref)
-                except _LOST as error:
-                    losses[i] += 1
-                    if losses[i] > self.max_restarts:
-                        raise ReplicaError(
-                            f"replica {i} lost its actor {losses[i]} times (max_restarts "
-                            f"{self.max_restarts}): {_first_line(error)}"
-                        ) from None
-                    ray.kill(self._actors[i])
-                    self._actors[i] = self._start()
-                    done[i] = (0, 0)
-                    queue.append(i)
-                except ray.exceptions.RayTaskError as error:
-                    self._cancel(running)
-                    raise _cause(error) from None
-                else:
-                    done[i] = (parts[i].size, part_tokens[i])
-            if on_progress is not None:
-                self._poll(running, done)
-                progress = BatchProgress(
-                    job=job,
-                    replicas=tuple(
-                        ReplicaProgress(
-                            replica=i,
-                            num_requests=int(parts[i].size),
-                            num_requests_done=done[i][0],
-                            num_tokens=part_tokens[i],
-                            num_tokens_done=min(done[i][1], part_tokens[i]),
-                            num_restarts=losses[i],
-                        )
-                        for i in range(self.num_replicas)
-                    ),
-                )
-                if progress != last:
-                    on_progress(progress)
-                    last = progress
-        return outputs, sum(losses)
+        run = _JobRun(job, partition, part_tokens)
+        try:
+            while run.queue or run.running:
+                while run.queue:
+                    i = run.queue.popleft()
+                    run.running[submit(self._actors[i], i, partition.parts[i])] = i
+                ready, _ = ray.wait(list(run.running), num_returns=1, timeout=self.poll_seconds)
+                for ref in ready:
+                    self._collect(run, ref)
+                if on_progress is not None:
+                    self._poll(run)
+                    progress = run.progress()
+                    if progress != run.reported:
+                        on_progress(progress)
+                        run.reported = progress
+        except BaseException:
+            self._cancel(run.running)  # the job failed: stop the other parts' work
+            raise
+        return run.outputs, sum(run.losses)
 
-    def _poll(self, running: Mapping[Any, int], done: list[tuple[int, int]]) -> None:
+    def _collect(self, run: _JobRun, ref: Any) -> None:
+        """File a finished part's output; requeue it on a new actor if its actor died."""
+        i = run.running.pop(ref)
+        try:
+            run.outputs[i] = ray.get(ref)
+        except _LOST as error:
+            run.losses[i] += 1
+            if run.losses[i] > self.max_restarts:
+                raise ReplicaError(
+                    f"replica {i} lost its actor {run.losses[i]} times (max_restarts "
+                    f"{self.max_restarts}): {_first_line(error)}"
+                ) from None
+            ray.kill(self._actors[i])
+            self._actors[i] = self._start()
+            run.done[i] = (0, 0)
+            run.queue.append(i)
+        except ray.exceptions.RayTaskError as error:
+            raise _cause(error) from None
+        else:
+            run.done[i] = (int(run.partition.parts[i].size), run.part_tokens[i])
+
+    def _poll(self, run: _JobRun) -> None:
         """Ask each busy actor how far its part is (a dead one just does not answer)."""
-        asked = {self._actors[i].progress.remote(): i for i in running.values()}
+        asked = {self._actors[i].progress.remote(): i for i in run.running.values()}
         if not asked:
             return
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=self.poll_seconds)
@@ -574,7 +594,7 @@ class RayReplicas:
             except ray.exceptions.RayError:
                 continue
             if part == asked[ref]:
-                done[part] = (requests, tokens)
+                run.done[part] = (requests, tokens)
 
     def _cancel(self, running: Mapping[Any, int]) -> None:
         """Stop the other parts' work: their actors are replaced, the job having failed."""
