@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,23 @@ def test_bad_replica_options_are_usage_errors(
     assert err.count("\n") == 1
 
 
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """One local Ray instance the commands join (each would otherwise start its own: seconds
+    each; ``docs/scaling-out.md`` runs the command that does)."""
+    from pypto_sched.integrations.ray import ray_session
+
+    with ray_session(num_cpus=2, include_dashboard=False, log_to_driver=False):
+        yield
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra")
+@needs_ray
 def test_run_on_two_replicas_gives_the_one_device_greedy_tokens(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], cluster: None
 ) -> None:
     one = run_json(capsys, *RUN)
     assert main([*RUN, "--replicas", "2", "--progress", "--format", "json"]) == EXIT_OK
@@ -101,9 +115,9 @@ def test_run_on_two_replicas_gives_the_one_device_greedy_tokens(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra")
+@needs_ray
 def test_generate_on_two_replicas_writes_the_one_process_lines(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cluster: None
 ) -> None:
     rng = np.random.default_rng(5)
     prompts = tmp_path / "prompts.jsonl"
@@ -125,9 +139,9 @@ def test_generate_on_two_replicas_writes_the_one_process_lines(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra")
+@needs_ray
 def test_replicas_the_cluster_cannot_hold_are_one_line_at_once(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], cluster: None
 ) -> None:
     assert main([*RUN, "--replicas", "1", "--replica-resource", "NPU=1"]) == EXIT_FAILED
     err = capsys.readouterr().err
