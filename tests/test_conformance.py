@@ -176,7 +176,7 @@ def toy_backend() -> Any:
     """The documented toy backend (docs/examples/toy_backend.py), a correct one."""
     sys.path.insert(0, str(EXAMPLES))
     try:
-        from toy_backend import ToyBackend  # type: ignore[import-not-found]
+        from toy_backend import ToyBackend
     finally:
         sys.path.remove(str(EXAMPLES))
     return ToyBackend()
