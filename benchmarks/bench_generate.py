@@ -20,8 +20,10 @@ every request known up front, greedy, exactly ``--new-tokens`` tokens each (no s
   input order, left-padded to the batch's longest, with an ``attention_mask``.
 
 For each it reports the wall time, generated tokens a second, dispatches (forward calls of
-the model), and the time to first token in dispatches (the first is 1) and in seconds from
-the start of the run; for ours also the planning time as a share of the wall time. It checks
+the model), the time to first token in dispatches (the first is 1) and in seconds from the
+start of the run, and the machine's load average as the run started (other work on the
+machine slows a side several times over: compare runs made at similar loads); for ours also
+the planning time as a share of the wall time. It checks
 that the three give the same greedy tokens, and explains every difference by the one-shot
 logits of the context where the tokens first part: a near-tie (the two tokens' logits within
 ``--tie``) is float32 rounding deciding between equals, anything else is a failure.
@@ -85,6 +87,8 @@ class Run:
     #: from the start of the run).
     ttft_dispatches: list[int]
     ttft_seconds: list[float]
+    #: The machine's load average when the run started: other work slows every side.
+    load: float
     note: str = ""
 
     @property
@@ -114,6 +118,7 @@ def run_ours(
     backend: Backend, prompts: Sequence[list[int]], new_tokens: int, config: PlannerConfig
 ) -> tuple[Run, float]:
     ends: list[float] = []
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     result = generate(
         backend,
@@ -132,6 +137,7 @@ def run_ours(
         num_dispatches=stats.num_dispatches,
         ttft_dispatches=[f + 1 for f in first],
         ttft_seconds=[ends[f] - start for f in first],
+        load=load,
         note=(
             f"{stats.num_mixed_dispatches} mixed, {stats.num_preemptions} preemptions, "
             f"planning {stats.planning_seconds:.3f} s"
@@ -149,6 +155,7 @@ def run_generate_batch(
 ) -> Run:
     num_blocks = sum(-(-(len(p) + new_tokens) // PAGE_SIZE) for p in prompts)
     clock.reset()
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     outputs = model.generate_batch(
         [list(p) for p in prompts],
@@ -178,6 +185,7 @@ def run_generate_batch(
         num_dispatches=len(clock.ends),
         ttft_dispatches=[clock.dispatch_at(out.timestamps[0]) for out in by_index],
         ttft_seconds=[out.timestamps[0] - start for out in by_index],
+        load=load,
     )
 
 
@@ -192,6 +200,7 @@ def run_padded_generate(
     ttft_dispatches: list[int] = []
     ttft_seconds: list[float] = []
     clock.reset()
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
@@ -221,6 +230,7 @@ def run_padded_generate(
         num_dispatches=len(clock.ends),
         ttft_dispatches=ttft_dispatches,
         ttft_seconds=ttft_seconds,
+        load=load,
     )
 
 
@@ -262,14 +272,15 @@ def differences(
 def report(runs: Sequence[Run]) -> None:
     print(
         f"{'side':<30} {'wall s':>7} {'tok/s':>7} {'dispatches':>10} {'TTFT mean':>9} "
-        f"{'max':>5} {'TTFT s mean':>11} {'max':>6}"
+        f"{'max':>5} {'TTFT s mean':>11} {'max':>6} {'load':>5}"
     )
     for run in runs:
         print(
             f"{run.name:<30} {run.seconds:>7.1f} {run.tokens_per_second:>7.1f} "
             f"{run.num_dispatches:>10} {np.mean(run.ttft_dispatches):>9.1f} "
             f"{max(run.ttft_dispatches):>5} {np.mean(run.ttft_seconds):>11.2f} "
-            f"{max(run.ttft_seconds):>6.2f}" + (f"   ({run.note})" if run.note else "")
+            f"{max(run.ttft_seconds):>6.2f} {run.load:>5.1f}"
+            + (f"   ({run.note})" if run.note else "")
         )
 
 
@@ -339,7 +350,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     batch = run_generate_batch(model, clock, prompts, args.new_tokens, args.max_batch_tokens)
     padded = run_padded_generate(model, clock, prompts, args.new_tokens, args.padded_batch_size)
     report([ours, batch, padded])
-    print(f"load average {os.getloadavg()[0]:.1f} (other work on the machine slows every side)")
 
     failures = []
     for other in (batch, padded):
