@@ -36,10 +36,11 @@ and embedded -- the backend contract of :mod:`pypto_sched.backends`:
   the rule) does not derail the tokens after it. Decode rows -- final one-token chunks at
   position ``context - 1``, placed before the dispatch's prefill chunks -- read their
   context through the backend's cache; pages are granted mid-generation as contexts grow;
-  KV pools drawn from the smallest that holds one request to room for all force
-  preemption by recomputation (most such examples are drawn so that the plan preempts),
-  so pages freed by a preempted or finished request are reused. The pool's pages are
-  renamed to scattered pages of a larger cache whose every slot holds stale K/V.
+  KV pools lie between the smallest that holds one request and room for all, and two
+  examples in three take, among a few such sizes, one whose plan preempts by recomputation
+  (when one does), so pages freed by a preempted or finished request are reused. The
+  pool's pages are renamed to scattered pages of a larger cache whose every slot holds
+  stale K/V.
 
 What it does not prove
 ======================
