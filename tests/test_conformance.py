@@ -6,6 +6,7 @@ tests/test_broken_backends.py plants every bug class in the documented toy backe
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from pypto_sched import (
     DispatchOutput,
     GenerationResult,
     InvalidInputError,
+    PlannerConfig,
     generate,
     plan_one_shot,
 )
@@ -174,12 +176,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 def toy_backend() -> Any:
     """The documented toy backend (docs/examples/toy_backend.py), a correct one."""
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from toy_backend import ToyBackend
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    return ToyBackend()
+    spec = importlib.util.spec_from_file_location("toy_backend", EXAMPLES / "toy_backend.py")
+    if spec is None or spec.loader is None:
+        raise ImportError("docs/examples/toy_backend.py cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ToyBackend()
 
 
 def test_a_broken_backend_fails_under_python_dash_o() -> None:
@@ -361,3 +363,25 @@ def test_a_decode_bug_fails_under_python_dash_o() -> None:
     )
     assert result.stdout.startswith("caught: backend 'toy', seed 0, generation example")
     assert "is not an argmax of the one-shot logits of its context" in result.stdout
+
+
+class AsksRecorded(Wrapped):
+    """Records, per dispatch, its number of final rows and whether anything was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asks: list[tuple[int, bool]] = []
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        asked = batch.return_logits or batch.return_greedy
+        self.asks.append((int(batch.arrays.is_final.sum()), asked))
+        return super().run_dispatch(batch, cache)
+
+
+def test_generation_asks_nothing_of_a_dispatch_of_intermediate_chunks() -> None:
+    # The contract: such a dispatch is asked for nothing and returns DispatchOutput().
+    backend = AsksRecorded()
+    config = PlannerConfig(max_num_batched_tokens=4, long_prefill_token_threshold=2)
+    generate(backend, [[1, 2, 3, 4, 5], [6, 7, 8]], config=config, max_new_tokens=3)
+    assert any(finals == 0 for finals, _ in backend.asks)
+    assert all(asked == (finals > 0) for finals, asked in backend.asks)
