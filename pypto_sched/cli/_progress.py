@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from .._generate import StepDone
 from ..execute import DispatchDone
 from ._render import console
 
-__all__ = ["OnDispatch", "bar"]
+__all__ = ["OnDispatch", "bar", "generation_bar"]
 
 #: What :func:`~pypto_sched.execute_schedule` calls after each dispatch.
 OnDispatch = Callable[[DispatchDone], None]
@@ -64,5 +66,34 @@ def _shown(label: str, total: int, *, forced: bool) -> Iterator[OnDispatch]:
 
         def advance(done: DispatchDone) -> None:
             progress.update(task, completed=done.index + 1, total=done.num_dispatches)
+
+        yield advance
+
+
+@contextmanager
+def generation_bar(
+    args: argparse.Namespace, num_requests: int
+) -> Iterator[Callable[[StepDone], None]]:
+    """Requests done and tokens per second on stderr, as ``--progress`` asks (default: when
+    stderr is a terminal)."""
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    if not show:
+        yield lambda _done: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = console(stderr=True)
+    if args.progress:  # asked for by name: drawn even when stderr is not a terminal
+        err = type(err)(file=sys.stderr, force_terminal=True, width=err.width, markup=False)
+    columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+               TextColumn("{task.fields[rate]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task("generate", total=num_requests, rate="")
+        started = time.perf_counter()
+
+        def advance(done: StepDone) -> None:
+            seconds = time.perf_counter() - started
+            rate = f"{done.num_generated_tokens / seconds:,.0f} tokens/s" if seconds > 0 else ""
+            progress.update(task, completed=done.num_finished, rate=rate)
 
         yield advance

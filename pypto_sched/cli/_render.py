@@ -17,7 +17,20 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.table import Table
 
-__all__ = ["console", "emit", "grid", "percent", "print_json", "show", "table"]
+    from .._config import PlannerConfig
+    from .._generate import GenerationResult
+    from ..integrations.hf_verify import TransformersVerification
+
+__all__ = [
+    "console",
+    "emit",
+    "generation_summary",
+    "grid",
+    "percent",
+    "print_json",
+    "show",
+    "table",
+]
 
 _PIPED_WIDTH = 200
 _TEXT_COLUMNS = frozenset(
@@ -39,9 +52,10 @@ def console(*, stderr: bool = False) -> Console:
     return Console(file=stream, width=width, markup=False, highlight=False, emoji=False)
 
 
-def emit(*items: RenderableType) -> None:
-    """Print ``items`` on stdout; when piped, as plain text without trailing spaces."""
-    out = console()
+def emit(*items: RenderableType, stderr: bool = False) -> None:
+    """Print ``items`` on stdout (or stderr); when piped, as plain text without trailing
+    spaces."""
+    out = console(stderr=stderr)
     if out.is_terminal:
         for item in items:
             out.print(item)
@@ -50,7 +64,8 @@ def emit(*items: RenderableType) -> None:
         for item in items:
             out.print(item, soft_wrap=isinstance(item, str))
     lines = capture.get().splitlines()
-    sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
+    stream = sys.stderr if stderr else sys.stdout
+    stream.write("".join(line.rstrip() + "\n" for line in lines))
 
 
 def print_json(data: object) -> None:
@@ -89,3 +104,39 @@ def show(value: object) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def generation_summary(
+    backend_name: str,
+    config: PlannerConfig,
+    result: GenerationResult,
+    verification: TransformersVerification | None,
+) -> list[RenderableType]:
+    """``generate``'s summary on stderr: dispatches, preemptions, first tokens, throughput."""
+    stats = result.stats
+    preempted = sum(1 for s in result.sequences if s.num_preemptions)
+    heading = (
+        f"{len(result.sequences):,} requests, {stats.num_prompt_tokens:,} prompt tokens on "
+        f"backend {backend_name!r} ({config.policy})"
+    )
+    table = grid()
+    table.add_row("generated", f"{stats.num_generated_tokens:,} tokens")
+    table.add_row("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
+                  "prefill and decode)")  # fmt: skip
+    table.add_row(
+        "preemptions",
+        f"{stats.num_preemptions:,} ({preempted:,} request{'' if preempted == 1 else 's'})",
+    )
+    table.add_row(
+        "time to first token",
+        f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
+        f"{stats.max_time_to_first_token:,} at worst",
+    )
+    table.add_row(
+        "throughput",
+        f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, planning "
+        f"{stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})",
+    )
+    if verification is not None:
+        table.add_row("verify", verification.describe())
+    return [heading, table]

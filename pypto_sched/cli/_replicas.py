@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .._config import PlannerConfig
+from .._errors import InvalidConfigError
+from .._generate import GenerationResult
 from .._partition import partition_requests
 from .._policies import plan_prefill
+from .._sampling import SamplingParams
 from . import _render
 from ._errors import CommandFailed, UsageError
 from ._render import console
@@ -29,11 +32,13 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from ..integrations.ray import BatchProgress, RayReplicas
+    from ..prompts import PromptRequest
 
 __all__ = [
     "add_replica_options",
     "check_replicas",
     "describe",
+    "generate_on",
     "optional_replicas",
     "partition_summary",
     "partition_table",
@@ -254,3 +259,39 @@ def describe(replicas: Mapping[str, Any]) -> str:
         f"{replicas['num_replicas']} (tokens {loads}; {replicas['imbalance']:.2f}x the lower "
         f"bound{replaced})"
     )
+
+
+def generate_on(
+    pool: RayReplicas,
+    requests: Sequence[PromptRequest],
+    *,
+    config: PlannerConfig,
+    sampling: SamplingParams,
+    stop_token_ids: Collection[int],
+    num_pages: int | None,
+    page_size: int,
+    on_progress: Callable[[BatchProgress], None],
+) -> tuple[GenerationResult, dict[str, Any]]:
+    """``generate``'s execution on Ray replicas (``--replicas``); ``num_pages`` is each
+    replica's. Returns the result and the replicas' figures for the summary."""
+    try:
+        result = pool.generate(
+            [r.token_ids for r in requests],
+            config=config,
+            max_new_tokens=[r.max_new_tokens for r in requests],
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            request_stop_token_ids=[r.stop_token_ids for r in requests],
+            num_pages=num_pages,
+            page_size=page_size,
+            on_progress=on_progress,
+        )
+    except InvalidConfigError as error:
+        raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
+    replicas = {
+        "num_replicas": pool.num_replicas,
+        "tokens": [int(load) for load in result.partition.loads],
+        "imbalance": result.partition.imbalance,
+        "num_restarts": result.num_restarts,
+    }
+    return GenerationResult(sequences=result.sequences, stats=result.total_stats), replicas

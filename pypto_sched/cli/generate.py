@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._config import PlannerConfig
 from .._errors import InvalidConfigError
@@ -25,7 +23,6 @@ from .._sampling import SamplingParams
 from ..backends import Backend
 from ..execute import DEFAULT_PAGE_SIZE
 from ..integrations.hf_verify import (
-    TransformersVerification,
     transformers_missing,
     verify_greedy_generation,
 )
@@ -43,14 +40,13 @@ from ._errors import EXIT_FAILED, EXIT_OK, UsageError
 from ._inputs import config as planner_config
 from ._lengths import read_text
 from ._options import Example, Parser, add_command, add_config_options
-from ._render import console, grid
+from ._progress import generation_bar
+from ._render import emit, generation_summary
 from ._specs import backend_options
 from .run import _load
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
-    from ..integrations.ray import BatchProgress, RayReplicas
+    from ..integrations.ray import RayReplicas
 
 __all__ = ["EXAMPLES", "add_parser", "execute", "handle"]
 
@@ -201,7 +197,7 @@ def _generate(
     checkpoint = _checkpoint(args)
     eos = () if checkpoint is None or args.ignore_eos else eos_token_ids(checkpoint)
     if isinstance(backend, Backend):
-        with _progress_bar(args, len(requests)) as on_step:
+        with generation_bar(args, len(requests)) as on_step:
             result = execute(
                 backend,
                 requests,
@@ -214,7 +210,7 @@ def _generate(
             )
     else:
         with _replicas.progress_bar(args)("generate") as on_progress:
-            result, replicas = _on_replicas(
+            result, replicas = _replicas.generate_on(
                 backend, requests, config=config, sampling=sampling, stop_token_ids=eos,
                 num_pages=args.num_kv_pages, page_size=page_size, on_progress=on_progress,
             )  # fmt: skip
@@ -228,10 +224,10 @@ def _generate(
             max_new_tokens=[r.max_new_tokens for r in requests],
             stop_token_ids=[(*eos, *r.stop_token_ids) for r in requests],
         )
-    summary = _summary(backend.name, config, result, verification)
+    summary = generation_summary(backend.name, config, result, verification)
     if not isinstance(backend, Backend):
         summary.append(f"replicas: {_replicas.describe(replicas)}")
-    _emit_stderr(summary)
+    emit(*summary, stderr=True)
     if verification is not None and not verification.passed:
         return EXIT_FAILED
     return EXIT_OK
@@ -265,41 +261,6 @@ def execute(
         )
     except InvalidConfigError as error:  # the pool cannot hold a request, or no pages at all
         raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
-
-
-def _on_replicas(
-    pool: RayReplicas,
-    requests: Sequence[PromptRequest],
-    *,
-    config: PlannerConfig,
-    sampling: SamplingParams,
-    stop_token_ids: Collection[int],
-    num_pages: int | None,
-    page_size: int,
-    on_progress: Callable[[BatchProgress], None],
-) -> tuple[GenerationResult, dict[str, Any]]:
-    """:func:`execute` on Ray replicas (``--replicas``); ``num_pages`` is each replica's."""
-    try:
-        result = pool.generate(
-            [r.token_ids for r in requests],
-            config=config,
-            max_new_tokens=[r.max_new_tokens for r in requests],
-            sampling=sampling,
-            stop_token_ids=stop_token_ids,
-            request_stop_token_ids=[r.stop_token_ids for r in requests],
-            num_pages=num_pages,
-            page_size=page_size,
-            on_progress=on_progress,
-        )
-    except InvalidConfigError as error:
-        raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
-    replicas = {
-        "num_replicas": pool.num_replicas,
-        "tokens": [int(load) for load in result.partition.loads],
-        "imbalance": result.partition.imbalance,
-        "num_restarts": result.num_restarts,
-    }
-    return GenerationResult(sequences=result.sequences, stats=result.total_stats), replicas
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -346,76 +307,3 @@ def _write(path: str | None, text: str) -> None:
         Path(path).write_text(text, encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--output: cannot write {path!r}: {error.strerror or error}") from None
-
-
-@contextmanager
-def _progress_bar(
-    args: argparse.Namespace, num_requests: int
-) -> Iterator[Callable[[StepDone], None]]:
-    """Requests done and tokens per second on stderr, as ``--progress`` asks (default: when
-    stderr is a terminal)."""
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    if not show:
-        yield lambda _done: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    err = console(stderr=True)
-    if args.progress:  # asked for by name: drawn even when stderr is not a terminal
-        err = type(err)(file=sys.stderr, force_terminal=True, width=err.width, markup=False)
-    columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-               TextColumn("{task.fields[rate]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task("generate", total=num_requests, rate="")
-        started = time.perf_counter()
-
-        def advance(done: StepDone) -> None:
-            seconds = time.perf_counter() - started
-            rate = f"{done.num_generated_tokens / seconds:,.0f} tokens/s" if seconds > 0 else ""
-            progress.update(task, completed=done.num_finished, rate=rate)
-
-        yield advance
-
-
-def _emit_stderr(items: list[RenderableType]) -> None:
-    """Print ``items`` on stderr; when it is not a terminal, without trailing spaces."""
-    err = console(stderr=True)
-    with err.capture() as capture:
-        for item in items:
-            err.print(item, soft_wrap=isinstance(item, str))
-    sys.stderr.write("".join(line.rstrip() + "\n" for line in capture.get().splitlines()))
-
-
-def _summary(
-    backend_name: str,
-    config: PlannerConfig,
-    result: GenerationResult,
-    verification: TransformersVerification | None,
-) -> list[RenderableType]:
-    stats = result.stats
-    preempted = sum(1 for s in result.sequences if s.num_preemptions)
-    heading = (
-        f"{len(result.sequences):,} requests, {stats.num_prompt_tokens:,} prompt tokens on "
-        f"backend {backend_name!r} ({config.policy})"
-    )
-    table = grid()
-    table.add_row("generated", f"{stats.num_generated_tokens:,} tokens")
-    table.add_row("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
-                  "prefill and decode)")  # fmt: skip
-    table.add_row(
-        "preemptions",
-        f"{stats.num_preemptions:,} ({preempted:,} request{'' if preempted == 1 else 's'})",
-    )
-    table.add_row(
-        "time to first token",
-        f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
-        f"{stats.max_time_to_first_token:,} at worst",
-    )
-    table.add_row(
-        "throughput",
-        f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, planning "
-        f"{stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})",
-    )
-    if verification is not None:
-        table.add_row("verify", verification.describe())
-    return [heading, table]
