@@ -545,8 +545,8 @@ class _InputModifiedError(RuntimeError):
     """The backend changed an array of the batch it was handed."""
 
 
-class _Watched:
-    """``backend`` with every dispatch's inputs compared before and after it runs."""
+class _Wrapped:
+    """A backend seen through a wrapper: its metadata, cache and embeddings forwarded."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
@@ -571,6 +571,13 @@ class _Watched:
         return self._backend.new_cache(num_pages=num_pages, page_size=page_size)
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
+        return self._backend.embed(token_ids)
+
+
+class _Watched(_Wrapped):
+    """``backend`` with every dispatch's inputs compared before and after it runs."""
+
+    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
         return self._backend.embed(np.array(token_ids))
 
     def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
@@ -593,38 +600,19 @@ class _RenamedCache:
         self.pages = pages
 
 
-class _ReusedPages:
+class _ReusedPages(_Wrapped):
     """``backend`` under :func:`generate`: the pool's pages renamed to scattered pages of a
     larger cache (spare pages included) whose every slot holds stale K/V, so that decode
     rows and pages granted mid-generation are neither contiguous, ascending nor fresh."""
 
     def __init__(self, backend: Backend, rng: np.random.Generator) -> None:
-        self._backend = backend
+        super().__init__(backend)
         self._rng = rng
-
-    @property
-    def name(self) -> str:
-        return self._backend.name
-
-    @property
-    def tolerance(self) -> float:
-        return self._backend.tolerance
-
-    @property
-    def vocab_size(self) -> int:
-        return self._backend.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self._backend.hidden_size
 
     def new_cache(self, *, num_pages: int, page_size: int) -> _RenamedCache:
         total = num_pages + int(self._rng.integers(0, _MAX_SPARE_PAGES + 1))
         cache = _stale_cache(self._backend, self._rng, total, page_size)
         return _RenamedCache(cache, self._rng.permutation(total)[:num_pages].astype(np.int64))
-
-    def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
-        return self._backend.embed(token_ids)
 
     def run_dispatch(self, batch: DispatchInput, cache: _RenamedCache) -> DispatchOutput:
         arrays = batch.arrays
