@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -60,6 +60,7 @@ from ._errors import (
 )
 from ._online import PrefillState, StepChunk, _Rows, plan_step
 from ._persistent import Frozen, PersistentMap
+from ._policies import preemption_victim
 from ._pool import PagePool
 from ._schedule import Dispatch
 from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
@@ -417,20 +418,20 @@ class _GenerationStep(Generic[RequestId]):
         return sequence
 
     def preempt_for(self, arrival: int, request_id: RequestId) -> RequestId:
-        """Preempt the youngest page holder younger than ``request_id`` (or it); return it."""
-        victim, victim_arrival = request_id, arrival
-        for holder in self.pool.owners():
-            holder_arrival = self._sequence(holder).arrival
-            if holder_arrival > victim_arrival:
-                victim, victim_arrival = holder, holder_arrival
+        """Preempt :func:`preemption_victim` for ``request_id``; return the victim."""
+        holders = ((h, self._sequence(h).arrival) for h in self.pool.owners())
+        victim = cast(RequestId, preemption_victim(request_id, arrival, holders))
         self.preempt(victim)
         return victim
 
     def preempt_youngest_holder(self) -> None:
-        holders = list(self.pool.owners())
+        """Nothing could run: preempt the youngest page holder (never the oldest, which
+        would have run)."""
+        holders = [(h, self._sequence(h).arrival) for h in self.pool.owners()]
         if not holders:
             raise AssertionError("unreachable: a request alone always fits the pool")
-        self.preempt(max(holders, key=lambda h: self._sequence(h).arrival))
+        oldest, age = min(holders, key=lambda pair: pair[1])
+        self.preempt(cast(RequestId, preemption_victim(oldest, age, holders)))
 
     def preempt(self, victim: RequestId) -> None:
         sequence = self._sequence(victim)

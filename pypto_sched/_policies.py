@@ -44,6 +44,7 @@ The rules, one function each
 * :func:`page_room`: with a KV page pool, what a request's pages plus the free pages hold;
   it bounds a chunk like the budget left (admission by free pages).
 * :func:`admits`: whether ``packed`` takes the next waiting request.
+* :func:`preemption_victim`: which request gives its KV pages back when one cannot get a page.
 * :func:`fits_one_dispatch`: ``round_robin``'s whole-batch rule.
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
   reservations.
@@ -157,6 +158,24 @@ Counted in dispatches that carry rows (an empty step moves no request ahead of a
 
   Waiting requests are admitted strictly in arrival order.
 
+Generation: decode rows, a bounded page pool, preemption
+--------------------------------------------------------
+``plan_generation_step`` (``_generation.py``, whose header has the details) plans a dispatch
+of a generation with these rules: decode rows first, oldest request first (one final token
+each, within the budget and the rows); then the prefill chunks of ``plan_step`` in the room
+left, with admission by free pages (:func:`page_room`). A request that needs a page when none
+is free takes one from the :func:`preemption_victim`: the youngest page holder younger than
+it, else itself. The victim gives all its pages back and recomputes its prompt and generated
+tokens later; in a step that preempts, no prefill runs beside the decodes. A step in which
+nothing can run preempts the youngest holder.
+
+Fairness of preemption: a request is never preempted for a younger one, and the oldest
+request holding pages is never preempted (if it held the only pages it could not be
+short of one, since a request alone always fits the pool). So it runs to completion, the
+next oldest then never yields, and no request waits forever. A request is preempted only
+when an older request takes a page, so at most as many times as the requests older than it
+take new pages.
+
 How the offline policies are computed fast
 ------------------------------------------
 ``round_robin`` is computed whole in NumPy: each request's chunks follow from its own length
@@ -179,7 +198,7 @@ no code with this module, and the tests check that they agree dispatch for dispa
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -342,6 +361,19 @@ def page_room(position: int, pages_held: int, pages_free: int, page_size: int) -
     bounds the tokens allowed like the budget left does (:func:`chunk_limit`)."""
     room = (pages_held + pages_free) * page_size - position
     return room if room > 0 else 0
+
+
+def preemption_victim(
+    requester: Hashable, requester_age: int, holders: Iterable[tuple[Hashable, int]]
+) -> Hashable:
+    """The request to preempt when ``requester`` (arrived ``requester_age``-th) needs a KV page
+    and none is free: the youngest of the ``(request, age)`` page ``holders`` younger than it,
+    else the requester itself. Never an older request: see *Fairness of preemption*."""
+    victim, victim_age = requester, requester_age
+    for holder, age in holders:
+        if age > victim_age:
+            victim, victim_age = holder, age
+    return victim
 
 
 def admits(size: int, remaining: int, num_partial: int, max_partial: int | None) -> bool:

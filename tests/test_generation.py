@@ -24,6 +24,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
+from pypto_sched._policies import preemption_victim
 
 lengths_lists = st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=6)
 policies: st.SearchStrategy[Policy] = st.sampled_from(["round_robin", "packed"])
@@ -198,3 +199,33 @@ def test_state_reading_finishing_and_errors() -> None:
         )
     assert pickle.loads(pickle.dumps(step.rows)) == dict(step.rows)
     assert list(np.asarray(step.arrays().positions)) == [0, 1, 2]
+
+
+@given(generations())
+def test_a_request_is_preempted_at_most_as_often_as_older_ones_take_pages(
+    case: tuple[list[int], list[int], PlannerConfig, int, int],
+) -> None:
+    """The bound of 'Fairness of preemption' (``_policies.py``), counted over a whole run."""
+    lengths, news, config, num_pages, page_size = case
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    preemptions = [0] * len(lengths)
+    pages_taken = [0] * len(lengths)  # new pages each request took, over the run
+    while state:
+        step = plan_generation_step(state, config)
+        for request in step.pool.owners():
+            before = set(state.pool.pages(request)) if request not in step.preempted else set()
+            pages_taken[request] += len(set(step.pool.pages(request)) - before)
+        for request in step.preempted:
+            preemptions[request] += 1
+        state = step.state
+    for request, count in enumerate(preemptions):
+        assert count <= sum(pages_taken[:request])
+
+
+def test_the_victim_is_the_youngest_holder_younger_than_the_requester() -> None:
+    holders = [("a", 0), ("c", 2), ("d", 3)]
+    assert preemption_victim("b", 1, holders) == "d"
+    assert preemption_victim("d", 3, holders) == "d"  # no younger holder: itself
+    assert preemption_victim("a", 0, [("a", 0)]) == "a"
