@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_helpers import run, run_json
 
 from pypto_sched import InvalidInputError, Schedule
 from pypto_sched._workloads import WORKLOADS, synthetic_lengths
@@ -32,25 +33,6 @@ from pypto_sched.cli import (
 
 SEED = ["--lengths", "3338x16", "--max-num-batched-tokens", "8192"]
 SEED_256 = [*SEED, "--long-prefill-token-threshold", "256"]
-
-
-@pytest.fixture(autouse=True)
-def _plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Output as a pipe gets it, whatever the terminal running the tests."""
-    for name in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
-    status, out, err = run(capsys, *argv, "--format", "json")
-    assert (status, err) == (EXIT_OK, "")
-    return json.loads(out)
 
 
 # -- lengths and workloads -------------------------------------------------------------------

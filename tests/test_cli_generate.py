@@ -38,12 +38,6 @@ PROMPTS: list[list[int]] = [
 CHUNKED = ["--max-num-batched-tokens", "24", "--long-prefill-token-threshold", "8"]
 
 
-@pytest.fixture(autouse=True)
-def _plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def write_prompts(path: Path, lines: Sequence[object]) -> str:
     text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
     path.write_text(text)

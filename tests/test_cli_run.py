@@ -18,11 +18,12 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 import pytest
+from cli_helpers import run, run_json
 
 import pypto_sched
 from pypto_sched import backends
 from pypto_sched.backends import DispatchInput, DispatchOutput
-from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from pypto_sched.cli import run as run_command
 
 SEED_256 = [
@@ -33,24 +34,6 @@ SEED_256 = [
     "--long-prefill-token-threshold",
     "256",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
-    status, out, err = run(capsys, *argv, "--format", "json")
-    assert (status, err) == (EXIT_OK, "")
-    return json.loads(out)
 
 
 TOY_MODULE = """
