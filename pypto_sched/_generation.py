@@ -17,10 +17,11 @@ is and a token has been sampled from it. Each step (one dispatch) is planned in 
    every decoding request, oldest first, gets a one-token row at position ``P + g - 1``
    (final: its logits give the next token), while ``max_num_batched_tokens`` and
    ``max_num_seqs`` last. Its pages must grow to hold ``P + g`` tokens. When they cannot,
-   requests are *preempted by recomputation*: the youngest request holding pages that is
-   younger than it gives all its pages back and returns to the front of the waiting queue
+   requests are *preempted by recomputation*: the :func:`preemption_victim` (the youngest
+   page holder younger than it, else itself) gives all its pages back and is queued again
    with its generated tokens appended to its prompt, so that its next prefill recomputes
-   them; if no younger request holds pages, the request itself is preempted.
+   them: under ``packed`` at the front of the waiting queue, under ``round_robin`` (one
+   queue of turns) at the back, so as not to take the turn it was preempted for.
 2. **Prefill chunks** in the room left: :func:`~pypto_sched.plan_step` of the prefilling
    requests with the decode rows reserved and the pool, so that every prefill rule
    (policy, threshold, page alignment, partial-prefill limit) is the online planner's, and
@@ -31,11 +32,9 @@ is and a token has been sampled from it. Each step (one dispatch) is planned in 
 A step with no row while requests remain means part-way prefills hold every page: the
 youngest holder is preempted and the step planned again.
 
-Fairness: the victim is always younger than the request that needs the page, so a request
-is never preempted for a younger one, and the oldest request holding pages is never
-preempted. It therefore runs to completion, after which the next oldest is never preempted:
-no request waits forever. A request is preempted only when an older request needs a page,
-so at most as many times as the requests older than it take new pages.
+The rules themselves (:func:`page_room`, :func:`preemption_victim`) and their fairness bound
+are stated once, in the theory of operation of ``_policies.py`` ("Generation"); the tests
+check the bound over whole runs.
 
 With an unlimited pool and ``N = 1`` no request ever decodes and the prefill rows are
 exactly those of :func:`~pypto_sched.plan_step` (and of :func:`~pypto_sched.plan_prefill`).
