@@ -151,6 +151,9 @@ def check_batches(
             assert len(batch.rows) <= min(rows), batch
         ids = [row.request_id for row in batch.rows]
         assert len(ids) == len(set(ids)), batch
+        # packed's work-conserving tail: a lone prefill request with nothing reserved (no
+        # decode in the batch) may take the whole budget, past the threshold
+        alone = config.policy == "packed" and len(batch.rows) == 1
         decoding = True
         for row in batch.rows:
             assert row.length >= 1, batch
@@ -158,9 +161,9 @@ def check_batches(
                 assert decoding, f"decode rows come first: {batch}"
                 continue
             decoding = False
-            assert row.length <= cap, f"a chunk above the cap {cap}: {row}"
-            if not row.is_final:
-                assert row.end % PAGE == 0, f"a non-final chunk ends inside a page: {row}"
+            assert row.length <= (budget if alone else cap), f"a chunk above the cap {cap}: {row}"
+            if not row.is_final and config.page_size is not None:
+                assert row.end % config.page_size == 0, f"a non-final chunk off the pages: {row}"
         prefill_rows = [row for row in batch.rows if row.is_prefill]
         assert sum(row.length for row in prefill_rows) <= config.effective_budget, batch
         if config.policy == "round_robin" and len(prefill_rows) > 1:
@@ -192,6 +195,27 @@ def check_prefills(
         if config.max_num_partial_prefills is not None:
             assert partial <= config.max_num_partial_prefills, batch
     assert len(done) == len(prompts), "a prompt was not prefilled"
+
+
+def checked_progress(scheduler: type[PyptoScheduler], name: str = "pypto_sched") -> None:
+    """Register under ``name`` a ``scheduler`` that checks, after every batch, that its
+    progress mirror holds what its prefill state holds."""
+
+    class Checked(scheduler):  # type: ignore[valid-type, misc]
+        def schedule_batch(
+            self, token_budget: int, cache_budget: int
+        ) -> tuple[list[Any] | None, bool, int, int]:
+            result: tuple[list[Any] | None, bool, int, int] = super().schedule_batch(
+                token_budget, cache_budget
+            )
+            held = {
+                request_id: (request.prompt_length, request.num_computed_tokens)
+                for request_id, request in self.prefill_state.items()
+            }
+            assert self.progress == held
+            return result
+
+    SCHEDULER_MAPPING[name] = Checked
 
 
 def blocks_needed(prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
@@ -230,32 +254,22 @@ def test_register_rejects_what_is_not_a_planner_config(config: object) -> None:
         register(config)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("config", "message"),
-    [
-        (PlannerConfig(max_num_batched_tokens=64, page_size=16), "'page_size' must be unset"),
-        (
-            PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=4),
-            "does not fit the server",
-        ),
-    ],
-)
-def test_a_config_that_does_not_fit_the_server_fails_every_request(
-    model: Any, config: PlannerConfig, message: str
-) -> None:
-    register(config)
+def test_a_config_that_does_not_fit_the_server_fails_every_request(model: Any) -> None:
+    """Pages of 48 tokens cannot be cut within the server's 32 tokens a batch."""
+    register(PlannerConfig(max_num_batched_tokens=64, page_size=48))
     outputs = model.generate_batch(
         [[1, 2, 3]],
         generation_config=generation_config(2),
         continuous_batching_config=ContinuousBatchingConfig(
-            page_size=PAGE, num_blocks=16, max_batch_tokens=64, scheduler_type="pypto_sched"
+            page_size=PAGE, num_blocks=16, max_batch_tokens=32, scheduler_type="pypto_sched"
         ),
         progress_bar=False,
         warmup=False,
     )
     (output,) = outputs.values()
     assert output.error is not None
-    assert message in output.error
+    assert "does not fit the server (32 tokens a batch)" in output.error
+    assert "'page_size' must be <=" in output.error
 
 
 # -- the same tokens as transformers -----------------------------------------------------------
@@ -281,11 +295,12 @@ WORKLOADS = [
             long_prefill_token_threshold=24,
             policy="packed",
             max_num_partial_prefills=2,
+            page_size=PAGE,
         ),
         64,
         64,
         None,
-        id="packed-partial",
+        id="packed-partial-aligned",
     ),
     pytest.param(
         [60, 3, 33, 47, 21, 8],
@@ -299,11 +314,11 @@ WORKLOADS = [
     pytest.param(
         [60, 3, 33, 47, 21, 8],
         5,
-        PlannerConfig(max_num_batched_tokens=40, long_prefill_token_threshold=16),
+        PlannerConfig(max_num_batched_tokens=40, long_prefill_token_threshold=16, page_size=PAGE),
         10,
         48,
         None,
-        id="round_robin-small-cache",
+        id="round_robin-small-cache-aligned",
     ),
     pytest.param(
         [30, 12, 50, 7],
@@ -333,7 +348,7 @@ def test_generate_batch_returns_the_tokens_of_fifo_and_generate(
 ) -> None:
     prompts = random_prompts(sum(lengths), lengths)
     batches: list[ScheduledBatch] = []
-    register(config, on_batch=batches.append)
+    checked_progress(register(config, on_batch=batches.append))
     server = ContinuousBatchingConfig(
         page_size=PAGE,
         num_blocks=num_blocks,
@@ -352,6 +367,38 @@ def test_generate_batch_returns_the_tokens_of_fifo_and_generate(
         assert blocks_needed(prompts, new_tokens) > 2 * num_blocks
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_chunks_are_cut_anywhere_without_page_size_and_on_pages_with_it(
+    model: Any, reference: Any, policy: str
+) -> None:
+    """The server's paged cache takes chunks that end inside a page: without ``page_size``
+    the budget left after the decodes is used to the token, with it every non-final chunk
+    ends on a page; the tokens are the same both ways."""
+    prompts = random_prompts(5, [45, 70, 13, 52, 9, 31])
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=64, max_batch_tokens=30)
+    expected = [reference(prompt, 4) for prompt in prompts]
+    assert run_batch(model, prompts, 4, "fifo", server) == expected
+    ends_inside_a_page = {}
+    for page_size in (None, PAGE):
+        config = PlannerConfig(
+            max_num_batched_tokens=30,
+            long_prefill_token_threshold=20,
+            page_size=page_size,
+            policy=policy,  # type: ignore[arg-type]
+        )
+        batches: list[ScheduledBatch] = []
+        checked_progress(register(config, on_batch=batches.append))
+        assert run_batch(model, prompts, 4, "pypto_sched", server) == expected
+        check_batches(batches, config, max_batch_tokens=30)
+        check_prefills(batches, prompts, config)
+        ends_inside_a_page[page_size] = any(
+            row.is_prefill and not row.is_final and row.end % PAGE
+            for batch in batches
+            for row in batch.rows
+        )
+    assert ends_inside_a_page == {None: True, PAGE: False}
+
+
 @st.composite
 def workloads(draw: st.DrawFn) -> dict[str, Any]:
     """A workload and a planner config, with a server cache from ample down to one that
@@ -362,10 +409,20 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
     budget = draw(st.integers(PAGE, 64))
     threshold = draw(st.one_of(st.none(), st.integers(PAGE, 40)))
     partial = draw(st.one_of(st.none(), st.integers(1, 3))) if policy == "packed" else None
+    max_batch_tokens = draw(st.integers(PAGE, 64))
+    # no alignment, the server's pages, or any page size that fits the server's batch
+    page_size = draw(
+        st.one_of(
+            st.none(),
+            st.just(PAGE),
+            st.integers(1, min(budget, threshold or budget, max_batch_tokens)),
+        )
+    )
     config = PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.one_of(st.none(), st.integers(1, 6))),
+        page_size=page_size,
         policy=policy,
         max_num_partial_prefills=partial,
     )
@@ -375,7 +432,7 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
         "new_tokens": new_tokens,
         "config": config,
         "num_blocks": draw(st.integers(largest + 1, 64)),
-        "max_batch_tokens": draw(st.integers(PAGE, 64)),
+        "max_batch_tokens": max_batch_tokens,
     }
 
 
@@ -387,7 +444,7 @@ def test_generated_workloads_give_the_tokens_of_fifo_and_generate_within_the_con
     prompts, new_tokens = workload["prompts"], workload["new_tokens"]
     config = workload["config"]
     batches: list[ScheduledBatch] = []
-    register(config, on_batch=batches.append)
+    checked_progress(register(config, on_batch=batches.append))
     server = ContinuousBatchingConfig(
         page_size=PAGE,
         num_blocks=workload["num_blocks"],
@@ -413,7 +470,7 @@ def test_shared_prefixes_hit_the_server_prefix_cache_and_keep_the_tokens(
         max_num_batched_tokens=32, long_prefill_token_threshold=16, policy="packed"
     )
     batches: list[ScheduledBatch] = []
-    register(config, on_batch=batches.append)
+    checked_progress(register(config, on_batch=batches.append))
     server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=64, max_batch_tokens=32)
     ours = run_batch(model, prompts, 3, "pypto_sched", server)
     assert ours == [reference(prompt, 3) for prompt in prompts]

@@ -38,12 +38,16 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    requests and asks again.
 
 Not covered: parallel sampling (``num_return_sequences > 1``). The server stops a forked
-request's prefill one token short of the planned chunk, so that chunk may end inside a page.
+request's prefill one token short of the planned chunk, so that chunk may end off the
+config's page boundaries.
 
 The dispatch's limits are the tighter of the server's and the config's: at most
 ``min(token_budget, max_num_batched_tokens)`` tokens and ``min(max_requests_per_batch,
-max_num_seqs)`` rows; the page size is the server's cache page size (a config that sets
-another ``page_size`` is refused), so no non-final chunk ends inside a page.
+max_num_seqs)`` rows. Page alignment is the config's: ``page_size=None`` (the default) cuts
+chunks anywhere, as the server's own schedulers do -- its paged cache fills a page across
+chunks, so alignment is not needed for correctness, and aligning leaves up to a page of a
+batch's tokens unused whenever a chunk is cut; a ``page_size`` (the server's cache page size,
+say) makes every non-final chunk end on a multiple of it.
 """
 
 from __future__ import annotations
@@ -171,40 +175,32 @@ class PyptoScheduler(Scheduler):
         super().__init__(
             cache, 0.15 if safety_margin is None else safety_margin, max_requests_per_batch
         )
-        self.page_size = max(
-            allocator.tokens_per_page for allocator in cache.cache_allocators.values()
-        )
         self._step_configs: dict[int, PlannerConfig] = {}
         self.step_config(cache.max_batch_tokens)  # a config that cannot fit fails here
 
     def reset(self) -> None:
         super().reset()
         self.prefill_state: PrefillState[str] = PrefillState()
+        #: Each request of ``prefill_state``: (prompt length, tokens computed).
+        self.progress: dict[str, tuple[int, int]] = {}
 
     def step_config(self, token_budget: int) -> PlannerConfig:
         """The planner config of a dispatch the server allows ``token_budget`` tokens: the
-        config given to :func:`register` within the server's limits and on its pages."""
+        config given to :func:`register` within the server's limits."""
         config = self._step_configs.get(token_budget)
         if config is not None:
             return config
         given = self.planner_config
-        if given.page_size is not None and given.page_size != self.page_size:
-            raise InvalidConfigError(
-                "'page_size' must be unset or the server's cache page size "
-                f"({self.page_size}): {given.page_size}"
-            )
         rows = self.max_requests_per_batch
         if given.max_num_seqs is not None:
             rows = min(rows, given.max_num_seqs)
         tokens = min(token_budget, given.max_num_batched_tokens)
         try:
-            config = attrs.evolve(
-                given, max_num_batched_tokens=tokens, max_num_seqs=rows, page_size=self.page_size
-            )
+            config = attrs.evolve(given, max_num_batched_tokens=tokens, max_num_seqs=rows)
         except InvalidConfigError as error:
             raise InvalidConfigError(
-                f"the planner config does not fit the server (page size {self.page_size}, "
-                f"{token_budget} tokens a batch): {error}"
+                f"the planner config does not fit the server ({token_budget} tokens a "
+                f"batch): {error}"
             ) from error
         self._step_configs[token_budget] = config
         return config
@@ -250,30 +246,37 @@ class PyptoScheduler(Scheduler):
         A request whose progress the server changed keeps its place at the front of the
         queue, as do the requests the server offloaded to the CPU (its own schedulers serve
         those first); a request reset by the server comes back as a new one, last.
+
+        ``self.progress`` mirrors the state's progress in a plain dict (the state's own
+        lookups cost microseconds each, and this runs over every request before every batch).
         """
-        state = self.prefill_state
-        front: list[RequestState] = []
-        for request_id in list(state):
-            server = self._server_request(request_id)
-            if server is None or server.status not in _PREFILLING:
-                state = state.remove(request_id)
-                continue
-            planned = state[request_id]
-            if (planned.prompt_length, planned.num_computed_tokens) != _progress(server):
-                state = state.remove(request_id)
-                front.append(server)
-        changed = {server.request_id for server in front}
+        state, progress = self.prefill_state, self.progress
+        server_requests = self._prefilling_requests()
+        current = {server.request_id: server for server in server_requests}
+        for request_id in [r for r in progress if r not in current]:
+            state = state.remove(request_id)  # finished, cancelled, failed or decoding
+            del progress[request_id]
+        changed: set[str] = set()
+        offloaded: list[RequestState] = []
         back: list[RequestState] = []
-        for server in self._prefilling_requests():
-            if server.request_id not in state and server.request_id not in changed:
-                (front if server.is_cpu_offloaded else back).append(server)
+        for server in server_requests:
+            planned = progress.get(server.request_id)
+            if planned is None:
+                (offloaded if server.is_cpu_offloaded else back).append(server)
+            elif planned != _progress(server):
+                changed.add(server.request_id)
+        # the changed ones in the state's order (rare: a prefix-cache hit, an offload)
+        front = [current[r] for r in state if r in changed] if changed else []
+        for request_id in changed:
+            state = state.remove(request_id)
+        front += offloaded
         for server in reversed(front):  # each goes ahead of the one after it
-            length, computed = _progress(server)
+            length, computed = progress[server.request_id] = _progress(server)
             state = state.add(
                 server.request_id, length, num_computed_tokens=computed, at_front=True
             )
         for server in back:
-            length, computed = _progress(server)
+            length, computed = progress[server.request_id] = _progress(server)
             state = state.add(server.request_id, length, num_computed_tokens=computed)
         self.prefill_state = state
 
@@ -335,6 +338,11 @@ class PyptoScheduler(Scheduler):
                 elif state is not None and state.status == RequestStatus.PENDING:
                     new_requests &= not batch.allocation_failed
             self.prefill_state = self.prefill_state.apply(attrs.evolve(plan, rows=ran))
+            for request_id, chunk in ran.items():
+                if chunk.is_final:
+                    del self.progress[request_id]
+                else:
+                    self.progress[request_id] = (self.progress[request_id][0], chunk.end)
             if ran or not plan.rows:
                 return
             skipped.update(plan.rows)
