@@ -36,7 +36,7 @@ from ._generation import (
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
-from ._policies import plan_one_shot, plan_prefill
+from ._plan import plan_one_shot, plan_prefill
 from ._pool import PagePool
 from ._sampling import SamplingParams, sample_token
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule

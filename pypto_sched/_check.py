@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from ._config import PlannerConfig
 from ._errors import InvalidScheduleError
+from ._policies import request_cap
 
 __all__ = ["ScheduleArrays", "check_schedule"]
 
@@ -63,6 +64,7 @@ def check_schedule(schedule: ScheduleArrays) -> None:
     _check_shapes(schedule)
     _check_rows(schedule)
     _check_request_order(schedule)
+    _check_request_caps(schedule)
     _check_dispatch_limits(schedule)
 
 
@@ -133,14 +135,6 @@ def _check_rows(s: ScheduleArrays) -> None:
             beyond,
             "row",
             lambda i: f"end {ends[i]} for prompt length {prompt[i]}",
-        )
-    cap = s.config.chunk_cap
-    if (lengths > cap).any():
-        _fail(
-            f"a chunk must hold at most the chunk cap ({cap}) tokens",
-            lengths > cap,
-            "row",
-            lambda i: f"length {lengths[i]}",
         )
     page = s.config.page_size
     if page is not None:
@@ -218,6 +212,29 @@ def _check_request_order(s: ScheduleArrays) -> None:
             same,
             "sorted row",
             lambda i: f"request {requests[i]} twice in dispatch {dispatch[i]}",
+        )
+
+
+def _check_request_caps(s: ScheduleArrays) -> None:
+    """Every chunk within its request cap: ``config.chunk_cap``, or under ``packed``'s
+    work-conserving tail the whole budget for a request left alone (``request_cap``). A
+    request is unfinished in a dispatch if it has a row there or later. (Checked once the
+    rows tile every request, so that each has exactly one final chunk.)"""
+    config, lengths = s.config, s.lengths
+    cap, lone = config.chunk_cap, request_cap(config, 1, 0, 0)
+    caps = np.full(lengths.size, cap, dtype=np.int64)
+    if lone != cap:
+        finished = np.bincount(s.finish_dispatch, minlength=s.num_dispatches)
+        unfinished = s.prompt_lengths.size - (np.cumsum(finished) - finished)
+        caps[unfinished[s.row_dispatch] == 1] = lone
+    over = lengths > caps
+    if over.any():
+        _fail(
+            f"a chunk must hold at most the chunk cap ({cap}) tokens"
+            + (f", or {lone} for a request left alone" if lone != cap else ""),
+            over,
+            "row",
+            lambda i: f"length {lengths[i]}",
         )
 
 

@@ -43,6 +43,7 @@ from ._policies import (
     leaves_tokens_to_prefill,
     page_room,
     prefill_room,
+    request_cap,
 )
 from ._pool import PagePool
 from ._validate import MAX_TOKENS, as_count_array, check_int
@@ -493,9 +494,9 @@ def plan_step(
         raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-    room_tokens, room_rows = prefill_room(
-        config, _count("reserved_tokens", reserved_tokens), _count("reserved_rows", reserved_rows)
-    )
+    reserved_tokens = _count("reserved_tokens", reserved_tokens)
+    reserved_rows = _count("reserved_rows", reserved_rows)
+    room_tokens, room_rows = prefill_room(config, reserved_tokens, reserved_rows)
     if state._policy is not None and state._policy != config.policy:
         raise InvalidInputError(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
@@ -506,9 +507,10 @@ def plan_step(
     if not state or room_tokens == 0 or room_rows == 0:
         return StepPlan(rows=_NO_ROWS, state=state, pool=pool)
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
+    cap = request_cap(config, len(state), reserved_tokens, reserved_rows)
     if config.policy == "round_robin":
-        return _RoundRobinStep(state, config, room_tokens, rows, pool).plan()
-    return _PackedStep(state, config, room_tokens, rows, pool).plan()
+        return _RoundRobinStep(state, config, cap, room_tokens, rows, pool).plan()
+    return _PackedStep(state, config, cap, room_tokens, rows, pool).plan()
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
@@ -527,6 +529,7 @@ class _Step(Generic[RequestId]):
         self,
         state: PrefillState[RequestId],
         config: PlannerConfig,
+        cap: int,
         tokens: int,
         rows: int,
         pool: PagePool[RequestId] | None,
@@ -534,7 +537,7 @@ class _Step(Generic[RequestId]):
         self.state = state
         self.pool = pool
         self.config = config
-        self.cap = config.chunk_cap
+        self.cap = cap  # the request cap of this step (see request_cap)
         self.page = config.page_size or 1
         self.room_tokens = tokens
         self.tokens_left = tokens

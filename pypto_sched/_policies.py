@@ -22,8 +22,10 @@ Invariants every schedule satisfies (``Schedule.validate`` checks them all):
    and end at ``L``; exactly one of them, the last, is final.
 2. A dispatch holds at least one row, at most one row per request, at most
    ``config.effective_budget`` tokens and at most ``max_num_seqs`` rows.
-3. Every chunk holds at most ``config.chunk_cap`` tokens: ``min(max_num_batched_tokens,
-   long_prefill_token_threshold)``.
+3. Every chunk holds at most its request cap (:func:`request_cap`): ``config.chunk_cap``,
+   ``min(max_num_batched_tokens, long_prefill_token_threshold)``, except that under ``packed``
+   a request left alone -- the only one unfinished, in a dispatch without decodes -- may run
+   the whole ``max_num_batched_tokens`` (the work-conserving tail).
 4. With ``page_size`` set, every non-final chunk ends on a multiple of ``page_size``.
 5. With ``max_num_partial_prefills`` set (``packed`` only), at most that many requests are
    started but unfinished after any dispatch.
@@ -39,7 +41,9 @@ The rules, one function each
   that is left if it fits (the final chunk), else up to the last page boundary in reach.
   :func:`chunk_sizes` is the same rule over arrays; :func:`full_step` is what it gives from a
   page boundary when more than ``limit`` is left.
-* :func:`chunk_limit`: what one request may run in a dispatch being filled: the chunk cap,
+* :func:`request_cap`: the most one request may run in a dispatch: the chunk cap, or the whole
+  budget in ``packed``'s work-conserving tail.
+* :func:`chunk_limit`: what one request may run in a dispatch being filled: its request cap,
   the tokens left, and nothing once the rows are used up.
 * :func:`page_room`: with a KV page pool, what a request's pages plus the free pages hold;
   it bounds a chunk like the budget left (admission by free pages).
@@ -76,8 +80,17 @@ the cap or by a page boundary is non-final. The dispatch is filled in this order
    ``max_num_partial_prefills`` requests already are.
 
 Because started requests come first, a started request waits for no newcomer, and because
-new ones are admitted in order, requests start in request order. The dispatch count is then
-close to ``Schedule.lower_bound`` (the seed's case with budget 8192 and 16 rows takes 14).
+new ones are admitted in order, requests start in request order.
+
+*The work-conserving tail.* The threshold exists so that a long prompt does not starve the
+others of the budget. When one request is left -- nothing else started, nothing waiting, and
+no decode in the dispatch -- there is nobody to starve, so its cap is the whole
+``max_num_batched_tokens`` instead of ``chunk_cap`` (:func:`request_cap`; vLLM V1 drops its
+threshold the same way). Without it, a long request that starts last runs alone in
+``chunk_cap``-sized dispatches while the budget sits idle. ``Schedule.lower_bound`` accounts
+for it: the longest request runs at most ``chunk_cap`` tokens a dispatch only while the second
+longest is unfinished. The dispatch count is then close to the bound, and equal to it in most
+workloads without ``page_size`` (the seed's case with budget 8192 and 16 rows takes 14).
 
 Online: one step at a time
 --------------------------
@@ -106,7 +119,8 @@ offline rules exactly; only the room differs.
 the *waiting* ones in a FIFO queue. A step serves the started requests first, in arrival
 order, skipping one that cannot run a token in the room left; then it admits waiting requests
 in arrival order, stopping at the first that cannot run a token or that would be left
-part-way while ``max_num_partial_prefills`` requests already are.
+part-way while ``max_num_partial_prefills`` requests already are. The work-conserving tail
+applies to a step whose state holds one request and whose caller reserves nothing.
 
 ``round_robin`` keeps every request in one FIFO queue of turns. A step runs one chunk of the
 request at the head of the queue, ``min(remaining, room)`` tokens (page-aligned if not final);
@@ -191,14 +205,15 @@ chunk. So it records this *run* of rows once, on joining, and cuts the record sh
 rare dispatch where the budget or the row limit pushes it out. The Python work is per
 dispatch and per request, not per row; NumPy expands the runs into rows and sorts them
 stably by dispatch. Every chunk that is not a steady step is sized by :func:`chunk_size` and
-admitted by :func:`admits`. ``tests/oracle.py`` states both policies as plain loops, sharing
+admitted by :func:`admits`. Once one request is left, its steady run is cut short and the
+rest of its prefill is planned under the work-conserving tail's :func:`request_cap`. ``tests/oracle.py`` states both policies as plain loops, sharing
 no code with this module, and the tests check that they agree dispatch for dispatch.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 from typing import Any, overload
 
 import numpy as np
@@ -206,64 +221,11 @@ import numpy.typing as npt
 
 from ._config import PlannerConfig
 from ._errors import InvalidInputError
-from ._schedule import Schedule
 from ._validate import as_count_array, read_only
 
-__all__ = ["plan_one_shot", "plan_prefill"]
+__all__ = ["plan_rows", "request_cap"]
 
 IntArray = npt.NDArray[np.int64]
-
-
-def plan_prefill(
-    prompt_lengths: Sequence[int] | npt.NDArray[np.integer],
-    config: PlannerConfig,
-    *,
-    num_computed_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
-) -> Schedule:
-    """Plan the prefill of a batch of prompts.
-
-    ``prompt_lengths`` holds one length ``>= 1`` per request, in request order.
-    ``num_computed_tokens``, when given, holds per request the tokens already in the KV cache
-    (``0 <= c < length``); that request's chunks start at ``c``. The inputs are not mutated;
-    equal inputs give equal schedules.
-    """
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-    lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
-    computed = check_num_computed_tokens(num_computed_tokens, lengths)
-    if config.policy == "round_robin":
-        rows = _plan_round_robin(lengths, computed, config)
-    else:
-        rows = _plan_packed(lengths, computed, config)
-    offsets, requests, starts, sizes, final = rows
-    return Schedule(
-        config=config,
-        prompt_lengths=lengths,
-        num_computed_tokens=computed,
-        dispatch_offsets=read_only(offsets),
-        requests=read_only(requests),
-        starts=read_only(starts),
-        lengths=read_only(sizes),
-        is_final=read_only(final),
-    )
-
-
-def plan_one_shot(
-    prompt_lengths: Sequence[int] | npt.NDArray[np.integer],
-    *,
-    num_computed_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
-) -> Schedule:
-    """The unchunked schedule: every request's remaining tokens whole, in one dispatch.
-
-    It is what chunked schedules are verified against (the same logits, by construction of
-    the backend contract), and what fills a cache with prefixes.
-    """
-    lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
-    computed = check_num_computed_tokens(num_computed_tokens, lengths)
-    budget = max(int((lengths - computed).sum()), 1)
-    return plan_prefill(
-        lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
-    )
 
 
 # -- the rules ------------------------------------------------------------------------------
@@ -343,6 +305,27 @@ def full_step(limit: int, page: int) -> int:
     a page multiple. A request that keeps getting ``limit`` runs chunks of this size until its
     last."""
     return chunk_size(0, limit + 1, limit, page)
+
+
+def request_cap(
+    config: PlannerConfig, num_unfinished: int, reserved_tokens: int, reserved_rows: int
+) -> int:
+    """The most tokens one request may run in a dispatch: ``config.chunk_cap``, except in
+    ``packed``'s *work-conserving tail*: when ``num_unfinished``, the requests whose prefill
+    is not finished as the dispatch is planned, is 1 and the caller reserves no tokens and no
+    rows for decodes, nothing else can run beside that request, so it may use the whole
+    ``max_num_batched_tokens`` (vLLM V1 drops the threshold the same way).
+
+    ``round_robin`` keeps the seed's cap in every dispatch.
+    """
+    if (
+        num_unfinished == 1
+        and config.policy == "packed"
+        and reserved_tokens == 0
+        and reserved_rows == 0
+    ):
+        return config.max_num_batched_tokens
+    return config.chunk_cap
 
 
 def chunk_limit(cap: int, tokens_left: int, rows_left: int) -> int:
@@ -425,6 +408,15 @@ def prefill_room(
 # arrays as int32 like the schedule's.
 Int32Array = npt.NDArray[np.int32]
 Rows = tuple[IntArray, Int32Array, Int32Array, Int32Array, npt.NDArray[np.bool_]]
+
+
+def plan_rows(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
+    """The rows of the schedule of prompts of ``lengths`` with ``computed`` tokens cached
+    (both checked) under ``config``'s policy: ``(dispatch_offsets, requests, starts, lengths,
+    is_final)``, in dispatch order and, within a dispatch, in request order."""
+    if config.policy == "round_robin":
+        return _plan_round_robin(lengths, computed, config)
+    return _plan_packed(lengths, computed, config)
 
 
 def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
@@ -513,6 +505,7 @@ class _PackedPlanner:
     """
 
     def __init__(self, lengths: list[int], computed: list[int], config: PlannerConfig) -> None:
+        self.config = config
         self.lengths = lengths
         self.position = list(computed)  # up to date for requests not steady
         self.n = len(lengths)
@@ -552,6 +545,9 @@ class _PackedPlanner:
         d = 0  # the dispatch being filled
         new = 0  # the first request not started
         while steady or tail or new < n:
+            if len(steady) + len(tail) + n - new == 1:  # the work-conserving tail
+                d = self._serve_alone(d, new)
+                break
             # Charge the steady requests: a step each, the last chunk for those due now.
             finishing = due_at.pop(d, [])
             demand = step * len(steady) + extra_at.pop(d, 0)
@@ -597,11 +593,10 @@ class _PackedPlanner:
     def _shrink_steady(self, d: int, finishing: list[int], demand: int) -> int:
         """Move steady requests from the end to the front of the tail until the rest fit
         in dispatch ``d``; return the demand of the rest."""
-        steady, runs, step = self.steady, self.runs, self.step
+        steady, step = self.steady, self.step
         while steady and (demand > self.budget or len(steady) > self.max_rows):
             r, at = steady.popitem()
-            first, count, _, start, head, last = runs[at : at + 6]
-            due = first + count - 1
+            due, last = self._cut_run(r, at, d)
             if due == d:
                 finishing.remove(r)
                 demand -= last  # its charge: its last chunk
@@ -609,13 +604,41 @@ class _PackedPlanner:
                 self.due_at[due].remove(r)
                 self.extra_at[due] -= last - step
                 demand -= step  # its charge: a step
-            # Cut its run short: the head, then the steps up to the last dispatch.
-            count = d - first
-            runs[at + 1] = count
-            runs[at + 5] = step if count > 1 else head
-            self.position[r] = start + head + (count - 1) * step
             self.tail.insert(0, r)
         return demand
+
+    def _cut_run(self, r: int, at: int, d: int) -> tuple[int, int]:
+        """End the run of ``r`` (recorded at ``runs[at]``) before dispatch ``d``: its head,
+        then its steps up to dispatch ``d - 1``. Bring its position up to date and return the
+        dispatch the run was due to end in and the last chunk it had then."""
+        runs, step = self.runs, self.step
+        first, count, _, start, head, last = runs[at : at + 6]
+        cut = d - first
+        runs[at + 1] = cut
+        runs[at + 5] = step if cut > 1 else head
+        self.position[r] = start + head + (cut - 1) * step
+        return first + count - 1, last
+
+    def _serve_alone(self, d: int, new: int) -> int:
+        """Run the only unfinished request to its end from dispatch ``d``, one chunk per
+        dispatch, under :func:`request_cap` for a request alone (it stays alone: offline,
+        nothing arrives). ``new`` is the first request not started. Return the number of
+        dispatches planned then."""
+        if self.steady:
+            r, at = self.steady.popitem()
+            self._cut_run(r, at, d)
+        elif self.tail:
+            r = self.tail.pop()
+        else:
+            r = new
+        limit = chunk_limit(request_cap(self.config, 1, 0, 0), self.budget, self.max_rows)
+        position, length = self.position[r], self.lengths[r]
+        while position < length:
+            size = chunk_size(position, length, limit, self.page)
+            self.runs.extend((d, 1, r, position, size, size))
+            position += size
+            d += 1
+        return d
 
     def _serve_tail(self, d: int, left: int, rows: int) -> tuple[bool, int, int]:
         """Serve the tail in order in dispatch ``d``, promoting each request while all before

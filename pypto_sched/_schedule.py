@@ -26,6 +26,7 @@ from ._check import check_schedule
 from ._config import PlannerConfig
 from ._errors import InvalidConfigError, InvalidScheduleError
 from ._json import load_json
+from ._policies import request_cap
 from ._stats import ScheduleStats
 from ._validate import MAX_TOKENS, read_only
 
@@ -224,9 +225,13 @@ class Schedule:
     def lower_bound(self) -> int:
         """Fewest dispatches any schedule within this config's limits could take.
 
-        The largest of: total tokens over ``max_num_batched_tokens``; each request's tokens
-        over the per-request cap; requests over ``max_num_seqs``. The same bound for both
-        policies, so their dispatch counts compare directly.
+        The largest of: total tokens over ``max_num_batched_tokens``; requests over
+        ``max_num_seqs``; and the dispatches the longest request needs under the request cap.
+        Under ``round_robin`` that is its tokens over ``chunk_cap``. Under ``packed``, whose
+        work-conserving tail lets a request left alone run the whole budget, the longest
+        request runs at most ``chunk_cap`` tokens a dispatch while the second longest is
+        unfinished -- at least ``k``, its tokens over ``chunk_cap``, dispatches -- and the
+        budget per dispatch after.
         """
         return lower_bound(self.prompt_lengths - self.num_computed_tokens, self.config)
 
@@ -391,10 +396,20 @@ class Schedule:
 
 
 def lower_bound(remaining: IntArray, config: PlannerConfig) -> int:
-    """Fewest dispatches for requests with ``remaining`` tokens each under ``config``."""
+    """Fewest dispatches for requests with ``remaining`` tokens each under ``config`` (see
+    :attr:`Schedule.lower_bound`)."""
     total = int(remaining.sum())
     bound = -(-total // config.max_num_batched_tokens)
-    bound = max(bound, int((-(-remaining // config.chunk_cap)).max()))
+    cap, lone = config.chunk_cap, request_cap(config, 1, 0, 0)
+    if remaining.size == 1:
+        longest = -(-int(remaining[0]) // lone)
+    elif lone == cap:
+        longest = -(-int(remaining.max()) // cap)
+    else:
+        second, first = (int(x) for x in np.partition(remaining, -2)[-2:])
+        shared = -(-second // cap)
+        longest = shared + -(-max(first - shared * cap, 0) // lone)
+    bound = max(bound, longest)
     if config.max_num_seqs is not None:
         bound = max(bound, -(-remaining.size // config.max_num_seqs))
     return bound

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from ._errors import InvalidInputError
 from ._pages import plan_pages
-from ._policies import plan_one_shot
+from ._plan import plan_one_shot
 from ._schedule import Schedule
 from ._validate import read_only
 from .backends import Backend

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from ._dispatch import DispatchArrays, dispatch_arrays
 from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
-from ._policies import plan_one_shot
+from ._plan import plan_one_shot
 from ._schedule import Dispatch, Schedule
 from ._validate import check_int, read_only
 from .backends import Backend, DispatchInput, DispatchOutput

@@ -61,6 +61,9 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
     dispatches: list[list[Row]] = []
     while started or next_new < len(lengths):
         left = config.max_num_batched_tokens
+        # The work-conserving tail: a request left alone may use the whole budget.
+        if len(started) + len(lengths) - next_new == 1:
+            cap = config.max_num_batched_tokens
         rows: list[Row] = []
         for r in started:
             if len(rows) == max_rows:

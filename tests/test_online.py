@@ -182,7 +182,11 @@ class History:
         room_rows = (
             None if config.max_num_seqs is None else max(config.max_num_seqs - reserved_rows, 0)
         )
-        self.check_rows(plan, room_tokens, room_rows)
+        # packed's work-conserving tail: a request alone, beside no decodes, may run the
+        # whole budget.
+        alone = len(before) == 1 and reserved_tokens == reserved_rows == 0
+        cap = config.max_num_batched_tokens if alone and config.policy == "packed" else None
+        self.check_rows(plan, room_tokens, room_rows, cap or config.chunk_cap)
         if config.policy == "packed":
             self.check_packed_skips(plan, room_tokens, room_rows)
         if meanwhile is None:
@@ -202,7 +206,9 @@ class History:
         self.check_state()
         return plan
 
-    def check_rows(self, plan: StepPlan[int], room_tokens: int, room_rows: int | None) -> None:
+    def check_rows(
+        self, plan: StepPlan[int], room_tokens: int, room_rows: int | None, cap: int
+    ) -> None:
         config = self.config
         assert plan.num_tokens <= room_tokens
         assert room_rows is None or plan.num_rows <= room_rows
@@ -211,7 +217,7 @@ class History:
         for request_id, chunk in plan.rows.items():
             model = self.model[request_id]
             assert chunk.start == model.position, "chunks tile the prompt"
-            assert 1 <= chunk.length <= config.chunk_cap
+            assert 1 <= chunk.length <= cap
             assert chunk.is_final == (chunk.end == model.length)
             if config.page_size is not None and not chunk.is_final:
                 assert chunk.end % config.page_size == 0

@@ -159,10 +159,22 @@ def test_a_request_appears_at_most_once_per_dispatch(case: Case) -> None:
 
 
 @given(cases())
-def test_every_chunk_is_within_the_chunk_cap(case: Case) -> None:
-    for dispatch in rows_of(case.plan()):
-        for _, _, length, _ in dispatch:
-            assert length <= case.config.chunk_cap
+def test_every_chunk_is_within_the_chunk_cap_but_a_packed_request_left_alone(case: Case) -> None:
+    # The work-conserving tail: under packed, a request whose dispatch and every later one
+    # hold no other request may run up to the whole budget.
+    config = case.config
+    dispatches = rows_of(case.plan())
+    seen_from: list[set[int]] = []  # per dispatch, from the last: the requests from it on
+    seen: set[int] = set()
+    for dispatch in reversed(dispatches):
+        seen = seen | {request for request, _, _, _ in dispatch}
+        seen_from.append(seen)
+    seen_from.reverse()
+    for dispatch, requests_from_here in zip(dispatches, seen_from, strict=True):
+        for request, _, length, _ in dispatch:
+            if length > config.chunk_cap:
+                assert config.policy == "packed" and requests_from_here == {request}
+                assert length <= config.max_num_batched_tokens
 
 
 @given(cases())
@@ -488,17 +500,22 @@ def test_packed_meets_the_lower_bound_when_every_request_fits_one_dispatch_at_th
     assert schedule.num_dispatches == schedule.lower_bound
 
 
-def test_packed_equal_lengths_one_request_over_the_rows_a_budget_fills_runs_alone() -> None:
-    # Documents the bound's slack: 16 equal prompts where 15 chunks fill the budget. The 16th
-    # starts only as the first 15 finish and then runs alone, near the cap bound again.
+def test_packed_work_conserving_tail_runs_a_request_left_alone_with_the_whole_budget() -> None:
+    # 16 equal prompts where 15 chunks fill the budget. The 16th starts only as the first 15
+    # finish; left alone, it runs the whole budget per dispatch (without the tail it ran 113
+    # dispatches of 64 tokens, 227 in all) and the schedule meets the bound.
     config = PlannerConfig(
         max_num_batched_tokens=15 * 64, long_prefill_token_threshold=64, policy="packed"
     )
     schedule = plan_prefill([7261] * 16, config)
-    assert schedule.lower_bound == 122
-    assert schedule.num_dispatches == 227
+    assert schedule.lower_bound == schedule.num_dispatches == 122
     solo = [d for d in schedule.dispatches if d.num_rows == 1]
-    assert Counter(int(d.requests[0]) for d in solo) == {15: 113}
+    assert {int(d.requests[0]) for d in solo} == {15}
+    # One 64-token chunk beside the others, then seven whole budgets and the rest.
+    assert [int(d.lengths[0]) for d in solo] == [15 * 64] * 7 + [7261 - 64 - 7 * 15 * 64]
+    # round_robin keeps the seed's cap to the end.
+    seed = plan_prefill([7261] * 16, attrs.evolve(config, policy="round_robin"))
+    assert seed.lengths.max() == 64
 
 
 # -- the rule functions ------------------------------------------------------------------------

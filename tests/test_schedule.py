@@ -109,15 +109,21 @@ def test_derived_figures_agree_with_the_rows(case: Case) -> None:
 
 
 @given(cases())
-def test_lower_bound_is_the_largest_of_the_token_cap_and_row_bounds(case: Case) -> None:
+def test_lower_bound_is_the_largest_of_the_token_request_cap_and_row_bounds(case: Case) -> None:
     config = case.config
     remaining = [
         length - start for length, start in zip(case.lengths, case.start_positions, strict=True)
     ]
-    bounds = [
-        -(-sum(remaining) // config.max_num_batched_tokens),
-        max(-(-r // config.chunk_cap) for r in remaining),
-    ]
+    cap, budget = config.chunk_cap, config.max_num_batched_tokens
+    bounds = [-(-sum(remaining) // budget)]
+    if config.policy == "round_robin":
+        bounds.append(max(-(-r // cap) for r in remaining))
+    elif len(remaining) == 1:  # packed's work-conserving tail: alone, the whole budget
+        bounds.append(-(-remaining[0] // budget))
+    else:  # the longest runs at most the cap while the second longest is unfinished
+        second, first = sorted(remaining)[-2:]
+        shared = -(-second // cap)
+        bounds.append(shared + -(-max(first - shared * cap, 0) // budget))
     if config.max_num_seqs is not None:
         bounds.append(-(-len(remaining) // config.max_num_seqs))
     assert case.plan().lower_bound == max(bounds)
@@ -579,10 +585,11 @@ def test_stats_from_arrays_are_the_schedule_figures(seed: Schedule) -> None:
 
 def test_a_broken_invariant_names_the_value_found() -> None:
     good = plan_prefill([6, 6], PlannerConfig(max_num_batched_tokens=4))
-    lengths = good.lengths.copy()
-    lengths[0] = 5
+    lengths, starts = good.lengths.copy(), good.starts.copy()
+    lengths[0], lengths[2], starts[2] = 5, 1, 5  # request 0 runs 5 + 1: tiled, over the cap
     bad = copy.copy(good)
     object.__setattr__(bad, "lengths", lengths)
+    object.__setattr__(bad, "starts", starts)
     with pytest.raises(
         InvalidScheduleError, match=r"chunk cap \(4\) tokens: first at row 0, which has length 5"
     ):

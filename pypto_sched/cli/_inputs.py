@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._config import PlannerConfig
-from .._policies import plan_prefill
+from .._plan import plan_prefill
 from .._schedule import Schedule
 from .._workloads import synthetic_lengths
 from ._errors import UsageError

@@ -21,7 +21,7 @@ from .._config import PlannerConfig
 from .._errors import InvalidConfigError
 from .._generate import GenerationResult
 from .._partition import partition_requests
-from .._policies import plan_prefill
+from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from . import _render
 from ._errors import CommandFailed, UsageError

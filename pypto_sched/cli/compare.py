@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._config import POLICIES, PlannerConfig
 from .._errors import PyptoSchedError
-from .._policies import plan_prefill
+from .._plan import plan_prefill
 from .._schedule import Schedule
 from . import _render
 from ._errors import EXIT_OK, UsageError

@@ -63,7 +63,7 @@ from .._config import PlannerConfig
 from .._errors import BackendError, InvalidInputError
 from .._generate import GeneratedSequence, GenerationStats, StepDone, generate
 from .._partition import Partition, partition_requests
-from .._policies import plan_prefill
+from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int, read_only
 from ..backends import Backend, BackendFactory, load_backend

@@ -71,7 +71,7 @@ from .._errors import ExecutionError, InvalidConfigError, InvalidInputError
 from .._generate import generate
 from .._generation import GenerationState, plan_generation_step
 from .._pages import BlockTables
-from .._policies import plan_one_shot, plan_prefill
+from .._plan import plan_one_shot, plan_prefill
 from .._validate import read_only
 from .._verify import compare_results
 from ..backends import Backend, DispatchInput, DispatchOutput

@@ -1,0 +1,68 @@
+"""The planner's entry points: a whole batch in, a :class:`~pypto_sched.Schedule` out.
+
+The policies and every rule they follow are in ``_policies.py`` (its header is the theory of
+operation); this module checks the inputs and wraps the rows in a schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ._config import PlannerConfig
+from ._errors import InvalidInputError
+from ._policies import check_num_computed_tokens, plan_rows
+from ._schedule import Schedule
+from ._validate import as_count_array, read_only
+
+__all__ = ["plan_one_shot", "plan_prefill"]
+
+
+def plan_prefill(
+    prompt_lengths: Sequence[int] | npt.NDArray[np.integer],
+    config: PlannerConfig,
+    *,
+    num_computed_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+) -> Schedule:
+    """Plan the prefill of a batch of prompts.
+
+    ``prompt_lengths`` holds one length ``>= 1`` per request, in request order.
+    ``num_computed_tokens``, when given, holds per request the tokens already in the KV cache
+    (``0 <= c < length``); that request's chunks start at ``c``. The inputs are not mutated;
+    equal inputs give equal schedules.
+    """
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
+    computed = check_num_computed_tokens(num_computed_tokens, lengths)
+    offsets, requests, starts, sizes, final = plan_rows(lengths, computed, config)
+    return Schedule(
+        config=config,
+        prompt_lengths=lengths,
+        num_computed_tokens=computed,
+        dispatch_offsets=read_only(offsets),
+        requests=read_only(requests),
+        starts=read_only(starts),
+        lengths=read_only(sizes),
+        is_final=read_only(final),
+    )
+
+
+def plan_one_shot(
+    prompt_lengths: Sequence[int] | npt.NDArray[np.integer],
+    *,
+    num_computed_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+) -> Schedule:
+    """The unchunked schedule: every request's remaining tokens whole, in one dispatch.
+
+    It is what chunked schedules are verified against (the same logits, by construction of
+    the backend contract), and what fills a cache with prefixes.
+    """
+    lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
+    computed = check_num_computed_tokens(num_computed_tokens, lengths)
+    budget = max(int((lengths - computed).sum()), 1)
+    return plan_prefill(
+        lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
+    )
