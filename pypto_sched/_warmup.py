@@ -6,6 +6,7 @@ import attrs
 
 from ._config import PlannerConfig
 from ._errors import InvalidInputError
+from ._policies import request_cap
 from ._validate import check_int
 
 __all__ = ["WarmupShape", "plan_warmup"]
@@ -32,7 +33,9 @@ def plan_warmup(
     No shape carries more than ``config.effective_budget`` tokens. The batched shape spreads
     that budget over ``batch_size`` rows (``budget // rows`` tokens each); when the budget is
     smaller than the batch, it warms up fewer rows (one token each) rather than exceeding the
-    budget, as the seed does. The single-row shape is a long prompt's chunk.
+    budget, as the seed does. The single-row shape is a long prompt's chunk; under
+    ``packed`` a last one-row shape is the chunk of a request left alone (the work-conserving
+    tail of :func:`~pypto_sched._policies.request_cap`), when it is longer.
     """
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
@@ -43,5 +46,8 @@ def plan_warmup(
     batched = WarmupShape(
         num_rows=rows, tokens_per_row=min(budget // rows, config.chunk_cap, max_seq_len)
     )
-    single = WarmupShape(num_rows=1, tokens_per_row=min(config.chunk_cap, max_seq_len))
-    return (batched,) if batched == single else (batched, single)
+    singles = [
+        WarmupShape(num_rows=1, tokens_per_row=min(cap, max_seq_len))
+        for cap in (config.chunk_cap, request_cap(config, 1, 0, 0))
+    ]
+    return tuple(dict.fromkeys((batched, *singles)))  # distinct, in order

@@ -29,23 +29,31 @@ def test_no_warmup_shape_exceeds_the_budget_the_batch_or_the_sequence_length(
     config: PlannerConfig, batch: int, seq_len: int
 ) -> None:
     shapes = plan_warmup(config, batch_size=batch, max_seq_len=seq_len)
-    assert 1 <= len(shapes) <= 2
+    assert 1 <= len(shapes) <= 3
     for shape in shapes:
         assert shape.num_tokens == shape.num_rows * shape.tokens_per_row
         assert 1 <= shape.num_tokens <= config.effective_budget
         assert 1 <= shape.num_rows <= batch
         assert shape.num_rows <= (config.max_num_seqs or batch)
-        assert 1 <= shape.tokens_per_row <= min(seq_len, config.chunk_cap)
+        assert 1 <= shape.tokens_per_row <= min(seq_len, config.chunk_cap) or (
+            # packed's work-conserving tail: a request left alone runs the whole budget
+            config.policy == "packed"
+            and shape == shapes[-1]
+            and shape.tokens_per_row == min(seq_len, config.max_num_batched_tokens)
+        )
 
 
 @given(configs(), batch_sizes, seq_lens)
-def test_warmup_shapes_are_distinct_largest_row_count_first_ending_with_one_long_row(
+def test_warmup_shapes_are_distinct_largest_row_count_first_ending_with_the_longest_row(
     config: PlannerConfig, batch: int, seq_len: int
 ) -> None:
     shapes = plan_warmup(config, batch_size=batch, max_seq_len=seq_len)
     assert len(set(shapes)) == len(shapes)
     assert [s.num_rows for s in shapes] == sorted((s.num_rows for s in shapes), reverse=True)
-    assert shapes[-1] == WarmupShape(num_rows=1, tokens_per_row=min(config.chunk_cap, seq_len))
+    longest = config.max_num_batched_tokens if config.policy == "packed" else config.chunk_cap
+    assert shapes[-1] == WarmupShape(num_rows=1, tokens_per_row=min(longest, seq_len))
+    capped = WarmupShape(num_rows=1, tokens_per_row=min(config.chunk_cap, seq_len))
+    assert capped in shapes
 
 
 @given(st.integers(1, 300), st.integers(1, 20000))
@@ -102,6 +110,7 @@ def test_seed_rule_batch_b_budget_e_warms_b_rows_of_e_div_b_or_e_rows_of_one(
             (
                 WarmupShape(num_rows=16, tokens_per_row=256),
                 WarmupShape(num_rows=1, tokens_per_row=256),
+                WarmupShape(num_rows=1, tokens_per_row=8192),  # a request left alone
             ),
         ),
         (

@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from .._config import PlannerConfig
 from .._plan import plan_prefill
+from .._policies import request_cap
 from .._schedule import Schedule
 from .._workloads import synthetic_lengths
 from ._errors import UsageError
@@ -80,13 +81,17 @@ def config(args: argparse.Namespace) -> PlannerConfig:
 def check_size(lengths: Lengths, computed: Lengths | None, planner: PlannerConfig) -> None:
     """Refuse, before planning, a workload whose schedule could not fit in memory.
 
-    Every chunk carries at most ``chunk_cap`` tokens, so the tokens to prefill divided by it
-    is a lower bound on the chunks, whatever the policy.
+    Every chunk carries at most ``chunk_cap`` tokens but those of one request left alone
+    (``request_cap``), so the longest request's tokens over that cap plus the others' tokens
+    over ``chunk_cap`` is a lower bound on the chunks, whatever the policy.
     """
-    tokens = int(lengths.sum(dtype=np.int64))
+    remaining = lengths.astype(np.int64)
     if computed is not None and computed.size == lengths.size:
-        tokens -= int(np.minimum(computed, lengths).sum(dtype=np.int64))
-    least = -(-tokens // planner.chunk_cap)
+        remaining = remaining - np.minimum(computed, lengths)
+    tokens = int(remaining.sum())
+    longest = int(remaining.max()) if remaining.size else 0
+    lone = request_cap(planner, 1, 0, 0)
+    least = -(-(tokens - longest) // planner.chunk_cap) + -(-longest // lone)
     if least > MAX_CHUNKS:
         raise UsageError(
             f"the workload's {tokens:,} tokens need at least {least:,} chunks of at most "
