@@ -9,38 +9,80 @@ the same arrivals; the script checks that they plan the same rows at every step,
 every call. The simple step keeps every request in one tuple and rebuilds it each step, as
 the obvious immutable implementation would, so its cost grows with ``N``.
 
+Two workloads: ``bench`` (budget 2,048, threshold 512, page 16, 64 rows: about five rows a
+packed step) and ``seed`` (the seed's budget 8,192 and threshold 256, page 16, 64 rows:
+32 rows a packed step). Three pools: none; ``ample``, pages for every request in flight
+whole; ``bounded``, pages for four of the longest prompts, so that admission by free pages
+decides who runs. A step that plans nothing while requests wait (every page held by
+part-way prefills) preempts the youngest page holder, which gives its pages back and is
+queued again (at the front under ``packed``), as generation does; both sides do the same.
+
+The *rows* column is the floor of a step: building the same rows as the plan's (a dict of
+``StepChunk``), timed beside it. The *waiting* sweep keeps a fixed set of started requests
+(prompts too long to finish) and 100 to 100,000 requests waiting behind them, to show that
+a step's cost does not grow with the number waiting.
+
 It prints the median microseconds per step of each (medians resist a busy machine better
-than means) and their ratio. The target: at 1,000 requests in flight a step costs at most a
-few tens of microseconds, and the cost does not grow linearly with ``N``.
+than means), their ratios and the load average. Targets: a step at 1,000 and 10,000 in
+flight costs at most about 15 us (a tenth of vLLM's ``Scheduler.schedule()``), and the
+waiting sweep stays flat.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
-from pypto_sched import POLICIES, PlannerConfig, Policy, PrefillState, plan_step
+from pypto_sched import (
+    POLICIES,
+    PagePool,
+    PlannerConfig,
+    Policy,
+    PrefillState,
+    StepChunk,
+    StepPlan,
+    plan_step,
+)
 
 IN_FLIGHT = (10, 100, 1_000, 10_000)
+WAITING = (100, 1_000, 10_000, 100_000)
 SHORTEST, LONGEST = 64, 4_096
-TARGET_IN_FLIGHT = 1_000
+PAGE = 16
+TARGET_US = 15.0
+TARGET_IN_FLIGHT = (1_000, 10_000)
+
+Workload = Literal["bench", "seed"]
+WORKLOADS: tuple[Workload, ...] = ("bench", "seed")
+PoolKind = Literal["none", "ample", "bounded"]
+POOLS: tuple[PoolKind, ...] = ("none", "ample", "bounded")
 
 
-def make_config(policy: Policy) -> PlannerConfig:
+def make_config(policy: Policy, workload: Workload = "bench") -> PlannerConfig:
+    budget, threshold = (2_048, 512) if workload == "bench" else (8_192, 256)
     return PlannerConfig(
-        max_num_batched_tokens=2_048,
-        long_prefill_token_threshold=512,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
         max_num_seqs=64 if policy == "packed" else None,
-        page_size=16,
+        page_size=PAGE,
         policy=policy,
     )
 
 
+def make_pool(kind: PoolKind, in_flight: int) -> PagePool[int] | None:
+    pages_per_prompt = -(-LONGEST // PAGE)
+    if kind == "none":
+        return None
+    num_pages = pages_per_prompt * (in_flight if kind == "ample" else 4)
+    return PagePool(num_pages=num_pages, page_size=PAGE)
+
+
 # -- the simple step ------------------------------------------------------------------------
+# Stated from docs/semantics.md and docs/serving.md, sharing no code with pypto_sched.
 
 # Rows as plain tuples: request -> (start, length, is_final).
 Rows = dict[int, tuple[int, int, bool]]
@@ -53,14 +95,45 @@ class SimpleRequest(NamedTuple):
     started: bool
 
 
+class SimplePages(NamedTuple):
+    """A page pool as counts: pages held per request and pages free."""
+
+    held: dict[int, int]
+    free: int
+
+    def room(self, request: SimpleRequest) -> int:
+        """Tokens of context the request may reach: its pages plus every free page."""
+        return (self.held.get(request.id, 0) + self.free) * PAGE - request.position
+
+    def hold(self, request_id: int, tokens: int) -> SimplePages:
+        have = self.held.get(request_id, 0)
+        need = max(-(-tokens // PAGE) - have, 0)
+        return SimplePages({**self.held, request_id: have + need}, self.free - need)
+
+    def release(self, request_id: int) -> SimplePages:
+        held = dict(self.held)
+        return SimplePages(held, self.free + held.pop(request_id, 0))
+
+
 class SimpleState(NamedTuple):
     """Every request in planning order (arrival order; queue order for round_robin)."""
 
     requests: tuple[SimpleRequest, ...] = ()
     splitting: bool = False  # round_robin: a run that had to split is in progress
+    pages: SimplePages | None = None
 
-    def add(self, request_id: int, length: int) -> SimpleState:
-        return self._replace(requests=(*self.requests, SimpleRequest(request_id, length, 0, False)))
+    def add(self, request_id: int, length: int, *, at_front: bool = False) -> SimpleState:
+        request = SimpleRequest(request_id, length, 0, False)
+        if not at_front:
+            return self._replace(requests=(*self.requests, request))
+        # At the front of the waiting requests, behind the started ones.
+        index = next((i for i, r in enumerate(self.requests) if not r.started), None)
+        index = len(self.requests) if index is None else index
+        return self._replace(requests=(*self.requests[:index], request, *self.requests[index:]))
+
+    def remove(self, request_id: int) -> SimpleState:
+        requests = tuple(r for r in self.requests if r.id != request_id)
+        return self._replace(requests=requests, splitting=self.splitting and bool(requests))
 
 
 def simple_chunk(request: SimpleRequest, limit: int, page: int) -> int:
@@ -70,6 +143,11 @@ def simple_chunk(request: SimpleRequest, limit: int, page: int) -> int:
     return max((request.position + limit) // page * page - request.position, 0)
 
 
+def simple_limit(state: SimpleState, request: SimpleRequest, limit: int) -> int:
+    """``limit``, also bounded by the pages the request may get."""
+    return limit if state.pages is None else min(limit, state.pages.room(request))
+
+
 def simple_step(state: SimpleState, config: PlannerConfig) -> tuple[Rows, SimpleState]:
     if config.policy == "round_robin":
         return simple_round_robin(state, config)
@@ -77,39 +155,65 @@ def simple_step(state: SimpleState, config: PlannerConfig) -> tuple[Rows, Simple
 
 
 def simple_round_robin(state: SimpleState, config: PlannerConfig) -> tuple[Rows, SimpleState]:
-    requests = state.requests
+    requests, pages = state.requests, state.pages
     if not requests:
         return {}, state
-    budget = config.effective_budget
-    if not state.splitting and sum(r.prompt_length - r.position for r in requests) <= budget:
+    budget, page = config.effective_budget, config.page_size or 1
+    total = sum(r.prompt_length - r.position for r in requests)
+    pages_missing = (
+        0
+        if pages is None
+        else sum(max(-(-r.prompt_length // PAGE) - pages.held.get(r.id, 0), 0) for r in requests)
+    )
+    whole = pages is None or pages_missing <= pages.free
+    if not state.splitting and total <= budget and whole:
         rows = {r.id: (r.position, r.prompt_length - r.position, True) for r in requests}
-        return rows, SimpleState()
-    head, rest = requests[0], requests[1:]
-    size = simple_chunk(head, budget, config.page_size or 1)
-    end = head.position + size
-    rows = {head.id: (head.position, size, end == head.prompt_length)}
-    if end < head.prompt_length:
-        rest = (*rest, head._replace(position=end, started=True))
-    return rows, SimpleState(rest, splitting=bool(rest))
+        for r in requests:
+            pages = pages and pages.hold(r.id, r.prompt_length)
+        return rows, SimpleState(pages=pages)
+    # The head, else (with pages) the first request behind it that can run.
+    index, size = 0, 0
+    for candidate, request in enumerate(requests):
+        index, size = candidate, simple_chunk(request, simple_limit(state, request, budget), page)
+        if size or pages is None:
+            break
+    if size == 0:  # the head keeps its turn
+        return {}, state
+    request = requests[index]
+    rest = requests[:index] + requests[index + 1 :]
+    end = request.position + size
+    rows = {request.id: (request.position, size, end == request.prompt_length)}
+    if end < request.prompt_length:
+        rest = (*rest, request._replace(position=end, started=True))
+    pages = pages and pages.hold(request.id, end)
+    return rows, SimpleState(rest, splitting=bool(rest), pages=pages)
 
 
 def simple_packed(state: SimpleState, config: PlannerConfig) -> tuple[Rows, SimpleState]:
-    requests = state.requests
+    requests, pages = state.requests, state.pages
     cap, page = config.chunk_cap, config.page_size or 1
+    if len(requests) == 1:  # the work-conserving tail: a request alone may use the budget
+        cap = config.max_num_batched_tokens
     left = config.max_num_batched_tokens
     rows_left = config.max_num_seqs or len(requests)
     max_partial = config.max_num_partial_prefills or len(requests)
     rows: Rows = {}
     after: dict[int, SimpleRequest | None] = {}  # changed requests; None: finished
     partial = 0
+
+    def limit(request: SimpleRequest) -> int:
+        limited = min(cap, left)
+        return limited if pages is None else min(limited, pages.room(request))
+
     for request in requests:  # started requests first, in arrival order
         if not request.started:
             continue
-        size = simple_chunk(request, min(cap, left), page) if rows_left else 0
+        size = simple_chunk(request, limit(request), page) if rows_left else 0
         if size:
             end = request.position + size
             rows[request.id] = (request.position, size, end == request.prompt_length)
             left, rows_left = left - size, rows_left - 1
+            pages = pages and pages.hold(request.id, end)
             if end == request.prompt_length:
                 after[request.id] = None
                 continue
@@ -120,12 +224,13 @@ def simple_packed(state: SimpleState, config: PlannerConfig) -> tuple[Rows, Simp
             continue
         if not (left and rows_left):
             break
-        size = simple_chunk(request, min(cap, left), page)
+        size = simple_chunk(request, limit(request), page)
         final = request.position + size == request.prompt_length
         if size == 0 or (not final and partial >= max_partial):
             break
         rows[request.id] = (request.position, size, final)
         left, rows_left = left - size, rows_left - 1
+        pages = pages and pages.hold(request.id, request.position + size)
         after[request.id] = (
             None if final else request._replace(position=request.position + size, started=True)
         )
@@ -136,7 +241,7 @@ def simple_packed(state: SimpleState, config: PlannerConfig) -> tuple[Rows, Simp
             kept.append(request)
         elif (changed := after[request.id]) is not None:
             kept.append(changed)
-    return rows, SimpleState(tuple(kept))
+    return rows, SimpleState(tuple(kept), pages=pages)
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -144,71 +249,166 @@ def simple_packed(state: SimpleState, config: PlannerConfig) -> tuple[Rows, Simp
 
 class Result(NamedTuple):
     policy: Policy
+    workload: Workload
+    pool: PoolKind
     in_flight: int
     rows_per_step: float
     planner_us: float
     simple_us: float
+    rows_us: float
+    preemptions: int
 
     @property
     def ratio(self) -> float:
         return self.simple_us / self.planner_us
 
 
-def measure(policy: Policy, in_flight: int, steps: int) -> Result:
-    config = make_config(policy)
-    rng = random.Random(in_flight)
-    state: PrefillState[int] = PrefillState()
-    simple = SimpleState()
-    for request_id in range(in_flight):
-        length = rng.randint(SHORTEST, LONGEST)
-        state, simple = state.add(request_id, length), simple.add(request_id, length)
-    next_id = in_flight
-    planner_ns: list[int] = []
-    simple_ns: list[int] = []
-    rows = 0
-    for _ in range(steps):
+def as_tuples(plan: StepPlan[int]) -> Rows:
+    return {r: (c.start, c.length, c.is_final) for r, c in plan.rows.items()}
+
+
+def build_rows(rows: Rows) -> dict[int, StepChunk]:
+    """The floor: the plan's rows, built."""
+    return {
+        r: StepChunk(start=start, length=length, is_final=final)
+        for r, (start, length, final) in rows.items()
+    }
+
+
+class Run:
+    """Both sides of one case, stepped in lockstep on the same arrivals."""
+
+    def __init__(self, config: PlannerConfig, pool: PagePool[int] | None, seed: int) -> None:
+        self.config = config
+        self.rng = random.Random(seed)
+        self.state: PrefillState[int] = PrefillState()
+        self.pool = pool
+        pages = None if pool is None else SimplePages({}, pool.num_free)
+        self.simple = SimpleState(pages=pages)
+        self.next_id = 0
+        self.preemptions = 0
+
+    def arrive(self, length: int | None = None) -> None:
+        length = self.rng.randint(SHORTEST, LONGEST) if length is None else length
+        self.state = self.state.add(self.next_id, length)
+        self.simple = self.simple.add(self.next_id, length)
+        self.next_id += 1
+
+    def step(self) -> tuple[int, int, int, int]:
+        """One step of each side; the rows, ns of plan_step, the simple step and the rows."""
         start = time.perf_counter_ns()
-        plan = plan_step(state, config)
+        plan = plan_step(self.state, self.config, pool=self.pool)
         middle = time.perf_counter_ns()
-        simple_rows, simple = simple_step(simple, config)
-        planner_ns.append(middle - start)
-        simple_ns.append(time.perf_counter_ns() - middle)
-        planned = {r: (c.start, c.length, c.is_final) for r, c in plan.rows.items()}
+        simple_rows, self.simple = simple_step(self.simple, self.config)
+        end = time.perf_counter_ns()
+        planned = as_tuples(plan)
         if list(planned.items()) != list(simple_rows.items()):
-            raise SystemExit(f"{policy}, {in_flight} in flight: the two steps differ")
-        rows += len(planned)
-        state = plan.state
-        for _ in plan.finished:  # keep the number in flight
-            length = rng.randint(SHORTEST, LONGEST)
-            state, simple = state.add(next_id, length), simple.add(next_id, length)
-            next_id += 1
+            raise SystemExit(f"{self.config}: the two steps differ: {planned} != {simple_rows}")
+        floor_start = time.perf_counter_ns()
+        build_rows(planned)
+        floor = time.perf_counter_ns() - floor_start
+        self.state, self.pool = plan.state, plan.pool
+        for request_id in plan.finished:
+            self.release(request_id)
+            self.arrive()  # keep the number in flight
+        if not plan.rows and self.state:
+            self.preempt_youngest_holder()
+        return len(planned), middle - start, end - middle, floor
+
+    def release(self, request_id: int) -> None:
+        if self.pool is not None and self.simple.pages is not None:
+            self.pool = self.pool.release(request_id)
+            self.simple = self.simple._replace(pages=self.simple.pages.release(request_id))
+
+    def preempt_youngest_holder(self) -> None:
+        assert self.pool is not None, "without a pool a step with requests makes progress"
+        victim = max(self.pool.owners())
+        length = self.state[victim].prompt_length
+        self.release(victim)
+        at_front = self.config.policy == "packed"
+        self.state = self.state.remove(victim).add(victim, length, at_front=at_front)
+        self.simple = self.simple.remove(victim).add(victim, length, at_front=at_front)
+        self.preemptions += 1
+
+
+def measure(
+    policy: Policy,
+    in_flight: int,
+    steps: int,
+    workload: Workload = "bench",
+    pool: PoolKind = "none",
+) -> Result:
+    config = make_config(policy, workload)
+    run = Run(config, make_pool(pool, in_flight), seed=in_flight)
+    for _ in range(in_flight):
+        run.arrive()
+    rows, planner_ns, simple_ns, floor_ns = 0, [], [], []
+    for _ in range(steps):
+        num_rows, planner, simple, floor = run.step()
+        rows += num_rows
+        planner_ns.append(planner)
+        simple_ns.append(simple)
+        floor_ns.append(floor)
     return Result(
         policy=policy,
+        workload=workload,
+        pool=pool,
         in_flight=in_flight,
         rows_per_step=rows / steps,
         planner_us=statistics.median(planner_ns) / 1e3,
         simple_us=statistics.median(simple_ns) / 1e3,
+        rows_us=statistics.median(floor_ns) / 1e3,
+        preemptions=run.preemptions,
     )
 
 
-def format_table(results: Sequence[Result]) -> str:
-    header = ("policy", "in flight", "rows/step", "plan_step us", "simple us", "simple/plan_step")
-    table = [header]
-    for result in results:
-        table.append(
-            (
-                result.policy,
-                f"{result.in_flight:,}",
-                f"{result.rows_per_step:.1f}",
-                f"{result.planner_us:.1f}",
-                f"{result.simple_us:.1f}",
-                f"{result.ratio:.1f}x",
-            )
-        )
+class WaitingResult(NamedTuple):
+    policy: Policy
+    waiting: int
+    rows_per_step: float
+    planner_us: float
+
+
+def waiting_state(config: PlannerConfig, waiting: int) -> PrefillState[int]:
+    """Started requests that fill every step and never finish within the sweep, and
+    ``waiting`` requests behind them (``round_robin``: queued behind them)."""
+    state: PrefillState[int] = PrefillState()
+    started = config.max_num_batched_tokens // config.chunk_cap
+    for request_id in range(started):
+        state = state.add(request_id, 10**8)
+    state = plan_step(state, config).state  # they start
+    rng = random.Random(waiting)
+    for request_id in range(started, started + waiting):
+        state = state.add(request_id, rng.randint(SHORTEST, LONGEST))
+    return state
+
+
+def measure_waiting(policy: Policy, steps: int) -> list[WaitingResult]:
+    """Every size of the sweep, stepped in turn (interleaved, so that a busy spell of the
+    machine falls on all of them alike)."""
+    config = make_config(policy, "bench")
+    states = [waiting_state(config, waiting) for waiting in WAITING]
+    planner_ns: list[list[int]] = [[] for _ in WAITING]
+    rows = [0 for _ in WAITING]
+    for _ in range(steps):
+        for index, state in enumerate(states):
+            start = time.perf_counter_ns()
+            plan = plan_step(state, config)
+            planner_ns[index].append(time.perf_counter_ns() - start)
+            rows[index] += plan.num_rows
+            states[index] = plan.state
+    return [
+        WaitingResult(policy, waiting, rows[i] / steps, statistics.median(planner_ns[i]) / 1e3)
+        for i, waiting in enumerate(WAITING)
+    ]
+
+
+def format_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    table = [tuple(header), *map(tuple, body)]
     widths = [max(len(row[column]) for row in table) for column in range(len(header))]
     lines = [
         "  ".join(
-            cell.ljust(width) if column == 0 else cell.rjust(width)
+            cell.ljust(width) if column < 3 else cell.rjust(width)
             for column, (cell, width) in enumerate(zip(row, widths, strict=True))
         )
         for row in table
@@ -217,21 +417,87 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def in_flight_table(results: Sequence[Result]) -> str:
+    header = (
+        "policy",
+        "workload",
+        "pool",
+        "in flight",
+        "rows/step",
+        "plan_step us",
+        "rows us",
+        "simple us",
+        "plan/rows",
+        "simple/plan",
+        "preempted",
+    )
+    body = [
+        (
+            r.policy,
+            r.workload,
+            r.pool,
+            f"{r.in_flight:,}",
+            f"{r.rows_per_step:.1f}",
+            f"{r.planner_us:.1f}",
+            f"{r.rows_us:.1f}",
+            f"{r.simple_us:.1f}",
+            f"{r.planner_us / r.rows_us:.1f}x",
+            f"{r.ratio:.1f}x",
+            f"{r.preemptions}",
+        )
+        for r in results
+    ]
+    return format_table(header, body)
+
+
+def waiting_table(results: Sequence[WaitingResult]) -> str:
+    first = {r.policy: r.planner_us for r in results if r.waiting == WAITING[0]}
+    header = ("policy", "", "", "waiting", "rows/step", "plan_step us", f"vs {WAITING[0]:,}")
+    body = [
+        (
+            r.policy,
+            "",
+            "",
+            f"{r.waiting:,}",
+            f"{r.rows_per_step:.1f}",
+            f"{r.planner_us:.1f}",
+            f"{r.planner_us / first[r.policy]:.2f}x",
+        )
+        for r in results
+    ]
+    return format_table(header, body)
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="200 steps per case, not 2,000")
     args = parser.parse_args(argv)
     steps = 200 if args.quick else 2_000
-    results = [measure(policy, n, steps) for policy in POLICIES for n in IN_FLIGHT]
-    print(format_table(results))
-    for policy in POLICIES:
-        at_target = next(
-            r for r in results if r.policy == policy and r.in_flight == TARGET_IN_FLIGHT
-        )
-        print(
-            f"{policy}: {at_target.planner_us:.1f} us per step at {TARGET_IN_FLIGHT:,} in flight "
-            "(target: a few tens of us, not growing linearly with the requests in flight)"
-        )
+    print(load())
+    results = [
+        measure(policy, n, steps, workload, pool)
+        for workload in WORKLOADS
+        for pool in POOLS
+        for policy in POLICIES
+        for n in IN_FLIGHT
+    ]
+    print(in_flight_table(results))
+    print(load())
+    waiting = [result for policy in POLICIES for result in measure_waiting(policy, steps)]
+    print(waiting_table(waiting))
+    print(load())
+    worst = max((r for r in results if r.in_flight in TARGET_IN_FLIGHT), key=lambda r: r.planner_us)
+    print(
+        f"slowest step at {' and '.join(f'{n:,}' for n in TARGET_IN_FLIGHT)} in flight: "
+        f"{worst.planner_us:.1f} us ({worst.policy}, {worst.workload}, pool {worst.pool}); "
+        f"target about {TARGET_US:.0f} us"
+    )
+    flat = max(r.planner_us for r in waiting) / min(r.planner_us for r in waiting)
+    print(f"waiting sweep: the slowest step is {flat:.2f}x the fastest (target: flat)")
 
 
 if __name__ == "__main__":
