@@ -194,8 +194,12 @@ How the offline policies are computed fast
 ------------------------------------------
 ``round_robin`` is computed whole in NumPy: each request's chunks follow from its own length
 by the chunk rule (its first chunk by :func:`chunk_sizes`, then :func:`full_step`-sized
-chunks, then what is left), and a stable sort of all chunks by their index within their
-request gives round-robin order.
+chunks, then what is left). Round ``k`` holds chunk ``k`` of every request with more than
+``k`` chunks, in request order; the requests in a round change only after a round that is
+some request's last, so the rounds in between form a block (the same requests, a step
+further on each round) written by one broadcast. No sort: the work is the rows plus, per
+block, the requests still running, and the Python work is one iteration per distinct number
+of chunks (at most ``sqrt(2 * rows)``).
 
 Most rows of a ``packed`` schedule are a request running ``step = full_step(chunk_cap,
 page)`` tokens, dispatch after dispatch. ``_PackedPlanner`` keeps such requests as *steady*.
@@ -438,40 +442,49 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
     page = config.page_size or 1
     step = full_step(budget, page)
     first_end = computed + chunk_sizes(computed, lengths, budget, page)
-    fits = first_end == lengths
     middle = -(-np.maximum(lengths - first_end - budget, 0) // step)
-    counts = np.where(fits, 1, 2 + middle)
-    # One row per dispatch: chunk k of request r, in round-robin order. Round 0, the first n
-    # rows, holds every request's first chunk; chunk k >= 1 starts k - 1 steps after it.
-    requests, k = _round_robin_order(counts)
-    starts = first_end[requests] + (k - 1) * step
-    starts[:n] = computed
-    is_last = k == counts[requests] - 1
-    ends = np.where(is_last, lengths[requests], starts + step)
-    ends[:n] = first_end
-    offsets = np.arange(requests.size + 1, dtype=np.int64)
-    sizes = ends - starts
-    return (
-        offsets,
-        requests.astype(np.int32),
-        starts.astype(np.int32),
-        sizes.astype(np.int32),
-        is_last,
-    )
-
-
-def _round_robin_order(counts: IntArray) -> tuple[IntArray, IntArray]:
-    """Every pair (request r, chunk index k < counts[r]), ordered by k, then by r.
-
-    Returns the requests and the chunk indices. A stable sort of the request-major pairs by
-    ``k`` keeps request order within each round.
-    """
+    counts = np.where(first_end == lengths, 1, 2 + middle)
     total = int(counts.sum())
-    requests = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    k = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    order = _stable_argsort(k)
-    rows_per_round = np.bincount(k)
-    return requests[order], np.repeat(np.arange(rows_per_round.size), rows_per_round)
+    # One row per dispatch, in round-robin order: round k holds chunk k of every request with
+    # more than k chunks, in request order. Round 0, the first n rows, holds the first chunks.
+    requests = np.empty(total, dtype=np.int32)
+    starts = np.empty(total, dtype=np.int32)
+    sizes = np.full(total, step, dtype=np.int32)
+    final = np.zeros(total, dtype=np.bool_)
+    requests[:n] = np.arange(n, dtype=np.int32)
+    starts[:n] = computed
+    sizes[:n] = first_end - computed
+    final[:n] = counts == 1
+    # From round 1 on, chunk k of a request starts k - 1 steps after its first chunk ends, and
+    # its last chunk is what is left then. The requests still running change only after a
+    # round that is some request's last, so the rounds up to that one form a block: the same
+    # requests in every round, each a step further on than in the round before.
+    ids = np.flatnonzero(counts > 1).astype(np.int32)
+    behind = (first_end[ids] - step).astype(np.int32)  # a step before chunk 1
+    last = (lengths - first_end - (counts - 2) * step).astype(np.int32)
+    # The running requests grouped by their number of chunks (stably: in request order).
+    ending = ids[_stable_argsort(counts[ids])]
+    last_rounds, group_sizes = np.unique(counts[ids], return_counts=True)
+    row, k, group_end = n, 1, 0
+    for last_round, group_size in zip(last_rounds.tolist(), group_sizes.tolist(), strict=True):
+        rounds = last_round - k
+        block = slice(row, row + rounds * ids.size)
+        requests[block].reshape(rounds, -1)[:] = ids
+        advance = np.arange(k, last_round, dtype=np.int32) * np.int32(step)
+        np.add(behind, advance[:, None], out=starts[block].reshape(rounds, -1))
+        # The block's last round is the last of the requests with `last_round` chunks.
+        row += (rounds - 1) * ids.size
+        group = ending[group_end : group_end + group_size]
+        group_end += group_size
+        where = np.searchsorted(ids, group)
+        sizes[row + where] = last[group]
+        final[row + where] = True
+        row += ids.size
+        goes_on = np.ones(ids.size, dtype=np.bool_)
+        goes_on[where] = False
+        ids, behind = ids[goes_on], behind[goes_on]
+        k = last_round
+    return np.arange(total + 1, dtype=np.int64), requests, starts, sizes, final
 
 
 def _plan_packed(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
