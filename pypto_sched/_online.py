@@ -45,7 +45,7 @@ from ._policies import (
     prefill_room,
     request_cap,
 )
-from ._pool import PagePool
+from ._pool import PagePool, _Holds
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -92,6 +92,25 @@ class StepChunk:
     def end(self) -> int:
         """One past the chunk's last position; the request's context length after it."""
         return self.start + self.length
+
+
+# Every step builds a StepChunk per row. attrs' __init__ sets a frozen class's slots through
+# object.__setattr__ by name; setting them through their slot descriptors builds the same
+# value in about a third of the time. (StepChunk has no validator or converter to skip:
+# tests/test_online.py checks both.)
+_new = object.__new__
+_set_start = StepChunk.__dict__["start"].__set__
+_set_length = StepChunk.__dict__["length"].__set__
+_set_is_final = StepChunk.__dict__["is_final"].__set__
+
+
+def _step_chunk(start: int, length: int, is_final: bool) -> StepChunk:
+    """``StepChunk(start=start, length=length, is_final=is_final)``, built faster."""
+    chunk: StepChunk = _new(StepChunk)
+    _set_start(chunk, start)
+    _set_length(chunk, length)
+    _set_is_final(chunk, is_final)
+    return chunk
 
 
 class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId]):
@@ -505,7 +524,7 @@ def plan_step(
     if pool is not None and not isinstance(pool, PagePool):
         raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
     if not state or room_tokens == 0 or room_rows == 0:
-        return StepPlan(rows=_NO_ROWS, state=state, pool=pool)
+        return _step_plan(_NO_ROWS, state, pool)
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     cap = request_cap(config, len(state), reserved_tokens, reserved_rows)
     if config.policy == "round_robin":
@@ -514,6 +533,26 @@ def plan_step(
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
+
+# A plan, and a record, built without a Python __init__ (as _step_chunk; a plan is built on
+# every step, and StepPlan has no validator or converter either).
+_set_rows = StepPlan.__dict__["rows"].__set__
+_set_state = StepPlan.__dict__["state"].__set__
+_set_pool = StepPlan.__dict__["pool"].__set__
+_new_record = tuple.__new__
+
+
+def _step_plan(
+    rows: Mapping[RequestId, StepChunk],
+    state: PrefillState[RequestId],
+    pool: PagePool[RequestId] | None,
+) -> StepPlan[RequestId]:
+    """``StepPlan(rows=rows, state=state, pool=pool)``, built faster."""
+    plan: StepPlan[RequestId] = _new(StepPlan)
+    _set_rows(plan, rows)
+    _set_state(plan, state)
+    _set_pool(plan, pool)
+    return plan
 
 
 def _count(name: str, value: object) -> int:
@@ -535,7 +574,6 @@ class _Step(Generic[RequestId]):
         pool: PagePool[RequestId] | None,
     ) -> None:
         self.state = state
-        self.pool = pool
         self.config = config
         self.cap = cap  # the request cap of this step (see request_cap)
         self.page = config.page_size or 1
@@ -545,30 +583,38 @@ class _Step(Generic[RequestId]):
         self.requests = state._requests
         self.queue = state._queue
         self.rows: dict[RequestId, StepChunk] = {}
+        self.pool = pool  # as the step found it
+        # With a pool: the rows' holds, made at once when the step is planned, and the block
+        # table of the request :meth:`chunk` last sized (which :meth:`run` grows).
+        self.holds = None if pool is None else _Holds(pool)
+        self.table: tuple[int, ...] = ()
 
     def chunk(self, record: _Request) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
         tokens_left = self.tokens_left
-        if self.pool is not None:
-            pool = self.pool
-            room = page_room(
-                record.position, len(pool.pages(record.id)), pool.num_free, pool.page_size
-            )
-            tokens_left = min(tokens_left, room)
+        pool, holds = self.pool, self.holds
+        if pool is not None and holds is not None:
+            self.table = pool.pages(record.id)  # (a request runs once a step: not grown yet)
+            room = page_room(record.position, len(self.table), holds.free, pool.page_size)
+            tokens_left = room if room < tokens_left else tokens_left
         limit = chunk_limit(self.cap, tokens_left, self.rows_left)
         return chunk_size(record.position, record.prompt_length, limit, self.page)
 
     def run(self, record: _Request, size: int) -> _Request | None:
-        """Add ``record``'s chunk of ``size`` tokens; return its new record, or ``None`` if
-        the chunk is final."""
-        position = record.position + size
-        final = position == record.prompt_length
-        self.rows[record.id] = StepChunk(start=record.position, length=size, is_final=final)
-        if self.pool is not None:
-            self.pool = self.pool.hold(record.id, position)
+        """Add a chunk of ``size`` tokens of ``record``, the request :meth:`chunk` last sized;
+        return its new record, or ``None`` if the chunk is final."""
+        request_id, start, length = record.id, record.position, record.prompt_length
+        position = start + size
+        final = position == length
+        self.rows[request_id] = _step_chunk(start, size, final)
+        pool, holds = self.pool, self.holds
+        if pool is not None and holds is not None:
+            missing = pool.pages_for(position) - len(self.table)
+            if missing > 0:  # chunk() kept it within the free pages
+                holds.grow(request_id, self.table, missing)
         self.tokens_left -= size
         self.rows_left -= 1
-        return None if final else _Request(record.id, record.prompt_length, position, True)
+        return None if final else _new_record(_Request, (request_id, length, position, True))
 
     def next_in_queue(self) -> _Request | None:
         """The first live record of the queue, left in place; dead entries before it are
@@ -594,12 +640,13 @@ class _Step(Generic[RequestId]):
     def finish(self, started: tuple[_Request, ...], policy: Policy) -> StepPlan[RequestId]:
         """The plan of the rows added so far; with none, the state is left as it was."""
         if not self.rows:
-            return StepPlan(rows=_NO_ROWS, state=self.state, pool=self.pool)
+            return _step_plan(_NO_ROWS, self.state, self.pool)
         tokens_run = self.room_tokens - self.tokens_left
         next_state = self.state._evolve(
             self.requests, self.queue, started, self.state._num_tokens - tokens_run, policy
         )
-        return StepPlan(rows=_Rows(self.rows), state=next_state, pool=self.pool)
+        pool = None if self.holds is None else self.holds.pool()
+        return _step_plan(_Rows(self.rows), next_state, pool)
 
 
 class _RoundRobinStep(_Step[RequestId]):
@@ -619,7 +666,7 @@ class _RoundRobinStep(_Step[RequestId]):
             # can run takes this dispatch (the pages it holds may be what the head needs).
             record, size = self.first_runnable_behind_head()
         if size == 0:  # the head keeps its turn
-            return StepPlan(rows=_NO_ROWS, state=state, pool=self.pool)
+            return _step_plan(_NO_ROWS, state, self.pool)
         if record is self.queue.peek():
             self.queue = self.queue.pop()
         after = self.run(record, size)
@@ -633,8 +680,14 @@ class _RoundRobinStep(_Step[RequestId]):
 
     def first_runnable_behind_head(self) -> tuple[_Request, int]:
         """The first live request after the head that can run a token, and its chunk; the
-        head and 0 if none can."""
+        head and 0 if none can.
+
+        With no page free, a request without pages cannot run (its :func:`page_room` is 0),
+        so the pool's owners are asked first and the queue is walked only if one of them
+        can run: a step stuck for pages costs the owners, not the length of the queue."""
         head = self.queue.peek()
+        if self.holds is not None and self.holds.free == 0 and not self.an_owner_can_run(head):
+            return head, 0
         for record in self.queue:
             if record is head or self.requests.get(record.id) is not record:
                 continue
@@ -643,8 +696,19 @@ class _RoundRobinStep(_Step[RequestId]):
                 return record, size
         return head, 0
 
+    def an_owner_can_run(self, head: _Request) -> bool:
+        """Whether a live request other than ``head`` that owns pages can run a token."""
+        assert self.pool is not None
+        for request_id in self.pool.owners():
+            record = self.requests.get(request_id)
+            if record is not None and record is not head and self.chunk(record):
+                return True
+        return False
+
     def plan_whole_batch(self) -> StepPlan[RequestId]:
         for record in self.state._in_order():
+            if self.pool is not None:
+                self.table = self.pool.pages(record.id)  # (for run())
             self.run(record, record.prompt_length - record.position)
         self.requests = PersistentMap()
         return self.finish((), "round_robin")

@@ -22,7 +22,7 @@ levels and inserting always terminates.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 # No ``__all__``: these containers are internal to ``PrefillState``, not public API.
@@ -172,6 +172,39 @@ class PersistentMap(Generic[K, V]):
         h = hash(key)
         root, added = _assoc(self._root, 0, h, key, value)
         return self._make(root, self._size + added)
+
+    def update(self, items: Iterable[tuple[K, V]]) -> PersistentMap[K, V]:
+        """A map equal to this one with each ``(key, value)`` of ``items`` bound, in order.
+
+        The same map as a chain of :meth:`set` calls, built with each node on the updated
+        paths copied once rather than once per key (a step updates many keys at once)."""
+        root = self._root.copy()
+        copied = {id(root)}  # nodes of the new map only, which may be changed in place
+        size = self._size
+        for key, value in items:
+            h = hash(key)
+            node, shift = root, 0
+            while True:
+                fragment = (h >> shift) & _MASK
+                child = node.get(fragment)
+                if type(child) is dict:
+                    if id(child) not in copied:
+                        child = node[fragment] = child.copy()
+                        copied.add(id(child))
+                    node, shift = child, shift + _BITS
+                    continue
+                if child is None:
+                    node[fragment] = (h, ((key, value),))
+                    size += 1
+                elif child[0] == h:
+                    kept = _without_key(child[1], key)
+                    node[fragment] = (h, (*kept, (key, value)))
+                    size += len(kept) == len(child[1])
+                else:  # (the new nodes of a split are not in `copied`: changing them copies)
+                    node[fragment] = _split(child, (h, ((key, value),)), shift + _BITS)
+                    size += 1
+                break
+        return self._make(root, size)
 
     def delete(self, key: K) -> PersistentMap[K, V]:
         """A map equal to this one without ``key``; ``KeyError`` if it is absent."""

@@ -15,7 +15,9 @@ Which page is handed out next is part of the value, so equal pools hand out equa
 freed page is reused first (last freed, first reused: it is the one most likely still in a
 device cache line), then pages never used, in ascending order. Every operation costs time in
 the pages it touches, not in the pool's size or its number of owners: owners live in a
-persistent map and free pages in an immutable linked list.
+persistent map, and freed pages in an immutable linked list of the tables given back, each
+reversed, so that a release pushes one tuple and a hold takes the pages it needs from the
+front of one without copying the rest.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ __all__ = ["PagePool"]
 
 RequestId = TypeVar("RequestId", bound=Hashable)
 
-# Freed pages, last freed first: ``(page, rest)`` or ``None``.
-_FreeList = tuple[int, Any] | None
+# Freed pages, last freed first: ``(pages, taken, rest)`` or ``None``: ``pages[taken:]``
+# (never empty) are free, in the order they are handed out again, and then ``rest``.
+_FreeList = tuple[tuple[int, ...], int, Any] | None
 
 
 class PagePool(Frozen, Generic[RequestId]):
@@ -182,16 +185,9 @@ class PagePool(Frozen, Generic[RequestId]):
                 f"request {request_id!r} needs {missing} more pages to hold {tokens} tokens "
                 f"(it has {len(have)}): {self.num_free} of {self._num_pages} are free"
             )
-        got: list[int] = []
-        freed, num_freed, unused = self._freed, self._num_freed, self._unused
-        while freed is not None and len(got) < missing:
-            page, freed = freed
-            got.append(page)
-            num_freed -= 1
-        fresh = missing - len(got)
-        got.extend(range(unused, unused + fresh))
-        owned = self._owned.set(request_id, (*have, *got))
-        return self._evolve(owned, freed, num_freed, unused + fresh)
+        holds = _Holds(self)
+        holds.grow(request_id, have, missing)
+        return holds.pool()
 
     def release(self, request_id: RequestId) -> PagePool[RequestId]:
         """A pool in which ``request_id`` owns nothing (its pages are free again).
@@ -205,9 +201,7 @@ class PagePool(Frozen, Generic[RequestId]):
             return self
         if pages is None:
             return self
-        freed = self._freed
-        for page in pages:  # the table's last page is reused first
-            freed = (page, freed)
+        freed = (pages[::-1], 0, self._freed)  # the table's last page is reused first
         return self._evolve(
             self._owned.delete(request_id), freed, self._num_freed + len(pages), self._unused
         )
@@ -238,11 +232,11 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def _freed_pages(self) -> list[int]:
         """Pages given back, in the order they will be handed out again."""
-        pages = []
+        pages: list[int] = []
         link = self._freed
         while link is not None:
-            page, link = link
-            pages.append(page)
+            run, taken, link = link
+            pages.extend(run[taken:])
         return pages
 
     def _free_pages(self) -> list[int]:
@@ -279,6 +273,50 @@ class PagePool(Frozen, Generic[RequestId]):
         )
 
 
+class _Holds(Generic[RequestId]):
+    """Holds made one after another on ``pool``, applied to it at once by :meth:`pool` (a
+    planned step grows many block tables; this builds one new pool, not one per table).
+    Each request grows at most once."""
+
+    def __init__(self, pool: PagePool[RequestId]) -> None:
+        self.base = pool
+        self.freed, self.num_freed, self.unused = pool._freed, pool._num_freed, pool._unused
+        self.free = pool.num_free  # kept up to date
+        self.tables: dict[RequestId, tuple[int, ...]] = {}
+
+    def grow(self, request_id: RequestId, have: tuple[int, ...], missing: int) -> None:
+        """``request_id``, which owns ``have``, gets ``missing`` more pages at the end of its
+        table: freed pages first, last freed first, then never-used ones in ascending order
+        (``0 < missing <= free``)."""
+        freed, got, wanted = self.freed, have, missing
+        while freed is not None and wanted:
+            pages, taken, rest = freed
+            end = taken + wanted
+            if end >= len(pages):
+                got += pages[taken:]
+                wanted = end - len(pages)
+                freed = rest
+            else:
+                got += pages[taken:end]
+                freed = (pages, end, rest)
+                wanted = 0
+        if wanted:
+            got += tuple(range(self.unused, self.unused + wanted))
+        self.freed = freed
+        self.num_freed -= missing - wanted
+        self.unused += wanted
+        self.free -= missing
+        self.tables[request_id] = got
+
+    def pool(self) -> PagePool[RequestId]:
+        """The pool with every hold made."""
+        base = self.base
+        if not self.tables:
+            return base
+        owned = base._owned.update(self.tables.items())
+        return base._evolve(owned, self.freed, self.num_freed, self.unused)
+
+
 def _restore(
     num_pages: int,
     page_size: int,
@@ -290,9 +328,7 @@ def _restore(
     owned: PersistentMap[Any, tuple[int, ...]] = PersistentMap()
     for request_id, pages in tables:
         owned = owned.set(request_id, tuple(pages))
-    link: _FreeList = None
-    for page in reversed(freed):
-        link = (page, link)
+    link: _FreeList = (tuple(freed), 0, None) if freed else None
     return pool._evolve(owned, link, len(freed), unused)
 
 
