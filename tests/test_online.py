@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pypto_sched import (
     DuplicateRequestError,
     InvalidInputError,
+    PagePool,
     PlannerConfig,
     PrefillRequest,
     PrefillState,
@@ -36,6 +37,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
+from pypto_sched._online import _step_chunk, _step_plan
 from pypto_sched.testing import (
     planner_configs,
     prefill_states,
@@ -542,6 +544,47 @@ def test_a_step_that_takes_no_one_from_the_queue_never_walks_it(
             state = state.add(request_id, 4096)
         peaks.append(peak_bytes_of_one_step(state, config, reserved_tokens=reserved_tokens))
     assert peaks[1] < peaks[0] + 4096, peaks
+
+
+def test_a_round_robin_step_stuck_for_pages_asks_the_owners_not_the_queue() -> None:
+    # No page is free: no one can run. Memory, as above: a walk over the waiting requests
+    # would allocate for each of them.
+    config = PlannerConfig(max_num_batched_tokens=512, page_size=64)
+    peaks = []
+    for waiting in (10, 10_000):
+        # "long" holds every page, all in use; the head, 0, holds none.
+        state: PrefillState[Any] = PrefillState()
+        for request_id in range(waiting):
+            state = state.add(request_id, 4096)
+        state = state.add("long", 10**6, num_computed_tokens=256)
+        pool: PagePool[Any] = PagePool(num_pages=4, page_size=64).hold("long", 256)
+        tracemalloc.start()
+        try:
+            plan = plan_step(state, config, pool=pool)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert plan.rows == {}
+    assert peaks[1] < peaks[0] + 4096, peaks
+
+
+def test_the_fast_builders_of_rows_and_plans_build_what_the_constructors_build() -> None:
+    # _online builds StepChunk and StepPlan through their slots, skipping attrs' __init__:
+    # right only while neither has a validator, a converter or a field it does not set.
+    for cls in (StepChunk, StepPlan):
+        for field in attrs.fields(cls):
+            assert field.validator is None, field
+            assert field.converter is None, field
+    assert [f.name for f in attrs.fields(StepChunk)] == ["start", "length", "is_final"]
+    assert [f.name for f in attrs.fields(StepPlan)] == ["rows", "state", "pool"]
+    chunk = _step_chunk(3, 4, True)
+    assert chunk == StepChunk(start=3, length=4, is_final=True)
+    assert hash(chunk) == hash(StepChunk(start=3, length=4, is_final=True))
+    state = PrefillState().add(1, 5)
+    plan = _step_plan({}, state, None)
+    assert plan == StepPlan(rows={}, state=state, pool=None)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        chunk.start = 0  # type: ignore[misc]
 
 
 # -- errors, and states never half-changed ----------------------------------------------------

@@ -86,3 +86,25 @@ def test_a_persistent_queue_is_a_fifo_whose_front_is_never_empty_while_it_is_not
         assert bool(queue) == bool(model) == (queue._front is not None)
     for old, seen in history:
         assert list(old) == seen
+
+
+@given(MAP_ACTIONS, st.lists(st.tuples(KEYS, st.integers()), max_size=40))
+def test_a_map_updated_at_once_equals_one_set_after_another_and_leaves_the_old_map(
+    actions: list[tuple[bool, Any, int]], items: list[tuple[Any, int]]
+) -> None:
+    pmap: PersistentMap[Any, int] = PersistentMap()
+    for is_set, key, value in actions:  # a map of any shape, collisions included
+        pmap = pmap.set(key, value) if is_set else pmap
+    before = dict(pmap.items())
+    one_by_one = pmap
+    for key, value in items:
+        one_by_one = one_by_one.set(key, value)
+    updated = pmap.update(items)
+    assert dict(updated.items()) == dict(one_by_one.items()) == {**before, **dict(items)}
+    assert len(updated) == len(one_by_one)
+    assert all(updated.get(key) == value for key, value in dict(items).items())
+    assert dict(pmap.items()) == before  # unchanged
+    # The updated map's nodes are its own: changing it further leaves `pmap` alone too.
+    for key, _ in items:
+        updated = updated.delete(key) if updated.get(key) is not None else updated
+    assert dict(pmap.items()) == before

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import pickle
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pypto_sched import (
     CacheTooSmallError,
@@ -20,17 +21,21 @@ from pypto_sched import (
     StepChunk,
     plan_step,
 )
+from pypto_sched.testing import planner_configs
 
 requests = st.integers(min_value=0, max_value=7)
 
 
 class PoolMachine(RuleBasedStateMachine):
-    """Random holds and releases; after each, the pool agrees with a dict of lists."""
+    """Random holds and releases; after each, the pool agrees with a dict of lists, and
+    hands out exactly the pages a list of free pages says: freed pages first, last freed
+    first, then never-used ones in ascending order."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pool: PagePool[int] = PagePool(num_pages=12, page_size=4)
         self.model: dict[int, list[int]] = {}
+        self.free = list(range(12))  # in the order they are handed out
 
     @rule(request=requests, tokens=st.integers(min_value=0, max_value=60))
     def hold(self, request: int, tokens: int) -> None:
@@ -47,13 +52,15 @@ class PoolMachine(RuleBasedStateMachine):
         if missing:
             got = list(self.pool.pages(request))
             assert got[:have] == self.model.get(request, [])  # kept, new ones at the end
+            assert got[have:] == self.free[:missing]
+            self.free = self.free[missing:]
             self.model[request] = got
         assert before.num_free == free  # the old pool is unchanged
 
     @rule(request=requests)
     def release(self, request: int) -> None:
         self.pool = self.pool.release(request)
-        self.model.pop(request, None)
+        self.free = self.model.pop(request, [])[::-1] + self.free
 
     @precondition(lambda self: bool(self.model))
     @rule(data=st.data())
@@ -62,6 +69,11 @@ class PoolMachine(RuleBasedStateMachine):
         last = self.model[request][-1]
         pool = self.pool.release(request)
         assert pool.hold(99, 1).pages(99) == (last,)
+
+    @invariant()
+    def free_pages_are_handed_out_in_the_stated_order(self) -> None:
+        assert self.pool._free_pages() == self.free
+        assert self.pool.num_free == len(self.free)
 
     @invariant()
     def no_page_is_owned_twice_and_none_is_lost(self) -> None:
@@ -211,3 +223,232 @@ def test_a_request_added_at_the_front_is_served_next() -> None:
     assert list(plan_step(state, config).rows) == [9]
     turns = PrefillState.from_prompt_lengths([4, 4]).add(9, 4, at_front=True)
     assert list(plan_step(turns, PlannerConfig(max_num_batched_tokens=4)).rows) == [9]
+
+
+# -- plan_step with a bounded pool, over long histories, against a plain model -------------------
+
+
+@attrs.define
+class Plain:
+    """A request as the model keeps it."""
+
+    id: int
+    length: int
+    position: int
+    started: bool = False
+
+
+def plain_chunk(position: int, length: int, limit: int, page: int) -> int:
+    """All that is left if it fits, else up to the last page boundary in reach (docs)."""
+    if length - position <= limit:
+        return length - position
+    return max((position + limit) // page * page - position, 0)
+
+
+class SteppingMachine(RuleBasedStateMachine):
+    """Arrivals, aborts, steps with random reservations and preemptions when every page is
+    held, over a pool of a few pages; every step's rows are checked against the rules as
+    docs/semantics.md and docs/serving.md state them, kept in plain lists and counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = PlannerConfig(max_num_batched_tokens=1)
+        self.state: PrefillState[int] = PrefillState()
+        self.pool: PagePool[int] = PagePool(num_pages=1, page_size=1)
+        self.requests: list[Plain] = []  # in planning order (round_robin: queue order)
+        self.held: dict[int, int] = {}  # pages held, by request
+        self.splitting = False  # round_robin: a run that had to split is in progress
+        self.arrivals = 0
+
+    @initialize(
+        config=planner_configs(max_num_batched_tokens=st.integers(min_value=1, max_value=48)),
+        page_size=st.integers(min_value=1, max_value=6),
+        num_pages=st.integers(min_value=1, max_value=24),
+    )
+    def setup(self, config: PlannerConfig, page_size: int, num_pages: int) -> None:
+        self.config = config
+        self.page_size = page_size
+        self.pool = PagePool(num_pages=num_pages, page_size=page_size)
+        self.free = num_pages
+        # A request alone must fit the pool, or the model would preempt forever.
+        self.longest = num_pages * page_size
+
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        length = data.draw(st.integers(min_value=1, max_value=min(self.longest, 80)))
+        cached = data.draw(st.integers(min_value=0, max_value=length - 1))
+        self.state = self.state.add(self.arrivals, length, num_computed_tokens=cached)
+        self.requests.append(Plain(self.arrivals, length, cached))
+        self.arrivals += 1
+
+    @precondition(lambda self: bool(self.requests))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        victim = data.draw(st.sampled_from([r.id for r in self.requests]))
+        self.state = self.state.remove(victim)
+        self.release(victim)
+        self.requests = [r for r in self.requests if r.id != victim]
+        self.splitting = self.splitting and bool(self.requests)
+
+    @precondition(lambda self: bool(self.requests))
+    @rule(data=st.data())
+    def hold_ahead(self, data: st.DataObject) -> None:
+        """A request gets pages beyond its position, as a caller may give them (pages
+        held but not yet used let it run when no page is free)."""
+        plain = data.draw(st.sampled_from(self.requests))
+        tokens = plain.position + data.draw(st.integers(min_value=1, max_value=8))
+        if self.pool.can_hold(plain.id, tokens):
+            self.pool = self.pool.hold(plain.id, tokens)
+            need = self.pool.pages_for(tokens) - self.held.get(plain.id, 0)
+            if need > 0:
+                self.held[plain.id] = self.held.get(plain.id, 0) + need
+                self.free -= need
+
+    @rule(
+        reserved_tokens=st.integers(min_value=0, max_value=50),
+        reserved_rows=st.integers(min_value=0, max_value=3),
+    )
+    def step(self, reserved_tokens: int, reserved_rows: int) -> None:
+        plan = plan_step(
+            self.state,
+            self.config,
+            reserved_tokens=reserved_tokens,
+            reserved_rows=reserved_rows,
+            pool=self.pool,
+        )
+        expected = self.model_step(reserved_tokens, reserved_rows)
+        assert [(r, c.start, c.length, c.is_final) for r, c in plan.rows.items()] == expected
+        assert plan.pool is not None
+        self.state, self.pool = plan.state, plan.pool
+        for request_id, chunk in plan.rows.items():
+            assert self.pool.capacity(request_id) >= chunk.end
+            if chunk.is_final:
+                self.release(request_id)
+        if not plan.rows and self.requests and reserved_tokens == reserved_rows == 0:
+            self.preempt_youngest_holder()
+
+    def release(self, request_id: int) -> None:
+        self.pool = self.pool.release(request_id)
+        self.free += self.held.pop(request_id, 0)
+
+    def preempt_youngest_holder(self) -> None:
+        victim = max(self.held)  # a step without room for anyone: some request holds pages
+        plain = next(r for r in self.requests if r.id == victim)
+        self.release(victim)
+        at_front = self.config.policy == "packed"
+        self.state = self.state.remove(victim).add(victim, plain.length, at_front=at_front)
+        self.requests.remove(plain)
+        fresh = Plain(victim, plain.length, 0)
+        if at_front:  # ahead of every waiting request, behind the started ones
+            index = next((i for i, r in enumerate(self.requests) if not r.started), None)
+            self.requests.insert(len(self.requests) if index is None else index, fresh)
+        else:
+            self.requests.append(fresh)
+            self.splitting = self.splitting and len(self.requests) > 1
+
+    # -- the model -------------------------------------------------------------------------
+
+    def page_room(self, request: Plain) -> int:
+        return max(
+            (self.held.get(request.id, 0) + self.free) * self.page_size - request.position, 0
+        )
+
+    def run(self, request: Plain, size: int) -> tuple[int, int, int, bool]:
+        row = (request.id, request.position, size, request.position + size == request.length)
+        request.position += size
+        request.started = True
+        need = -(-request.position // self.page_size) - self.held.get(request.id, 0)
+        if need > 0:
+            self.held[request.id] = self.held.get(request.id, 0) + need
+            self.free -= need
+        return row
+
+    def model_step(
+        self, reserved_tokens: int, reserved_rows: int
+    ) -> list[tuple[int, int, int, bool]]:
+        config = self.config
+        budget = config.max_num_batched_tokens
+        packed = config.policy == "packed"
+        threshold = config.long_prefill_token_threshold or budget
+        cap = min(budget, threshold)
+        tokens = max(min(budget if packed else cap, budget - reserved_tokens), 0)
+        rows = None if config.max_num_seqs is None else max(config.max_num_seqs - reserved_rows, 0)
+        page = config.page_size or 1
+        if not self.requests or tokens == 0 or rows == 0:
+            return []
+        rows_left = len(self.requests) if rows is None else rows
+        if packed:
+            alone = len(self.requests) == 1 and reserved_tokens == reserved_rows == 0
+            return self.model_packed(budget if alone else cap, tokens, rows_left, page)
+        return self.model_round_robin(cap, tokens, rows, page)
+
+    def model_packed(
+        self, cap: int, left: int, rows_left: int, page: int
+    ) -> list[tuple[int, int, int, bool]]:
+        out = []
+        max_partial = self.config.max_num_partial_prefills
+        for request in [r for r in self.requests if r.started]:
+            limit = min(cap, left, self.page_room(request)) if rows_left else 0
+            size = plain_chunk(request.position, request.length, limit, page)
+            if size:
+                out.append(self.run(request, size))
+                left, rows_left = left - size, rows_left - 1
+        partial = sum(r.started and r.position < r.length for r in self.requests)
+        for request in [r for r in self.requests if not r.started]:
+            if not (left and rows_left):
+                break
+            size = plain_chunk(
+                request.position, request.length, min(cap, left, self.page_room(request)), page
+            )
+            whole = size == request.length - request.position
+            if size == 0 or (not whole and max_partial is not None and partial >= max_partial):
+                break
+            out.append(self.run(request, size))
+            left, rows_left = left - size, rows_left - 1
+            partial += not whole
+        self.requests = [r for r in self.requests if r.position < r.length]
+        return out
+
+    def model_round_robin(
+        self, cap: int, tokens: int, rows: int | None, page: int
+    ) -> list[tuple[int, int, int, bool]]:
+        requests = self.requests
+        total = sum(r.length - r.position for r in requests)
+        missing = sum(
+            max(-(-r.length // self.page_size) - self.held.get(r.id, 0), 0) for r in requests
+        )
+        if (
+            not self.splitting
+            and total <= tokens
+            and (rows is None or len(requests) <= rows)
+            and missing <= self.free
+        ):
+            out = [self.run(r, r.length - r.position) for r in list(requests)]
+            self.requests = []
+            return out
+        for request in requests:
+            size = plain_chunk(
+                request.position, request.length, min(cap, tokens, self.page_room(request)), page
+            )
+            if size:
+                break
+        else:
+            return []  # the head keeps its turn
+        requests.remove(request)
+        row = self.run(request, size)
+        if request.position < request.length:
+            requests.append(request)
+        self.splitting = bool(requests)
+        return [row]
+
+    @invariant()
+    def the_pool_agrees_with_the_counts(self) -> None:
+        assert self.pool.num_free == self.free
+        assert {r: len(self.pool.pages(r)) for r in self.pool.owners()} == self.held
+        assert [(r, self.state[r].num_computed_tokens) for r in self.state] == [
+            (r.id, r.position) for r in self.requests
+        ]
+
+
+TestSteppingMachine = SteppingMachine.TestCase
+TestSteppingMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
