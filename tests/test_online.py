@@ -557,7 +557,7 @@ def test_a_round_robin_step_stuck_for_pages_asks_the_owners_not_the_queue() -> N
         for request_id in range(waiting):
             state = state.add(request_id, 4096)
         state = state.add("long", 10**6, num_computed_tokens=256)
-        pool: PagePool[Any] = PagePool(num_pages=4, page_size=64).hold("long", 256)
+        pool = PagePool[Any](num_pages=4, page_size=64).hold("long", 256)
         tracemalloc.start()
         try:
             plan = plan_step(state, config, pool=pool)
