@@ -205,18 +205,28 @@ Most rows of a ``packed`` schedule are a request running ``step = full_step(chun
 page)`` tokens, dispatch after dispatch. ``_PackedPlanner`` keeps such requests as *steady*.
 A request joins right after a chunk, and while it stays steady its future is known: that
 chunk, ``step`` tokens per dispatch until what is left fits in one chunk, then that last
-chunk. So it records this *run* of rows once, on joining, and cuts the record short in the
-rare dispatch where the budget or the row limit pushes it out. The Python work is per
-dispatch and per request, not per row; NumPy expands the runs into rows and sorts them
-stably by dispatch. Every chunk that is not a steady step is sized by :func:`chunk_size` and
-admitted by :func:`admits`. Once one request is left, its steady run is cut short and the
-rest of its prefill is planned under the work-conserving tail's :func:`request_cap`. ``tests/oracle.py`` states both policies as plain loops, sharing
-no code with this module, and the tests check that they agree dispatch for dispatch.
+chunk (``_steady_run``, the chunk rule applied with the cap every dispatch). So it records
+this *run* of rows once, on joining, and cuts the record short in the rare dispatch where the
+budget or the row limit pushes it out. New requests are admitted in *batches*: while a whole
+cap and a row are left, :func:`chunk_limit` allows a new request the cap, so its chunk is
+its first chunk with the cap allowed, computed for every request at once by
+:func:`chunk_sizes`; when :func:`admits` takes a part-way chunk even with every request
+part-way (no partial limit), each such request is admitted, and prefix sums of those first
+chunks give by bisection how many fit. The Python work is per dispatch and per request, not
+per row; NumPy expands the runs into rows and sorts them stably by dispatch (a radix sort).
+Every other chunk is sized by :func:`chunk_size` and admitted by :func:`admits`. Once one
+request is left, its steady run is cut short and the rest of its prefill is planned under
+the work-conserving tail's :func:`request_cap`.
+
+``tests/oracle.py`` states both policies as plain loops, sharing no code with this module,
+and the tests check that they agree dispatch for dispatch, with workloads aimed at each fast
+path's boundaries. ``benchmarks/bench_planner.py`` times both against the oracle and against
+the floor of copying the schedule's arrays once.
 """
 
 from __future__ import annotations
 
-from array import array
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable
 from typing import Any, overload
 
@@ -463,7 +473,7 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
     behind = (first_end[ids] - step).astype(np.int32)  # a step before chunk 1
     last = (lengths - first_end - (counts - 2) * step).astype(np.int32)
     # The running requests grouped by their number of chunks (stably: in request order).
-    ending = ids[_stable_argsort(counts[ids])]
+    ending = ids[_stable_argsort(counts[ids], int(counts.max()) + 1)]
     last_rounds, group_sizes = np.unique(counts[ids], return_counts=True)
     row, k, group_end = n, 1, 0
     for last_round, group_size in zip(last_rounds.tolist(), group_sizes.tolist(), strict=True):
@@ -488,9 +498,27 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
 
 
 def _plan_packed(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
-    plan = _PackedPlanner(lengths.tolist(), computed.tolist(), config)
+    plan = _PackedPlanner(lengths, computed, config)
     plan.run()
     return plan.rows(lengths)
+
+
+@overload
+def _steady_run(after: int, cap: int, step: int) -> tuple[int, int]: ...
+@overload
+def _steady_run(after: IntArray, cap: int, step: int) -> tuple[IntArray, IntArray]: ...
+def _steady_run(after: Any, cap: int, step: int) -> Any:
+    """The chunks of a request at a page boundary with ``after`` tokens left that is allowed
+    ``cap`` tokens in every dispatch, by the chunk rule (:func:`chunk_size`): ``step`` tokens
+    (:func:`full_step`) while more than ``cap`` are left, then all that is left. Returns the
+    number of steps and the last chunk; elementwise on arrays."""
+    steps = -(-(after - cap) // step)
+    steps = steps * (steps > 0)
+    return steps, after - steps * step
+
+
+# The `due_at` entry of a dispatch in which no steady request is due (never mutated).
+NOTHING_DUE = [0]
 
 
 class _PackedPlanner:
@@ -500,7 +528,7 @@ class _PackedPlanner:
 
     * a ``steady`` request runs ``step`` tokens per dispatch until the dispatch where what
       is left fits in one chunk, and then that last chunk (``due_at`` lists steady requests
-      by that dispatch);
+      by that dispatch, after what their last chunks add to a step each);
     * ``tail`` requests are served one by one; a tail request is promoted to steady once
       every request before it is steady.
 
@@ -515,26 +543,45 @@ class _PackedPlanner:
     ``steady`` right after a chunk, and its whole future is then known: that chunk, the
     steps, the last chunk. So it writes that run on joining; in the rare case it leaves
     ``steady`` early, the run is cut short in place. Every other row is a run of one.
+
+    New requests are admitted in *batches*: while a whole ``cap`` and a row are left, what
+    :func:`chunk_limit` allows a new request is ``cap``, so its chunk is its first chunk with
+    ``cap`` allowed, known in advance (``first``, by :func:`chunk_sizes`); when :func:`admits`
+    takes any such chunk whatever the number of partial requests (no partial limit), every
+    request is admitted while a cap is left, and prefix sums of ``first`` give, by bisection,
+    how many are.
     """
 
-    def __init__(self, lengths: list[int], computed: list[int], config: PlannerConfig) -> None:
+    def __init__(self, lengths: IntArray, computed: IntArray, config: PlannerConfig) -> None:
         self.config = config
-        self.lengths = lengths
-        self.position = list(computed)  # up to date for requests not steady
-        self.n = len(lengths)
+        self.lengths: list[int] = lengths.tolist()
+        self.position: list[int] = computed.tolist()  # up to date for requests not steady
+        self.n = n = lengths.size
         self.budget = config.max_num_batched_tokens
-        self.cap = config.chunk_cap
-        self.page = config.page_size or 1
-        self.step = full_step(self.cap, self.page)
-        self.max_rows = config.max_num_seqs or self.n  # n rows: no limit, as an int
+        self.cap = cap = config.chunk_cap
+        self.page = page = config.page_size or 1
+        self.step = step = full_step(cap, page)
+        self.max_rows = config.max_num_seqs or n  # n rows: no limit, as an int
         self.max_partial = config.max_num_partial_prefills
+        # Per new request: its first chunk with a whole cap allowed, its steady run after that
+        # chunk if it leaves it part-way, and the first chunks' prefix sums (`first_ends[r]`
+        # is the sum of those of the requests before r).
+        first = chunk_sizes(computed, lengths, cap, page)
+        steps, last = _steady_run(lengths - computed - first, cap, step)
+        self.first: list[int] = first.tolist()
+        self.first_steps: list[int] = steps.tolist()
+        self.first_last: list[int] = last.tolist()
+        self.first_ends: list[int] = np.concatenate(([0], np.cumsum(first))).tolist()
+        # Whether a part-way chunk is admitted with every request part-way: then the rules
+        # admit every request that gets a token (see the class docstring).
+        self.admits_all = admits(1, 2, n, self.max_partial)
         # Request -> where its run starts in `runs`, in request order: a dict drops any
         # request in O(1) and popitem() takes the last.
         self.steady: dict[int, int] = {}
-        # Per dispatch: the steady requests due, and what their last chunks add to a step
-        # each. (Plain dicts: a defaultdict's default factory would cost a call.)
+        # Per dispatch: what the last chunks of the steady requests due then add to a step
+        # each, then those requests. (One plain dict: a defaultdict's default factory would
+        # cost a call.)
         self.due_at: dict[int, list[int]] = {}
-        self.extra_at: dict[int, int] = {}
         self.tail: list[int] = []
         self.num_dispatches = 0
         # Runs, flattened: first, count, request, start, head, last; first, count, ...
@@ -551,25 +598,29 @@ class _PackedPlanner:
         (shrinking ``steady``, serving the tail) are methods.
         """
         lengths, position = self.lengths, self.position
-        steady, due_at, extra_at, tail = self.steady, self.due_at, self.extra_at, self.tail
+        steady, due_at, tail = self.steady, self.due_at, self.tail
         budget, cap, page, step = self.budget, self.cap, self.page, self.step
         max_rows, max_partial, n = self.max_rows, self.max_partial, self.n
+        first, first_steps, first_last = self.first, self.first_steps, self.first_last
+        first_ends, admits_all = self.first_ends, self.admits_all
         write, join = self.runs.extend, self._join_steady
         d = 0  # the dispatch being filled
         new = 0  # the first request not started
         while steady or tail or new < n:
-            if len(steady) + len(tail) + n - new == 1:  # the work-conserving tail
+            # The work-conserving tail. (Checked in two steps: it takes every request but one
+            # started, so the first is cheap and almost always false.)
+            if new >= n - 1 and len(steady) + len(tail) + n - new == 1:
                 d = self._serve_alone(d, new)
                 break
             # Charge the steady requests: a step each, the last chunk for those due now.
-            finishing = due_at.pop(d, [])
-            demand = step * len(steady) + extra_at.pop(d, 0)
+            due = due_at.pop(d, NOTHING_DUE)
+            demand = step * len(steady) + due[0]
             rows = len(steady)
             if demand > budget or rows > max_rows:
-                demand = self._shrink_steady(d, finishing, demand)
+                demand = self._shrink_steady(d, due, demand)
                 rows = len(steady)
             left = budget - demand
-            for r in finishing:  # their runs are written; they end here
+            for r in due[1:]:  # their runs are written; they end here
                 del steady[r]
             # The other started requests, in order.
             all_steady = True
@@ -580,9 +631,29 @@ class _PackedPlanner:
             r = new
             partial = len(steady) + len(tail)
             while r < n and left > 0:
+                limit = chunk_limit(cap, left, max_rows - rows)
+                if limit == cap and admits_all:
+                    # A batch: request q runs first[q] while a cap and a row are left.
+                    stop = r + 1
+                    if left - first[r] >= cap:  # more than one
+                        stop = bisect_right(first_ends, first_ends[r] + left - cap, stop)
+                        stop = min(stop, n, r + max_rows - rows)
+                    left -= first_ends[stop] - first_ends[r]
+                    rows += stop - r
+                    for q in range(r, stop):
+                        start, size = position[q], first[q]
+                        if size == lengths[q] - start:  # the whole prefill
+                            write((d, 1, q, start, size, size))
+                        elif all_steady:
+                            join(q, d, start, size, first_steps[q], first_last[q])
+                        else:
+                            write((d, 1, q, start, size, size))
+                            position[q] = start + size
+                            tail.append(q)
+                    r = stop
+                    continue
                 start, length = position[r], lengths[r]
                 remaining = length - start
-                limit = chunk_limit(cap, left, max_rows - rows)
                 size = chunk_size(start, length, limit, page)
                 if not admits(size, remaining, partial, max_partial):
                     break
@@ -592,7 +663,7 @@ class _PackedPlanner:
                     write((d, 1, r, start, size, size))
                 elif all_steady:
                     partial += 1
-                    join(r, d, start, size)
+                    join(r, d, start, size, *_steady_run(remaining - size, cap, step))
                 else:
                     partial += 1
                     write((d, 1, r, start, size, size))
@@ -603,19 +674,21 @@ class _PackedPlanner:
             d += 1
         self.num_dispatches = d
 
-    def _shrink_steady(self, d: int, finishing: list[int], demand: int) -> int:
+    def _shrink_steady(self, d: int, due_now: list[int], demand: int) -> int:
         """Move steady requests from the end to the front of the tail until the rest fit
-        in dispatch ``d``; return the demand of the rest."""
+        in dispatch ``d``, whose ``due_at`` entry was ``due_now``; return the demand of the
+        rest."""
         steady, step = self.steady, self.step
         while steady and (demand > self.budget or len(steady) > self.max_rows):
             r, at = steady.popitem()
             due, last = self._cut_run(r, at, d)
             if due == d:
-                finishing.remove(r)
+                due_now.remove(r)
                 demand -= last  # its charge: its last chunk
             else:
-                self.due_at[due].remove(r)
-                self.extra_at[due] -= last - step
+                entry = self.due_at[due]
+                entry.remove(r)
+                entry[0] -= last - step
                 demand -= step  # its charge: a step
             self.tail.insert(0, r)
         return demand
@@ -665,13 +738,14 @@ class _PackedPlanner:
             if size > 0:
                 left -= size
                 rows += 1
-                unfinished = position[r] + size < lengths[r]
-                if unfinished and all_steady:
-                    self._join_steady(r, d, position[r], size)
+                after = lengths[r] - position[r] - size
+                if after and all_steady:
+                    steps, last = _steady_run(after, self.cap, self.step)
+                    self._join_steady(r, d, position[r], size, steps, last)
                     continue
                 self.runs.extend((d, 1, r, position[r], size, size))
                 position[r] += size
-                if not unfinished:
+                if not after:
                     continue
             tail.append(r)
             all_steady = False
@@ -680,29 +754,19 @@ class _PackedPlanner:
 
     # -- one request --------------------------------------------------------------------------
 
-    def _join_steady(self, r: int, d: int, start: int, size: int) -> None:
+    def _join_steady(self, r: int, d: int, start: int, size: int, steps: int, last: int) -> None:
         """Run a non-final chunk of ``size`` tokens of ``r`` from ``start`` in dispatch ``d``
         and make ``r`` steady from the next dispatch on, recording its run from that chunk to
-        its last.
-
-        The run follows from the chunk rule: from the page boundary after that chunk, with
-        ``cap`` allowed, :func:`chunk_size` gives ``step`` tokens while more than ``cap`` are
-        left, then all that is left."""
-        step = self.step
-        after = self.lengths[r] - start - size  # left after this chunk
-        steps = -(-(after - self.cap) // step) if after > self.cap else 0
-        last = after - steps * step
+        its last: ``steps`` steps, then ``last`` tokens (its :func:`_steady_run`)."""
         runs = self.runs
         self.steady[r] = len(runs)
         runs.extend((d, steps + 2, r, start, size, last))
-        due = d + 1 + steps
-        due_at = self.due_at
-        if due in due_at:
-            due_at[due].append(r)
+        entry = self.due_at.get(d + 1 + steps)
+        if entry is None:
+            self.due_at[d + 1 + steps] = [last - self.step, r]
         else:
-            due_at[due] = [r]
-        extra_at = self.extra_at
-        extra_at[due] = extra_at.get(due, 0) + last - step
+            entry[0] += last - self.step
+            entry.append(r)
 
     # -- output --------------------------------------------------------------------------------
 
@@ -714,17 +778,17 @@ class _PackedPlanner:
         run while another runs steady comes after it in the window), so sorting the rows
         stably by dispatch puts each dispatch's rows in request order.
         """
-        runs = np.frombuffer(array("q", self.runs), dtype=np.int64).reshape(-1, 6)
-        first, counts, requests, starts, heads, lasts = runs.astype(np.int32).T
+        # (Every value stays below 2**31: positions, dispatches and row counts are int32.)
+        runs = np.fromiter(self.runs, dtype=np.int32, count=len(self.runs)).reshape(-1, 6)
+        first, counts, requests, starts, heads, lasts = runs.T
         step = self.step
         ends = np.cumsum(counts, dtype=np.int32)
         begins = ends - counts
         total = int(ends[-1])
         within = np.arange(total, dtype=np.int32) - np.repeat(begins, counts)
-        dispatch = np.repeat(first, counts) + within
-        order = _stable_argsort(dispatch)
-        # Past its head, a run advances by `step` per row. (Every term stays below 2**31.)
-        row_starts = np.repeat(starts + heads, counts) + (within - 1) * step
+        order = _stable_argsort(np.repeat(first, counts) + within, self.num_dispatches)
+        # Past its head, a run advances by `step` per row.
+        row_starts = np.repeat(starts + heads, counts) + (within - 1) * np.int32(step)
         row_starts[begins] = starts
         sizes = np.full(total, step, dtype=np.int32)
         sizes[begins] = heads
@@ -740,16 +804,17 @@ class _PackedPlanner:
         return offsets, requests[order], row_starts[order], sizes[order], final[order]
 
 
-def _stable_argsort(keys: npt.NDArray[np.integer]) -> IntArray:
-    """The indices that sort ``keys`` (non-negative ints) stably.
+def _stable_argsort(keys: npt.NDArray[np.integer[Any]], bound: int) -> IntArray:
+    """The indices that sort ``keys`` (ints in ``0 .. bound - 1``) stably.
 
     NumPy's stable sort is a radix sort for 16-bit keys and a merge sort, several times
     slower, for wider ones; so wider keys are sorted one 16-bit digit at a time, lowest
     first (a least-significant-digit radix sort).
     """
+    if bound <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
     order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
-    high = int(keys.max()) >> 16 if keys.size else 0
-    shift = 16
+    high, shift = (bound - 1) >> 16, 16
     while high:
         digit = ((keys[order] >> shift) & 0xFFFF).astype(np.uint16)
         order = order[np.argsort(digit, kind="stable")]

@@ -11,7 +11,6 @@ import ast
 import copy
 import inspect
 import itertools
-from collections import Counter
 
 import attrs
 import numpy as np
@@ -31,6 +30,8 @@ from pypto_sched import (
     plan_step,
 )
 from pypto_sched._policies import (
+    _stable_argsort,
+    _steady_run,
     admits,
     check_num_computed_tokens,
     chunk_limit,
@@ -173,7 +174,8 @@ def test_every_chunk_is_within_the_chunk_cap_but_a_packed_request_left_alone(cas
     for dispatch, requests_from_here in zip(dispatches, seen_from, strict=True):
         for request, _, length, _ in dispatch:
             if length > config.chunk_cap:
-                assert config.policy == "packed" and requests_from_here == {request}
+                assert config.policy == "packed"
+                assert requests_from_here == {request}
                 assert length <= config.max_num_batched_tokens
 
 
@@ -710,3 +712,141 @@ def test_prefill_room_is_the_dispatch_less_the_decodes_within_the_effective_budg
     expected: tuple[int, int | None],
 ) -> None:
     assert prefill_room(config, reserved_tokens, reserved_rows) == expected
+
+
+# -- the fast paths of the offline planners ----------------------------------------------------
+# Each is derived from the rule functions; these check the derivation and drive each path
+# against the oracle on the workloads that exercise its boundaries.
+
+
+@given(chunk_inputs(), st.integers(0, 10))
+@example((0, 1, 10, 3), 0)  # a short last chunk under a step shorter than the cap
+@example((0, 10, 10, 3), 2)  # all left fits the cap, not a step
+@example((0, 19, 10, 3), 1)  # one step, then more than a step
+def test_a_steady_run_is_the_chunk_rule_applied_with_the_cap_every_dispatch(
+    inputs: tuple[int, int, int, int], pages: int
+) -> None:
+    _, after, cap, page = inputs
+    start = pages * page  # a page boundary
+    steps, last = _steady_run(after, cap, full_step(cap, page))
+    chunks = []
+    position, length = start, start + after
+    while position < length:
+        chunks.append(chunk_size(position, length, cap, page))
+        position += chunks[-1]
+    assert chunks == [full_step(cap, page)] * steps + [last]
+    many_steps, many_lasts = _steady_run(np.array([after, after]), cap, full_step(cap, page))
+    assert many_steps.tolist() == [steps] * 2
+    assert many_lasts.tolist() == [last] * 2
+
+
+@given(st.integers(1, 600), st.integers(0, 2000), st.integers(0, 50))
+def test_chunk_limit_is_the_cap_exactly_while_a_cap_and_a_row_are_left(
+    cap: int, tokens_left: int, rows_left: int
+) -> None:
+    # What packed's batch admission relies on to size a batch by prefix sums.
+    is_cap = chunk_limit(cap, tokens_left, rows_left) == cap
+    assert is_cap == (tokens_left >= cap and rows_left >= 1)
+
+
+@given(st.integers(1, 50), st.none() | st.integers(1, 60), st.data())
+def test_admitting_a_part_way_chunk_with_every_request_part_way_admits_any_chunk(
+    n: int, max_partial: int | None, data: st.DataObject
+) -> None:
+    # packed admits a batch without asking `admits` per request when this holds.
+    if not admits(1, 2, n, max_partial):
+        return
+    size = data.draw(st.integers(1, 1000))
+    remaining = data.draw(st.integers(size, 2000))
+    assert admits(size, remaining, data.draw(st.integers(0, n)), max_partial)
+
+
+@st.composite
+def batch_admission_cases(draw: st.DrawFn) -> Case:
+    """Many short prompts around the cap (shorter, equal, a page or a token longer), a budget
+    of a few caps and a remainder, and every other knob drawn: ``packed`` admits whole runs
+    of new requests at once and the batches end on the budget, the rows, a partial limit,
+    a page or the lone tail."""
+    page = draw(st.none() | st.sampled_from([1, 2, 4, 8]))
+    cap = (page or 1) * draw(st.integers(1, 12))
+    threshold = draw(st.none() | st.just(cap))
+    budget = cap * draw(st.integers(1, 6)) + draw(st.integers(0, cap))
+    if threshold is None:
+        cap = budget
+        page = None if page is None or page > budget else page
+    n = draw(st.integers(1, 60))
+    around = st.sampled_from([1, cap // 2 + 1, cap - 1, cap, cap + 1, cap + (page or 1)])
+    length = st.integers(1, 2 * cap + 3) | around.filter(lambda x: x >= 1) | st.integers(1, 8 * cap)
+    lengths = draw(st.lists(length, min_size=n, max_size=n))
+    computed = draw(st.none() | st.tuples(*(st.integers(0, x - 1) for x in lengths)).map(list))
+    config = PlannerConfig(
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        max_num_seqs=draw(st.none() | st.integers(1, n + 1)),
+        page_size=page,
+        policy="packed",
+        max_num_partial_prefills=draw(st.none() | st.integers(1, n + 1)),
+    )
+    return Case(lengths=lengths, computed=computed, config=config)
+
+
+@settings(max_examples=60)
+@given(batch_admission_cases())
+def test_packed_batch_admission_matches_the_oracle(case: Case) -> None:
+    expected = oracle_plan(case.lengths, case.config, case.computed)
+    assert rows_of(case.plan()) == expected
+
+
+@st.composite
+def round_robin_block_cases(draw: st.DrawFn) -> Case:
+    """Requests with many distinct numbers of chunks, some far apart (blocks of many rounds
+    between two requests' last rounds), with pages and prefix hits."""
+    page = draw(st.none() | st.sampled_from([1, 3, 8]))
+    budget = (page or 1) * draw(st.integers(1, 5)) + draw(st.integers(0, 2))
+    n = draw(st.integers(2, 40))
+    lengths = draw(
+        st.lists(st.integers(1, 3 * budget) | st.integers(1, 40 * budget), min_size=n, max_size=n)
+    )
+    computed = draw(st.none() | st.tuples(*(st.integers(0, x - 1) for x in lengths)).map(list))
+    config = PlannerConfig(
+        max_num_batched_tokens=budget + draw(st.integers(0, 3)),
+        long_prefill_token_threshold=budget,
+        max_num_seqs=draw(st.none() | st.integers(1, n + 1)),
+        page_size=page,
+    )
+    return Case(lengths=lengths, computed=computed, config=config)
+
+
+@settings(max_examples=60)
+@given(round_robin_block_cases())
+def test_round_robin_blocks_match_the_oracle(case: Case) -> None:
+    expected = oracle_plan(case.lengths, case.config, case.computed)
+    assert rows_of(case.plan()) == expected
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_few_thousand_uniform_prompts_match_the_oracle(policy: Policy) -> None:
+    # Every path at once at a scale where batches, blocks and cut runs are common.
+    rng = np.random.default_rng(14)
+    lengths = rng.integers(1, 1024, 3000).tolist()
+    computed = [int(rng.integers(0, length)) if length % 7 == 0 else 0 for length in lengths]
+    for config in (
+        PlannerConfig(max_num_batched_tokens=1000, long_prefill_token_threshold=64, policy=policy),
+        PlannerConfig(
+            max_num_batched_tokens=1024,
+            long_prefill_token_threshold=96,
+            max_num_seqs=12,
+            page_size=16,
+            policy=policy,
+        ),
+    ):
+        schedule = plan_prefill(lengths, config, num_computed_tokens=computed)
+        assert rows_of(schedule) == oracle_plan(lengths, config, computed)
+
+
+@given(st.lists(st.integers(0, 200_000), max_size=300), st.integers(0, 3))
+def test_the_radix_argsort_is_a_stable_sort(values: list[int], spread: int) -> None:
+    keys = np.array(values, dtype=np.int64) * (1 + spread * 997)
+    bound = int(keys.max()) + 1 if keys.size else 1
+    expected = np.argsort(keys, kind="stable")
+    assert _stable_argsort(keys, bound).tolist() == expected.tolist()
