@@ -225,13 +225,13 @@ class Schedule:
     def lower_bound(self) -> int:
         """Fewest dispatches any schedule within this config's limits could take.
 
-        The largest of: total tokens over ``max_num_batched_tokens``; requests over
-        ``max_num_seqs``; and the dispatches the longest request needs under the request cap.
-        Under ``round_robin`` that is its tokens over ``chunk_cap``. Under ``packed``, whose
-        work-conserving tail lets a request left alone run the whole budget, the longest
-        request runs at most ``chunk_cap`` tokens a dispatch while the second longest is
-        unfinished -- at least ``k``, its tokens over ``chunk_cap``, dispatches -- and the
-        budget per dispatch after.
+        The largest of: requests over ``max_num_seqs``; the tokens over what a dispatch
+        holds, ``max_num_batched_tokens`` and at most ``max_num_seqs`` rows of ``chunk_cap``;
+        and the dispatches the longest request needs under the request cap. Under ``packed``,
+        whose work-conserving tail lets a request left alone run the whole budget, only the
+        longest request's tokens may run alone, and it runs at most ``chunk_cap`` tokens a
+        dispatch while the second longest is unfinished. ``docs/semantics.md`` has the
+        formulas.
         """
         return lower_bound(self.prompt_lengths - self.num_computed_tokens, self.config)
 
@@ -398,20 +398,27 @@ class Schedule:
 def lower_bound(remaining: IntArray, config: PlannerConfig) -> int:
     """Fewest dispatches for requests with ``remaining`` tokens each under ``config`` (see
     :attr:`Schedule.lower_bound`)."""
-    total = int(remaining.sum())
-    bound = -(-total // config.max_num_batched_tokens)
-    cap, lone = config.chunk_cap, request_cap(config, 1, 0, 0)
+    total, first = int(remaining.sum()), int(remaining.max())
+    budget, cap, rows = config.max_num_batched_tokens, config.chunk_cap, config.max_num_seqs
+    lone = request_cap(config, 1, 0, 0)
+    # The most tokens a dispatch holds while a request is not alone: the budget, and each row
+    # at most the cap.
+    shared = budget if rows is None else min(budget, rows * cap)
+    if lone == cap:
+        tokens = -(-total // shared)
+    else:  # only the longest may run alone, the others' tokens run shared
+        tokens = -(-((total - first) * lone + first * shared) // (shared * lone))
     if remaining.size == 1:
-        longest = -(-int(remaining[0]) // lone)
+        longest = -(-first // lone)
     elif lone == cap:
-        longest = -(-int(remaining.max()) // cap)
-    else:
-        second, first = (int(x) for x in np.partition(remaining, -2)[-2:])
-        shared = -(-second // cap)
-        longest = shared + -(-max(first - shared * cap, 0) // lone)
-    bound = max(bound, longest)
-    if config.max_num_seqs is not None:
-        bound = max(bound, -(-remaining.size // config.max_num_seqs))
+        longest = -(-first // cap)
+    else:  # capped while the second longest is unfinished, alone after
+        second = int(np.partition(remaining, -2)[-2])
+        together = -(-second // cap)
+        longest = together + -(-max(first - together * cap, 0) // lone)
+    bound = max(tokens, longest)
+    if rows is not None:
+        bound = max(bound, -(-remaining.size // rows))
     return bound
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import math
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -114,16 +116,20 @@ def test_lower_bound_is_the_largest_of_the_token_request_cap_and_row_bounds(case
     remaining = [
         length - start for length, start in zip(case.lengths, case.start_positions, strict=True)
     ]
-    cap, budget = config.chunk_cap, config.max_num_batched_tokens
-    bounds = [-(-sum(remaining) // budget)]
-    if config.policy == "round_robin":
-        bounds.append(max(-(-r // cap) for r in remaining))
-    elif len(remaining) == 1:  # packed's work-conserving tail: alone, the whole budget
-        bounds.append(-(-remaining[0] // budget))
-    else:  # the longest runs at most the cap while the second longest is unfinished
-        second, first = sorted(remaining)[-2:]
-        shared = -(-second // cap)
-        bounds.append(shared + -(-max(first - shared * cap, 0) // budget))
+    cap, budget, rows = config.chunk_cap, config.max_num_batched_tokens, config.max_num_seqs
+    per_dispatch = budget if rows is None else min(budget, rows * cap)
+    longest, total = max(remaining), sum(remaining)
+    if config.policy == "round_robin" or cap == budget:
+        bounds = [-(-total // per_dispatch), -(-longest // cap)]
+    else:  # packed's work-conserving tail: only the longest may run alone, the whole budget
+        others = Fraction(total - longest, per_dispatch)
+        bounds = [math.ceil(others + Fraction(longest, budget))]
+        if len(remaining) == 1:
+            bounds.append(-(-longest // budget))
+        else:  # the longest runs at most the cap while the second longest is unfinished
+            second = sorted(remaining)[-2]
+            together = -(-second // cap)
+            bounds.append(together + -(-max(longest - together * cap, 0) // budget))
     if config.max_num_seqs is not None:
         bounds.append(-(-len(remaining) // config.max_num_seqs))
     assert case.plan().lower_bound == max(bounds)
