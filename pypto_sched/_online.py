@@ -592,8 +592,9 @@ class _Step(Generic[RequestId]):
     def chunk(self, record: _Request) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
         tokens_left = self.tokens_left
-        pool, holds = self.pool, self.holds
-        if pool is not None and holds is not None:
+        holds = self.holds
+        if holds is not None:
+            pool = holds.base
             self.table = pool.pages(record.id)  # (a request runs once a step: not grown yet)
             room = page_room(record.position, len(self.table), holds.free, pool.page_size)
             tokens_left = room if room < tokens_left else tokens_left
@@ -607,9 +608,9 @@ class _Step(Generic[RequestId]):
         position = start + size
         final = position == length
         self.rows[request_id] = _step_chunk(start, size, final)
-        pool, holds = self.pool, self.holds
-        if pool is not None and holds is not None:
-            missing = pool.pages_for(position) - len(self.table)
+        holds = self.holds
+        if holds is not None:
+            missing = holds.base.pages_for(position) - len(self.table)
             if missing > 0:  # chunk() kept it within the free pages
                 holds.grow(request_id, self.table, missing)
         self.tokens_left -= size

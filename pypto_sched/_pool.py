@@ -301,7 +301,7 @@ class _Holds(Generic[RequestId]):
                 freed = (pages, end, rest)
                 wanted = 0
         if wanted:
-            got += tuple(range(self.unused, self.unused + wanted))
+            got = (*got, *range(self.unused, self.unused + wanted))
         self.freed = freed
         self.num_freed -= missing - wanted
         self.unused += wanted
