@@ -19,6 +19,13 @@ requests in the queue are also in a persistent map from id to record, which make
 which live in a small tuple that each step rewrites). A removed request's queue entry is left
 in place and skipped when it reaches the head: an entry is live only while the map holds that
 very record.
+
+With a page pool, a step collects its rows' page holds and applies them at once (one new pool,
+each node of the owners' map copied once). ``round_robin``'s search for a request that can run
+behind a head waiting for pages asks the pool's owners first when no page is free (nobody else
+can run then), so a step stuck for pages does not walk the queue. Rows and plans are built
+through their slots rather than attrs' ``__init__`` (``_step_chunk``, ``_step_plan``), a
+third of the cost. ``benchmarks/bench_online.py`` measures all of this.
 """
 
 from __future__ import annotations
