@@ -26,9 +26,10 @@ It prints two tables.
 2. **Per-step cost** with 100, 1,000 and 10,000 requests in flight (prompts of 64 to 4,096
    tokens; a new request arrives for every one that finishes): median microseconds of
    vLLM's ``schedule()`` (which allocates KV blocks) against ``plan_step`` with a
-   ``PagePool`` of as many pages as vLLM has blocks, and ``plan_step`` without a pool. The
-   calls alternate step by step on the same arrivals, and the script checks that all three
-   plan the same rows at every step. vLLM's ``update_from_output()`` is timed separately,
+   ``PagePool`` of as many pages as vLLM has blocks, and ``plan_step`` without a pool, all
+   fed the same arrivals. The sides take turns going first, the three cases are stepped in
+   turn (so all see the same load on the machine), and the script checks that the three
+   plans hold the same rows at every step. vLLM's ``update_from_output()`` is timed separately,
    beside its counterpart here, giving the finished requests' pages back
    (``PagePool.release``). Targets: at 1,000 and 10,000 in flight ``plan_step`` with the
    pool is at least 10x faster than ``schedule()``, and its cost at the most requests in
@@ -45,14 +46,14 @@ import argparse
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -83,8 +84,6 @@ SPEEDUP_AT = (1_000, 10_000)
 MAX_GROWTH = 1.5
 IN_FLIGHT = (100, 1_000, 10_000)
 STEP_PROMPTS = (64, 4_096)
-STEP_KNOBS = {"max_num_batched_tokens": 2_048, "long_prefill_token_threshold": 512}
-STEP_MAX_NUM_SEQS = 64
 STEP_NUM_BLOCKS = 16_384
 
 
@@ -108,6 +107,10 @@ class Knobs(NamedTuple):
             f"{self.max_num_batched_tokens:,} / {self.long_prefill_token_threshold:,} / "
             f"{self.max_num_seqs}"
         )
+
+
+#: The knobs of the per-step cases.
+STEP_KNOBS = Knobs(max_num_batched_tokens=2_048, long_prefill_token_threshold=512, max_num_seqs=64)
 
 
 class Workload(NamedTuple):
@@ -175,7 +178,10 @@ class Vllm(NamedTuple):
     def load(cls) -> Vllm:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # vLLM leaves its loggers unconfigured outside its engine, so its notes on what the
+        # CPU lacks (Triton, its CUDA kernels: the scheduler needs neither) would reach
+        # standard error through logging's last resort.
+        logging.getLogger("vllm").setLevel(logging.ERROR)
         names = (
             "torch",
             "vllm.config",
@@ -412,75 +418,94 @@ def median_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1e3
 
 
-def measure_steps(vllm: Vllm, in_flight: int, steps: int) -> StepCost:
-    knobs = Knobs(**STEP_KNOBS, max_num_seqs=STEP_MAX_NUM_SEQS)
-    config = knobs.config("packed")
-    side = VllmScheduler(
-        vllm, knobs, num_blocks=STEP_NUM_BLOCKS, max_model_len=STEP_PROMPTS[1] + BLOCK_SIZE
-    )
-    rng = np.random.default_rng(in_flight)
-    arrivals = iter(rng.integers(*STEP_PROMPTS, endpoint=True, size=in_flight + 64 * steps))
-    state: PrefillState[int] = PrefillState()
-    plain: PrefillState[int] = PrefillState()
-    pool: PagePool[int] = PagePool(num_pages=STEP_NUM_BLOCKS, page_size=BLOCK_SIZE)
-    next_id = 0
+class StepCase:
+    """One number of requests in flight, kept on both sides: vLLM's scheduler, a state
+    stepped with a page pool and a state stepped without one, fed the same arrivals."""
 
-    def arrive() -> None:
-        nonlocal state, plain, next_id
-        length = int(next(arrivals))
-        side.add(next_id, length)
-        state, plain = state.add(next_id, length), plain.add(next_id, length)
-        next_id += 1
+    def __init__(self, vllm: Vllm, in_flight: int, steps: int) -> None:
+        self.config = STEP_KNOBS.config("packed")
+        self.in_flight = in_flight
+        self.vllm = VllmScheduler(
+            vllm, STEP_KNOBS, num_blocks=STEP_NUM_BLOCKS, max_model_len=STEP_PROMPTS[1] + BLOCK_SIZE
+        )
+        self.state: PrefillState[int] = PrefillState()
+        self.plain: PrefillState[int] = PrefillState()
+        self.pool: PagePool[int] = PagePool(num_pages=STEP_NUM_BLOCKS, page_size=BLOCK_SIZE)
+        rng = np.random.default_rng(in_flight)
+        size = in_flight + STEP_KNOBS.max_num_seqs * steps  # a step finishes at most that many
+        self.arrivals = iter(rng.integers(*STEP_PROMPTS, endpoint=True, size=size).tolist())
+        self.next_id = 0
+        self.times: dict[str, list[int]] = {key: [] for key in StepCost._fields[2:]}
+        self.rows = 0
+        for _ in range(in_flight):
+            self.arrive()
 
-    for _ in range(in_flight):
-        arrive()
-    times: dict[str, list[int]] = {key: [] for key in StepCost._fields[2:]}
-    clock = time.perf_counter_ns
+    def arrive(self) -> None:
+        length = next(self.arrivals)
+        self.vllm.add(self.next_id, length)
+        self.state = self.state.add(self.next_id, length)
+        self.plain = self.plain.add(self.next_id, length)
+        self.next_id += 1
 
-    def vllm_step() -> dict[int, int]:
+    def step(self, *, vllm_first: bool) -> None:
+        """One step of each side, timed, after checking that they plan the same rows."""
+        if vllm_first:
+            theirs = self.vllm_step()
+            plan, plain_plan = self.our_step()
+        else:
+            plan, plain_plan = self.our_step()
+            theirs = self.vllm_step()
+        ours = {request_id: chunk.length for request_id, chunk in plan.rows.items()}
+        plain_rows = {request_id: chunk.length for request_id, chunk in plain_plan.rows.items()}
+        if not ours == theirs == plain_rows:
+            raise SystemExit(f"{self.in_flight:,} in flight: vLLM and plan_step planned other rows")
+        self.rows += len(ours)
+        self.state, self.plain = plan.state, plain_plan.state
+        for _ in plan.finished:  # keep the number in flight
+            self.arrive()
+
+    def vllm_step(self) -> dict[int, int]:
+        clock = time.perf_counter_ns
         start = clock()
-        output = side.schedule()
+        output = self.vllm.schedule()
         scheduled = clock()
-        side.update(output)
-        times["update_us"].append(clock() - scheduled)
-        times["schedule_us"].append(scheduled - start)
+        self.vllm.update(output)
+        self.times["update_us"].append(clock() - scheduled)
+        self.times["schedule_us"].append(scheduled - start)
         return {int(request_id): n for request_id, n in output.num_scheduled_tokens.items()}
 
-    def our_step() -> tuple[StepPlan[int], StepPlan[int]]:
-        nonlocal pool
+    def our_step(self) -> tuple[StepPlan[int], StepPlan[int]]:
+        clock = time.perf_counter_ns
         start = clock()
-        plan = plan_step(state, config, pool=pool)
+        plan = plan_step(self.state, self.config, pool=self.pool)
         planned = clock()
         assert plan.pool is not None
         pool = plan.pool
         for request_id in plan.finished:
             pool = pool.release(request_id)
         released = clock()
-        plain_plan = plan_step(plain, config)
-        times["plain_us"].append(clock() - released)
-        times["pool_us"].append(planned - start)
-        times["release_us"].append(released - planned)
+        plain_plan = plan_step(self.plain, self.config)
+        self.times["plain_us"].append(clock() - released)
+        self.times["pool_us"].append(planned - start)
+        self.times["release_us"].append(released - planned)
+        self.pool = pool
         return plan, plain_plan
 
-    rows = 0
+    def result(self) -> StepCost:
+        steps = len(self.times["pool_us"])
+        medians = (median_us(self.times[key]) for key in StepCost._fields[2:])
+        return StepCost(self.in_flight, self.rows / steps, *medians)
+
+
+def measure_steps(vllm: Vllm, steps: int) -> list[StepCost]:
+    """Step every case of ``IN_FLIGHT`` in turn, so that all see the same load on the
+    machine; in every other step vLLM goes first (neither side always finds the caches the
+    other left)."""
+    cases = [StepCase(vllm, in_flight, steps) for in_flight in IN_FLIGHT]
     for step in range(steps):
-        # Each side goes first in every other step: neither always finds the caches the
-        # other left.
-        if step % 2:
-            plan, plain_plan = our_step()
-            theirs = vllm_step()
-        else:
-            theirs = vllm_step()
-            plan, plain_plan = our_step()
-        ours = {request_id: chunk.length for request_id, chunk in plan.rows.items()}
-        plain_rows = {request_id: chunk.length for request_id, chunk in plain_plan.rows.items()}
-        if not ours == theirs == plain_rows:
-            raise SystemExit(f"{in_flight:,} in flight: vLLM and plan_step planned other rows")
-        rows += len(ours)
-        state, plain = plan.state, plain_plan.state
-        for _ in plan.finished:  # keep the number in flight
-            arrive()
-    return StepCost(in_flight, rows / steps, *(median_us(times[key]) for key in times))
+        for case in cases:
+            case.step(vllm_first=step % 2 == 0)
+    return [case.result() for case in cases]
 
 
 def format_steps(results: Sequence[StepCost]) -> str:
@@ -559,19 +584,16 @@ def run(args: argparse.Namespace) -> int:
     vllm = Vllm.load()
     version = importlib.import_module("vllm").__version__
     print(f"vLLM {version} V1 scheduler vs pypto_sched; {load_average()}\n")
-    with quiet_stdout():  # vLLM prints its platform notes as it builds configs
-        dispatches = [compare_dispatches(vllm, w) for w in make_workloads(quick=args.quick)]
+    dispatches = [compare_dispatches(vllm, w) for w in make_workloads(quick=args.quick)]
     print("Dispatches to prefill a batch (every request asks for 1 new token)")
     print(format_dispatches(dispatches))
     met = sum(result.packed == result.lower_bound for result in dispatches)
     print(f"packed meets the lower bound on {met} of {len(dispatches)} workloads\n")
     steps = args.steps or (200 if args.quick else 2_000)
-    with quiet_stdout():
-        costs = [measure_steps(vllm, n, steps) for n in IN_FLIGHT]
+    costs = measure_steps(vllm, steps)
     print(
         f"Per-step cost, median of {steps:,} steps (prompts {STEP_PROMPTS[0]}-"
-        f"{STEP_PROMPTS[1]:,}, budget {STEP_KNOBS['max_num_batched_tokens']:,}, threshold "
-        f"{STEP_KNOBS['long_prefill_token_threshold']}, {STEP_MAX_NUM_SEQS} seqs, "
+        f"{STEP_PROMPTS[1]:,}, budget / threshold / seqs {STEP_KNOBS.describe()}, "
         f"{STEP_NUM_BLOCKS:,} KV blocks of {BLOCK_SIZE}); same rows checked every step"
     )
     print(format_steps(costs))
@@ -580,17 +602,6 @@ def run(args: argparse.Namespace) -> int:
     for miss in found:
         print(f"MISSED: {miss}")
     return 1 if found and not args.no_check else 0
-
-
-@contextmanager
-def quiet_stdout() -> Iterator[None]:
-    """Send what is printed to standard output to standard error meanwhile."""
-    stdout = sys.stdout
-    sys.stdout = sys.stderr
-    try:
-        yield
-    finally:
-        sys.stdout = stdout
 
 
 def rerun_under(python: str, argv: Sequence[str]) -> int:
