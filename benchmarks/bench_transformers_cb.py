@@ -6,14 +6,20 @@
 One small random Qwen3 in float32 on the CPU (one torch thread) serves two workloads, every
 request submitted before the server starts, once with each scheduler per round; the rounds
 alternate the schedulers' order, and the seconds reported are each scheduler's median over
-the rounds, with the range of 1-minute load averages its runs started at. The schedulers:
-the server's ``"fifo"`` and ``"prefill_first"``; pypto_sched
+the rounds, with the range of 1-minute load averages its runs started at. Seconds are the
+process's CPU seconds (from the server's start to the end of the batch that samples a
+request's first token; tokens a CPU second), which other processes on shared cores move
+less than wall-clock seconds; the wall-clock ratios are printed beside them. A side that
+ran exactly ``"fifo"``'s batches is named in a line: the gap between its seconds and
+``"fifo"``'s is the noise floor of that run.
+
+The schedulers: the server's ``"fifo"`` and ``"prefill_first"``; pypto_sched
 (:func:`pypto_sched.integrations.transformers.register`) as ``packed`` without a threshold,
 ``packed`` with a threshold of half the batch (and at most 4 partial prefills), and
 ``round_robin`` without a threshold; and a control, ``"fifo"`` on a server of 4 rows a
 batch. For each: the batches run, the keys a batch reads on average, the time to first
-token (mean, median and p99, in batches and in seconds), the throughput (prompt and
-generated tokens a second) and the scheduler's own milliseconds a batch. Every run must
+token (mean, median and p99, in batches and in CPU seconds), the throughput (prompt and
+generated tokens a CPU second) and the scheduler's own milliseconds a batch. Every run must
 return the tokens of ``"fifo"``.
 
 The workloads:
@@ -35,23 +41,22 @@ What the figures show (each printed):
    unused (printed). ``packed`` without a threshold plans exactly ``"fifo"``'s batches
    (started prompts first, then new ones in arrival order, each as much as fits). A threshold
    moves short prompts ahead of long ones -- a lower median -- but the long ones, which set
-   the p99 as soon as more than 1 prompt in 100 is long, finish later.
-2. *In seconds on this CPU, a batch costs its queries times the keys it reads.* The server
-   attends with a dense mask over every key of the batch (each row's whole context, decode
-   rows included), so a batch costs about ``a + b * Q * (K + Q)`` for ``Q`` query tokens and
-   ``K`` keys (the fit over ``"fifo"``'s batches is printed): the more requests in flight,
-   the dearer every token. ``round_robin`` (one prompt a batch; under the cache's safety
-   margin a prompt's chunk runs only in a batch without decodes) keeps few requests in
-   flight: it runs several times the batches, each reading a fraction of the keys, and
-   finishes sooner in seconds. The control shows that this is the concurrency, not the
-   scheduling: ``"fifo"`` limited to 4 rows a batch gains as much. On an accelerator with
-   variable-length attention (no dense mask) a batch's cost follows its tokens and weights,
+   the p99 as soon as more than 1 prompt in 100 is long, finish no sooner.
+2. *In CPU seconds, a batch costs its queries times the keys it reads.* The server attends
+   with a dense mask over every key of the batch (each row's whole context, decode rows
+   included), so a batch costs about ``a + b * Q * (K + Q)`` for ``Q`` query tokens and ``K``
+   keys (the fit over ``"fifo"``'s batches is printed): the more requests in flight, the
+   dearer every token. ``round_robin`` (one prompt a batch) keeps few requests in flight:
+   it runs 2 to 6 times the batches, each reading a fraction of the keys, and takes fewer
+   CPU seconds. The control, ``"fifo"`` held to 4 rows a batch, also reads few keys a
+   batch and gains too: the gain comes from the concurrency, which the server could also
+   cut by itself, not from a better order. On an accelerator with variable-length attention
+   (no dense mask over the batch) a batch's cost follows its own tokens and the weights,
    and the batches are the measure to trust.
 
 The target, checked at the end (``--no-check`` only reports): on the ``long-tail`` workload,
-for the best of pypto_sched's configurations by p99 time to first token in seconds, a
-throughput at least ``"fifo"``'s and a p99 below it. Seconds depend on the machine's load;
-batches do not.
+for the best of pypto_sched's configurations by p99 time to first token in CPU seconds, a
+throughput at least ``"fifo"``'s and a p99 below it, both in CPU seconds.
 """
 
 from __future__ import annotations
