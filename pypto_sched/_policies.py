@@ -786,7 +786,12 @@ class _PackedPlanner:
         begins = ends - counts
         total = int(ends[-1])
         within = np.arange(total, dtype=np.int32) - np.repeat(begins, counts)
-        order = _stable_argsort(np.repeat(first, counts) + within, self.num_dispatches)
+        # Runs of one row each are already in order (say, every prompt runs whole).
+        order = (
+            slice(None)
+            if total == counts.size
+            else _stable_argsort(np.repeat(first, counts) + within, self.num_dispatches)
+        )
         # Past its head, a run advances by `step` per row.
         row_starts = np.repeat(starts + heads, counts) + (within - 1) * np.int32(step)
         row_starts[begins] = starts
