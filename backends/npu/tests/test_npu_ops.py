@@ -105,6 +105,38 @@ def test_paged_attention_agrees_on_both_paths(npu_ops: NpuOps) -> None:
     assert torch.equal(caches[0].layers[0].value, caches[1].layers[0].value)
 
 
+def test_fresh_prompts_of_different_lengths_attend_causally_and_agree(npu_ops: NpuOps) -> None:
+    """Rows whose chunk is their whole context take the kernel's causal flag instead of a
+    mask, padded to the group's longest chunk, and agree with the NPU path's reference."""
+    lengths = [200, 150, 255, 129]
+    schedule = plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=1024))
+    tables = plan_pages(lengths, page_size=128, num_pages=sum(-(-n // 128) for n in lengths))
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    assert schedule.num_dispatches == 1
+    torch_attention = TorchOps().attention(
+        arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32
+    )
+    [group] = torch_attention.groups
+    assert group.causal
+    assert group.mask is None
+    assert group.padded_index is not None
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
+    value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
+    outputs = []
+    for attention in (
+        torch_attention,
+        npu_ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32),
+    ):
+        cache = _filled_cache(tables, seed=8)
+        attention.write_kv(key, value, cache.layers[0])
+        outputs.append(attention.attend(query, cache.layers[0]))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    # A prompt's first token sees only itself: its output is its value, per query group.
+    second = int(arrays.cu_seqlens[1])
+    torch.testing.assert_close(outputs[0][second], value[second].repeat_interleave(2, dim=0))
+
+
 def _decode_dispatch(page: int) -> Any:
     """One decode-only dispatch: four rows of one token at each context's last position (a
     first token, one opening a second page, a long context, a short one)."""
