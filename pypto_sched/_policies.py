@@ -518,7 +518,7 @@ def _steady_run(after: Any, cap: int, step: int) -> Any:
 
 
 # The `due_at` entry of a dispatch in which no steady request is due (never mutated).
-NOTHING_DUE = [0]
+_NOTHING_DUE = [0]
 
 
 class _PackedPlanner:
@@ -613,7 +613,7 @@ class _PackedPlanner:
                 d = self._serve_alone(d, new)
                 break
             # Charge the steady requests: a step each, the last chunk for those due now.
-            due = due_at.pop(d, NOTHING_DUE)
+            due = due_at.pop(d, _NOTHING_DUE)
             demand = step * len(steady) + due[0]
             rows = len(steady)
             if demand > budget or rows > max_rows:
@@ -628,6 +628,8 @@ class _PackedPlanner:
                 all_steady, left, rows = self._serve_tail(d, left, rows)
             # New requests, in order, while they are admitted. (`left > 0` only saves the
             # rules a call when the budget is spent: with no token left none is admitted.)
+            # `partial` counts for `admits` only without `admits_all`, so batches, which need
+            # it, leave it as it is.
             r = new
             partial = len(steady) + len(tail)
             while r < n and left > 0:
