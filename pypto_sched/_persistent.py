@@ -12,7 +12,10 @@ a push or a pop costs O(1) amortized, and nothing is copied.
 
 :class:`PersistentMap` is a hash array mapped trie whose nodes are small dicts keyed by 5-bit
 slices of the key's hash. An update copies only the nodes on one root-to-leaf path (about
-``log32(n)`` dicts of at most 32 entries); every other node is shared with the old map.
+``log32(n)`` dicts of at most 32 entries); every other node is shared with the old map. A map
+of at most 32 keys is instead one plain dict, copied on every update: copying it costs about
+what copying a trie node does, and reading it is a dict's own lookup (a page pool's owners and
+a small state's requests are such maps, read and updated on every step).
 
 Nodes are plain ``dict[int, node | leaf]``. A leaf is ``(hash, ((key, value), ...))``: all
 its keys share the full hash, so a leaf holds more than one pair only on a hash collision.
@@ -126,23 +129,48 @@ _Node = dict[int, Any]
 _Leaf = tuple[int, tuple[tuple[Any, Any], ...]]
 
 
+# The most keys a map holds as one plain dict; a trie that shrinks to half of it becomes one.
+_FLAT_MAX = 32
+
+
 class PersistentMap(Generic[K, V]):
     """An immutable mapping whose updates return a new map sharing most of the old one."""
 
-    __slots__ = ("_root", "_size")
+    __slots__ = ("_flat", "_root", "_size")
 
+    _flat: dict[K, V] | None  # the whole map while small; then None and the trie in _root
     _root: _Node
     _size: int
 
     def __init__(self) -> None:
+        self._flat = {}
         self._root = {}
         self._size = 0
 
     @staticmethod
     def _make(root: _Node, size: int) -> PersistentMap[K, V]:
+        """A map of the trie ``root`` holding ``size`` keys (a flat one if that is small)."""
         new: PersistentMap[K, V] = object.__new__(PersistentMap)
+        new._flat = None
         new._root = root
         new._size = size
+        if size <= _FLAT_MAX // 2:
+            new._flat = dict(new._trie_items())
+            new._root = {}
+        return new
+
+    @staticmethod
+    def _make_flat(flat: dict[K, V]) -> PersistentMap[K, V]:
+        """The map of the dict ``flat`` (which it keeps), a trie if ``flat`` is too big."""
+        if len(flat) > _FLAT_MAX:
+            root: _Node = {}
+            for key, value in flat.items():
+                root, _ = _assoc(root, 0, hash(key), key, value)
+            return PersistentMap._make(root, len(flat))
+        new: PersistentMap[K, V] = object.__new__(PersistentMap)
+        new._flat = flat
+        new._root = {}
+        new._size = len(flat)
         return new
 
     def __len__(self) -> int:
@@ -150,6 +178,9 @@ class PersistentMap(Generic[K, V]):
 
     def get(self, key: K, default: V | None = None) -> V | None:
         """The value of ``key``, or ``default`` if it is absent."""
+        flat = self._flat
+        if flat is not None:
+            return flat.get(key, default)
         h = hash(key)
         node = self._root
         shift = 0
@@ -169,6 +200,10 @@ class PersistentMap(Generic[K, V]):
 
     def set(self, key: K, value: V) -> PersistentMap[K, V]:
         """A map equal to this one with ``key`` bound to ``value``."""
+        if self._flat is not None:
+            flat = self._flat.copy()
+            flat[key] = value
+            return self._make_flat(flat)
         h = hash(key)
         root, added = _assoc(self._root, 0, h, key, value)
         return self._make(root, self._size + added)
@@ -178,6 +213,10 @@ class PersistentMap(Generic[K, V]):
 
         The same map as a chain of :meth:`set` calls, built with each node on the updated
         paths copied once rather than once per key (a step updates many keys at once)."""
+        if self._flat is not None:
+            flat = self._flat.copy()
+            flat.update(items)
+            return self._make_flat(flat)
         root = self._root.copy()
         copied = {id(root)}  # nodes of the new map only, which may be changed in place
         size = self._size
@@ -208,6 +247,10 @@ class PersistentMap(Generic[K, V]):
 
     def delete(self, key: K) -> PersistentMap[K, V]:
         """A map equal to this one without ``key``; ``KeyError`` if it is absent."""
+        if self._flat is not None:
+            flat = self._flat.copy()
+            del flat[key]  # KeyError if absent
+            return self._make_flat(flat)
         h = hash(key)
         root = _dissoc(self._root, 0, h, key)
         if root is _ABSENT:
@@ -221,6 +264,11 @@ class PersistentMap(Generic[K, V]):
 
     def items(self) -> Iterator[tuple[K, V]]:
         """Every ``(key, value)`` pair, in no particular order."""
+        if self._flat is not None:
+            return iter(self._flat.items())
+        return self._trie_items()
+
+    def _trie_items(self) -> Iterator[tuple[K, V]]:
         stack = [self._root]
         while stack:
             for child in stack.pop().values():

@@ -108,3 +108,34 @@ def test_a_map_updated_at_once_equals_one_set_after_another_and_leaves_the_old_m
     for key, _ in items:
         updated = updated.delete(key) if updated.get(key) is not None else updated
     assert dict(pmap.items()) == before
+
+
+@given(
+    st.lists(KEYS, min_size=20, max_size=90, unique_by=repr),
+    st.randoms(use_true_random=False),
+)
+def test_a_map_growing_past_a_flat_dict_and_shrinking_back_agrees_with_a_dict(
+    keys: list[Any], rng: Any
+) -> None:
+    # Small maps are one dict and bigger ones a trie (_FLAT_MAX): every size on the way up
+    # and down, and a map from each side of the switch, must read the same.
+    model: dict[Any, int] = {}
+    pmap: PersistentMap[Any, int] = PersistentMap()
+    seen = []
+    for value, key in enumerate(keys):
+        pmap, model[key] = pmap.set(key, value), value
+        seen.append((pmap, dict(model)))
+    pmap = pmap.update((key, -value) for value, key in enumerate(keys[:10]))
+    model.update((key, -value) for value, key in enumerate(keys[:10]))
+    seen.append((pmap, dict(model)))
+    rng.shuffle(keys)
+    for key in keys:
+        if key in model:
+            pmap = pmap.delete(key)
+            del model[key]
+            seen.append((pmap, dict(model)))
+    for old, expected in seen:
+        assert len(old) == len(expected)
+        assert dict(old.items()) == expected
+        assert all(old.get(key) == value for key, value in expected.items())
+        assert old.get(object()) is None
