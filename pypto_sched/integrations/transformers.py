@@ -71,8 +71,6 @@ __all__ = ["PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
 #: The default ``scheduler_type`` :func:`register` uses.
 DEFAULT_NAME = "pypto_sched"
 
-_PREFILLING = (RequestStatus.PENDING, RequestStatus.PREFILLING)
-
 
 @attrs.frozen(kw_only=True)
 class ScheduledRow:
