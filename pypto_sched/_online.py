@@ -30,6 +30,7 @@ third of the cost. ``benchmarks/bench_online.py`` measures all of this.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
@@ -594,7 +595,7 @@ class _Step(Generic[RequestId]):
         # With a pool: the rows' holds, made at once when the step is planned, and the block
         # table of the request :meth:`chunk` last sized (which :meth:`run` grows).
         self.holds = None if pool is None else _Holds(pool)
-        self.table: tuple[int, ...] = ()
+        self.table: array[int] = array("q")
 
     def chunk(self, record: _Request) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
@@ -602,7 +603,7 @@ class _Step(Generic[RequestId]):
         holds = self.holds
         if holds is not None:
             pool = holds.base
-            self.table = pool.pages(record.id)  # (a request runs once a step: not grown yet)
+            self.table = pool._table(record.id)  # (a request runs once a step: not grown yet)
             room = page_room(record.position, len(self.table), holds.free, pool.page_size)
             tokens_left = room if room < tokens_left else tokens_left
         limit = chunk_limit(self.cap, tokens_left, self.rows_left)
@@ -716,7 +717,7 @@ class _RoundRobinStep(_Step[RequestId]):
     def plan_whole_batch(self) -> StepPlan[RequestId]:
         for record in self.state._in_order():
             if self.pool is not None:
-                self.table = self.pool.pages(record.id)  # (for run())
+                self.table = self.pool._table(record.id)  # (for run())
             self.run(record, record.prompt_length - record.position)
         self.requests = PersistentMap()
         return self.finish((), "round_robin")

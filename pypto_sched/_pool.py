@@ -16,14 +16,17 @@ freed page is reused first (last freed, first reused: it is the one most likely 
 device cache line), then pages never used, in ascending order. Every operation costs time in
 the pages it touches, not in the pool's size or its number of owners: owners live in a
 persistent map, and freed pages in an immutable linked list of the tables given back, each
-reversed, so that a release pushes one tuple and a hold takes the pages it needs from the
-front of one without copying the rest.
+reversed, so that a release pushes one table and a hold takes the pages it needs from the
+front of one without copying the rest. A block table is stored as an ``array('q')`` that is
+never changed once built: growing it copies memory, not references to int objects, and
+:meth:`PagePool.block_tables` hands the tables to NumPy without a loop over their pages.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -36,9 +39,16 @@ __all__ = ["PagePool"]
 
 RequestId = TypeVar("RequestId", bound=Hashable)
 
+# A block table: the pages a request owns, in position order. Never changed once built.
+if TYPE_CHECKING:
+    _Table = array[int]
+else:
+    _Table = array  # (not subscriptable at run time before Python 3.12)
+_NO_PAGES: _Table = array("q")
+
 # Freed pages, last freed first: ``(pages, taken, rest)`` or ``None``: ``pages[taken:]``
 # (never empty) are free, in the order they are handed out again, and then ``rest``.
-_FreeList = tuple[tuple[int, ...], int, Any] | None
+_FreeList = tuple[_Table, int, Any] | None
 
 
 class PagePool(Frozen, Generic[RequestId]):
@@ -52,7 +62,7 @@ class PagePool(Frozen, Generic[RequestId]):
 
     _num_pages: int
     _page_size: int
-    _owned: PersistentMap[RequestId, tuple[int, ...]]
+    _owned: PersistentMap[RequestId, _Table]
     _freed: _FreeList  # pages given back, last freed first
     _num_freed: int
     _unused: int  # pages _unused .. num_pages - 1 were never handed out
@@ -71,7 +81,7 @@ class PagePool(Frozen, Generic[RequestId]):
         self,
         num_pages: int,
         page_size: int,
-        owned: PersistentMap[RequestId, tuple[int, ...]],
+        owned: PersistentMap[RequestId, _Table],
         freed: _FreeList,
         num_freed: int,
         unused: int,
@@ -86,7 +96,7 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def _evolve(
         self,
-        owned: PersistentMap[RequestId, tuple[int, ...]],
+        owned: PersistentMap[RequestId, _Table],
         freed: _FreeList,
         num_freed: int,
         unused: int,
@@ -131,11 +141,16 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def pages(self, request_id: RequestId) -> tuple[int, ...]:
         """The pages ``request_id`` owns, in position order (``()`` if none)."""
-        return self._owned.get(request_id) or ()
+        return tuple(self._table(request_id))
+
+    def _table(self, request_id: RequestId) -> _Table:
+        """The block table of ``request_id`` as stored (not to be changed)."""
+        table = self._owned.get(request_id)
+        return _NO_PAGES if table is None else table
 
     def capacity(self, request_id: RequestId) -> int:
         """How many tokens of context ``request_id``'s pages hold."""
-        return len(self.pages(request_id)) * self._page_size
+        return len(self._table(request_id)) * self._page_size
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages that hold ``num_tokens`` tokens of one request."""
@@ -144,7 +159,7 @@ class PagePool(Frozen, Generic[RequestId]):
     def missing_pages(self, request_id: RequestId, num_tokens: int) -> int:
         """Pages ``request_id`` still needs to hold ``num_tokens`` tokens of context."""
         tokens = check_int("num_tokens", num_tokens, min_value=0)
-        return max(self.pages_for(tokens) - len(self.pages(request_id)), 0)
+        return max(self.pages_for(tokens) - len(self._table(request_id)), 0)
 
     def can_hold(self, request_id: RequestId, num_tokens: int) -> bool:
         """Whether :meth:`hold` of ``num_tokens`` would succeed."""
@@ -152,11 +167,11 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def tokens_holdable(self, request_id: RequestId) -> int:
         """The most tokens of context ``request_id`` could hold with every free page."""
-        return (len(self.pages(request_id)) + self.num_free) * self._page_size
+        return (len(self._table(request_id)) + self.num_free) * self._page_size
 
     def slot(self, request_id: RequestId, position: int) -> int:
         """The cache slot of ``request_id``'s token at ``position``."""
-        pages = self.pages(request_id)
+        pages = self._table(request_id)
         position = check_int("position", position, min_value=0)
         if position >= len(pages) * self._page_size:
             raise InvalidInputError(
@@ -176,7 +191,7 @@ class PagePool(Frozen, Generic[RequestId]):
         """
         _check_hashable(request_id)
         tokens = check_int("num_tokens", num_tokens, min_value=0, max_value=MAX_TOKENS)
-        have = self.pages(request_id)
+        have = self._table(request_id)
         missing = self.pages_for(tokens) - len(have)
         if missing <= 0:
             return self
@@ -214,13 +229,14 @@ class PagePool(Frozen, Generic[RequestId]):
         Rows are as :class:`~pypto_sched.BlockTables` stores them; turn a step's rows into
         kernel arrays with :func:`~pypto_sched.dispatch_arrays`.
         """
-        tables = [self.pages(request_id) for request_id in request_ids]
+        tables = [self._table(request_id) for request_id in request_ids]
         counts = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
         offsets = np.zeros(len(tables) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        pages = np.fromiter(
-            (page for table in tables for page in table), dtype=np.int32, count=int(offsets[-1])
-        )
+        joined = array("q")
+        for table in tables:
+            joined += table
+        pages = np.frombuffer(joined, dtype=np.int64).astype(np.int32)
         return BlockTables(
             page_size=self._page_size,
             num_pages=self._num_pages,
@@ -244,7 +260,7 @@ class PagePool(Frozen, Generic[RequestId]):
         return [*self._freed_pages(), *range(self._unused, self._num_pages)]
 
     def _tables(self) -> dict[RequestId, tuple[int, ...]]:
-        return dict(self._owned.items())
+        return {request_id: tuple(table) for request_id, table in self._owned.items()}
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PagePool):
@@ -261,7 +277,7 @@ class PagePool(Frozen, Generic[RequestId]):
         return _restore, (
             self._num_pages,
             self._page_size,
-            list(self._owned.items()),
+            list(self._tables().items()),
             self._freed_pages(),
             self._unused,
         )
@@ -282,9 +298,9 @@ class _Holds(Generic[RequestId]):
         self.base = pool
         self.freed, self.num_freed, self.unused = pool._freed, pool._num_freed, pool._unused
         self.free = pool.num_free  # kept up to date
-        self.tables: dict[RequestId, tuple[int, ...]] = {}
+        self.tables: dict[RequestId, _Table] = {}
 
-    def grow(self, request_id: RequestId, have: tuple[int, ...], missing: int) -> None:
+    def grow(self, request_id: RequestId, have: _Table, missing: int) -> None:
         """``request_id``, which owns ``have``, gets ``missing`` more pages at the end of its
         table: freed pages first, last freed first, then never-used ones in ascending order
         (``0 < missing <= free``)."""
@@ -293,15 +309,17 @@ class _Holds(Generic[RequestId]):
             pages, taken, rest = freed
             end = taken + wanted
             if end >= len(pages):
-                got += pages[taken:]
+                got = got + pages[taken:]  # (+, not +=: an array's += changes it in place)
                 wanted = end - len(pages)
                 freed = rest
             else:
-                got += pages[taken:end]
+                got = got + pages[taken:end]
                 freed = (pages, end, rest)
                 wanted = 0
         if wanted:
-            got = (*got, *range(self.unused, self.unused + wanted))
+            # (NumPy writes the run of new pages faster than array() converts a range.)
+            fresh = np.arange(self.unused, self.unused + wanted, dtype=np.int64)
+            got = got + array("q", fresh.tobytes())
         self.freed = freed
         self.num_freed -= missing - wanted
         self.unused += wanted
@@ -325,10 +343,10 @@ def _restore(
     unused: int,
 ) -> PagePool[Any]:
     pool: PagePool[Any] = PagePool(num_pages=num_pages, page_size=page_size)
-    owned: PersistentMap[Any, tuple[int, ...]] = PersistentMap()
+    owned: PersistentMap[Any, _Table] = PersistentMap()
     for request_id, pages in tables:
-        owned = owned.set(request_id, tuple(pages))
-    link: _FreeList = (tuple(freed), 0, None) if freed else None
+        owned = owned.set(request_id, array("q", pages))
+    link: _FreeList = (array("q", freed), 0, None) if freed else None
     return pool._evolve(owned, link, len(freed), unused)
 
 

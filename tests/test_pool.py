@@ -40,6 +40,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(request=requests, tokens=st.integers(min_value=0, max_value=60))
     def hold(self, request: int, tokens: int) -> None:
         before = self.pool
+        tables_before, free_before = before._tables(), before._free_pages()
         have = len(self.model.get(request, []))
         missing = max(-(-tokens // 4) - have, 0)
         free = 12 - sum(len(pages) for pages in self.model.values())
@@ -56,6 +57,8 @@ class PoolMachine(RuleBasedStateMachine):
             self.free = self.free[missing:]
             self.model[request] = got
         assert before.num_free == free  # the old pool is unchanged
+        assert before._tables() == tables_before
+        assert before._free_pages() == free_before
 
     @rule(request=requests)
     def release(self, request: int) -> None:
