@@ -684,12 +684,13 @@ class _PackedPlanner:
         while steady and (demand > self.budget or len(steady) > self.max_rows):
             r, at = steady.popitem()
             due, last = self._cut_run(r, at, d)
+            # (An entry is [extra, request, ...]: remove the request, never the extra.)
             if due == d:
-                due_now.remove(r)
+                del due_now[due_now.index(r, 1)]
                 demand -= last  # its charge: its last chunk
             else:
                 entry = self.due_at[due]
-                entry.remove(r)
+                del entry[entry.index(r, 1)]
                 entry[0] -= last - step
                 demand -= step  # its charge: a step
             self.tail.insert(0, r)

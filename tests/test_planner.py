@@ -409,6 +409,22 @@ def test_plan_prefill_matches_the_oracle_dispatch_for_dispatch(case: Case) -> No
     assert rows_of(case.plan()) == expected
 
 
+@settings(max_examples=300)
+@given(cases(max_requests=4, max_length=12, max_budget=10))
+@example(  # a due entry's extra tokens equal to a request id: the request must go, not them
+    Case(
+        lengths=[9, 12],
+        computed=None,
+        config=PlannerConfig(
+            max_num_batched_tokens=10, long_prefill_token_threshold=8, page_size=5, policy="packed"
+        ),
+    )
+)
+def test_plan_prefill_matches_the_oracle_on_tiny_inputs(case: Case) -> None:
+    # Small numbers make coincidences (a count equal to an id, a chunk equal to a page) common.
+    assert rows_of(case.plan()) == oracle_plan(case.lengths, case.config, case.computed)
+
+
 @settings(max_examples=25)
 @given(
     cases(max_requests=40, max_length=4000, max_budget=3000),
@@ -850,3 +866,38 @@ def test_the_radix_argsort_is_a_stable_sort(values: list[int], spread: int) -> N
     bound = int(keys.max()) + 1 if keys.size else 1
     expected = np.argsort(keys, kind="stable")
     assert _stable_argsort(keys, bound).tolist() == expected.tolist()
+
+
+def tiny_configs() -> list[PlannerConfig]:
+    """Every config with a budget of at most 6 tokens and at most 2 rows (or none)."""
+    configs = []
+    for budget in range(1, 7):
+        for threshold in (None, *range(1, budget + 1)):
+            cap = min(budget, threshold or budget)
+            for page, rows, policy in itertools.product(
+                (None, *range(1, cap + 1)), (None, 1, 2), ("round_robin", "packed")
+            ):
+                for partial in (None, 1) if policy == "packed" else (None,):
+                    configs.append(
+                        PlannerConfig(
+                            max_num_batched_tokens=budget,
+                            long_prefill_token_threshold=threshold,
+                            page_size=page,
+                            max_num_seqs=rows,
+                            policy=policy,
+                            max_num_partial_prefills=partial,
+                        )
+                    )
+    return configs
+
+
+def test_plan_prefill_matches_the_oracle_on_every_tiny_input() -> None:
+    # Exhaustive where random draws miss coincidences of small numbers: every config above
+    # against every batch of up to 3 prompts of up to 6 tokens.
+    batches = [
+        list(lengths) for n in (1, 2, 3) for lengths in itertools.product(range(1, 7), repeat=n)
+    ]
+    for config in tiny_configs():
+        for lengths in batches:
+            schedule = plan_prefill(lengths, config)
+            assert rows_of(schedule) == oracle_plan(lengths, config), (lengths, config)
