@@ -875,7 +875,7 @@ def tiny_configs() -> list[PlannerConfig]:
         for threshold in (None, *range(1, budget + 1)):
             cap = min(budget, threshold or budget)
             for page, rows, policy in itertools.product(
-                (None, *range(1, cap + 1)), (None, 1, 2), ("round_robin", "packed")
+                (None, *range(1, cap + 1)), (None, 1, 2), POLICIES
             ):
                 for partial in (None, 1) if policy == "packed" else (None,):
                     configs.append(
