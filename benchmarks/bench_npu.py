@@ -25,8 +25,9 @@ times every side several times, alternating, and reports the best wall time of e
 least disturbed by other work on the machine), the ratio ours / transformers of the best
 times, the median of the ratios of runs made back to back, and the ratio of the best CPU
 times of the process (which other work on the machine disturbs much less when one thread
-runs). The target, checked on the best wall times (``--no-check`` only reports): each of
-ours at most 0.8x transformers' ``logits_to_keep=1`` forward.
+runs). The target, checked on the best wall times of the full run (``--quick`` and
+``--no-check`` only report): each of ours at most 0.8x transformers' ``logits_to_keep=1``
+forward.
 
 **Decode.** The time of one decode step of N rows (the prompts above), each over the
 context of its prompt and the tokens generated so far, in each side's own generation loop:
@@ -328,10 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures = prefill(ours, theirs, prompts, repeats)
     decode(ours, theirs, prompts, decode_tokens, 1 if args.quick else 2)
     print("load average " + " ".join(f"{load:.2f}" for load in os.getloadavg()))
-    if failures and not args.no_check:
+    if args.quick or args.no_check:
+        # The target is set for 8 prompts of 1,024 tokens: a smoke test only reports.
+        print("target not checked (" + ("--quick" if args.quick else "--no-check") + ")")
+        return 0
+    if failures:
         print("FAIL: " + "; ".join(failures))
         return 1
-    print("targets met" if not args.no_check else "targets not checked (--no-check)")
+    print("target met")
     return 0
 
 
