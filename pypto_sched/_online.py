@@ -24,8 +24,8 @@ With a page pool, a step collects its rows' page holds and applies them at once 
 each node of the owners' map copied once). ``round_robin``'s search for a request that can run
 behind a head waiting for pages asks the pool's owners first when no page is free (nobody else
 can run then), so a step stuck for pages does not walk the queue. Rows and plans are built
-through their slots rather than attrs' ``__init__`` (``_step_chunk``, ``_step_plan``), a
-third of the cost. ``benchmarks/bench_online.py`` measures all of this.
+through their slots (``_step_chunk``, ``_step_plan``), in a third of the time attrs'
+``__init__`` takes. ``benchmarks/bench_online.py`` measures all of this.
 """
 
 from __future__ import annotations
