@@ -49,7 +49,8 @@ What the figures show (each printed):
    dearer every token. ``round_robin`` (one prompt a batch) keeps few requests in flight:
    it runs 2 to 6 times the batches, each reading a fraction of the keys, and takes fewer
    CPU seconds. The control, ``"fifo"`` held to 4 rows a batch, also reads few keys a
-   batch and gains too: the gain comes from the concurrency, which the server could also
+   batch and gains as much on ``lognormal`` (on ``long-tail`` its thousand batches' fixed
+   cost eats the gain): the gain comes from the concurrency, which the server could also
    cut by itself, not from a better order. On an accelerator with variable-length attention
    (no dense mask over the batch) a batch's cost follows its own tokens and the weights,
    and the batches are the measure to trust.
