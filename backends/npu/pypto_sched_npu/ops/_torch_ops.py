@@ -228,9 +228,9 @@ class RowGroup:
             self._context(pages, query.dtype, shape) for pages in (cache.key, cache.value)
         )
         if width == 1:  # decode rows: query heads sharing a KV head become its queries
-            grouped = query.view(rows, shape.num_kv_heads, heads // shape.num_kv_heads, dim)
+            grouped = query.reshape(rows, shape.num_kv_heads, heads // shape.num_kv_heads, dim)
             out = F.scaled_dot_product_attention(grouped, key, value, self.mask, scale=shape.scale)
-            return out.view(rows, heads, dim)
+            return out.reshape(rows, heads, dim)  # a view when the kernel's output is contiguous
         if self.padded_index is None:
             padded = query
         else:
