@@ -105,7 +105,8 @@ def test_each_step_obeys_the_config_and_holds_its_rows_pages(
             assert chunk.is_final
         for _, chunk in chunks[step.num_decode_rows :]:
             if chunk.length > config.chunk_cap:  # packed's work-conserving tail
-                assert config.policy == "packed" and step.num_rows == 1
+                assert config.policy == "packed"
+                assert step.num_rows == 1
             if config.page_size and not chunk.is_final:
                 assert (chunk.start + chunk.length) % config.page_size == 0
         for request, chunk in chunks:
