@@ -53,7 +53,7 @@ from ._policies import (
     prefill_room,
     request_cap,
 )
-from ._pool import PagePool, _Holds
+from ._pool import _NO_PAGES, PagePool, _Holds
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -159,13 +159,13 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         policy: Policy | None,
     ) -> None:
         if not requests and not started:  # drained: the run is over
-            queue, policy = PersistentQueue(), None
-        set_ = object.__setattr__
-        set_(self, "_requests", requests)
-        set_(self, "_queue", queue)
-        set_(self, "_started", started)
-        set_(self, "_num_tokens", num_tokens)
-        set_(self, "_policy", policy)
+            queue, policy = _NO_QUEUE, None
+        # (Through the slots' descriptors: a state is built on every planned step.)
+        _set_requests(self, requests)
+        _set_queue(self, queue)
+        _set_started(self, started)
+        _set_num_tokens(self, num_tokens)
+        _set_policy(self, policy)
 
     def _evolve(
         self,
@@ -419,6 +419,15 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         )
 
 
+# PrefillState's slots, set through their descriptors by PrefillState._init.
+_set_requests = PrefillState.__dict__["_requests"].__set__
+_set_queue = PrefillState.__dict__["_queue"].__set__
+_set_started = PrefillState.__dict__["_started"].__set__
+_set_num_tokens = PrefillState.__dict__["_num_tokens"].__set__
+_set_policy = PrefillState.__dict__["_policy"].__set__
+_NO_QUEUE: PersistentQueue[Any] = PersistentQueue()
+
+
 def _restore(
     started: tuple[_Request, ...],
     queued: tuple[_Request, ...],
@@ -523,7 +532,7 @@ def plan_step(
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     reserved_tokens = _count("reserved_tokens", reserved_tokens)
     reserved_rows = _count("reserved_rows", reserved_rows)
-    room_tokens, room_rows = prefill_room(config, reserved_tokens, reserved_rows)
+    room_tokens, room_rows = _prefill_room(config, reserved_tokens, reserved_rows)
     if state._policy is not None and state._policy != config.policy:
         raise InvalidInputError(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
@@ -531,13 +540,16 @@ def plan_step(
         )
     if pool is not None and not isinstance(pool, PagePool):
         raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
-    if not state or room_tokens == 0 or room_rows == 0:
+    num_requests = len(state._requests) + len(state._started)
+    if num_requests == 0 or room_tokens == 0 or room_rows == 0:
         return _step_plan(_NO_ROWS, state, pool)
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
-    cap = request_cap(config, len(state), reserved_tokens, reserved_rows)
-    if config.policy == "round_robin":
-        return _RoundRobinStep(state, config, cap, room_tokens, rows, pool).plan()
-    return _PackedStep(state, config, cap, room_tokens, rows, pool).plan()
+    cap = request_cap(config, num_requests, reserved_tokens, reserved_rows)
+    page = config.page_size or 1
+    if config.policy == "packed":
+        return _plan_packed(state, pool, cap, page, room_tokens, rows, config)
+    holds = None if pool is None else _Holds(pool)
+    return _plan_round_robin(_Step(state, holds, cap, page), room_tokens, rows)
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
@@ -569,180 +581,238 @@ def _count(name: str, value: object) -> int:
     return check_int(name, value, min_value=0)
 
 
-class _Step(Generic[RequestId]):
-    """One step being planned: its rows and the state's parts as the step changes them."""
+# The room of the last (config, reserved_tokens, reserved_rows) asked, as prefill_room gave
+# it: a server asks the same on most steps. One tuple, read and replaced whole.
+_last_room: tuple[object, int, int, tuple[int, int | None]] = (None, 0, 0, (0, None))
 
-    def __init__(
-        self,
-        state: PrefillState[RequestId],
-        config: PlannerConfig,
-        cap: int,
-        tokens: int,
-        rows: int,
-        pool: PagePool[RequestId] | None,
-    ) -> None:
-        self.state = state
-        self.config = config
-        self.cap = cap  # the request cap of this step (see request_cap)
-        self.page = config.page_size or 1
-        self.room_tokens = tokens
-        self.tokens_left = tokens
-        self.rows_left = rows
-        self.requests = state._requests
-        self.queue = state._queue
-        self.rows: dict[RequestId, StepChunk] = {}
-        self.pool = pool  # as the step found it
-        # With a pool: the rows' holds, made at once when the step is planned, and the block
-        # table of the request :meth:`chunk` last sized (which :meth:`run` grows).
-        self.holds = None if pool is None else _Holds(pool)
-        self.table: array[int] = array("q")
 
-    def chunk(self, record: _Request) -> int:
+def _prefill_room(
+    config: PlannerConfig, reserved_tokens: int, reserved_rows: int
+) -> tuple[int, int | None]:
+    """:func:`prefill_room`, remembered for the last arguments (a config is immutable)."""
+    global _last_room
+    last = _last_room
+    if last[0] is config and last[1] == reserved_tokens and last[2] == reserved_rows:
+        return last[3]
+    room = prefill_room(config, reserved_tokens, reserved_rows)
+    _last_room = (config, reserved_tokens, reserved_rows, room)
+    return room
+
+
+class _Step(NamedTuple, Generic[RequestId]):
+    """What a step's rows are sized with, fixed for the whole step."""
+
+    state: PrefillState[RequestId]
+    #: With a pool: the rows' page holds, made at once when the plan is built.
+    holds: _Holds[RequestId] | None
+    #: The request cap of this step (see request_cap).
+    cap: int
+    #: Chunks end on multiples of it (1: anywhere).
+    page: int
+
+    def size(self, record: _Request, tokens_left: int, rows_left: int) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
-        tokens_left = self.tokens_left
         holds = self.holds
         if holds is not None:
-            pool = holds.base
-            self.table = pool._table(record.id)  # (a request runs once a step: not grown yet)
-            room = page_room(record.position, len(self.table), holds.free, pool.page_size)
+            room = holds.room(record.id, record.position)
             tokens_left = room if room < tokens_left else tokens_left
-        limit = chunk_limit(self.cap, tokens_left, self.rows_left)
+        limit = chunk_limit(self.cap, tokens_left, rows_left)
         return chunk_size(record.position, record.prompt_length, limit, self.page)
 
-    def run(self, record: _Request, size: int) -> _Request | None:
-        """Add a chunk of ``size`` tokens of ``record``, the request :meth:`chunk` last sized;
-        return its new record, or ``None`` if the chunk is final."""
-        request_id, start, length = record.id, record.position, record.prompt_length
-        position = start + size
-        final = position == length
-        self.rows[request_id] = _step_chunk(start, size, final)
-        holds = self.holds
-        if holds is not None:
-            missing = holds.base.pages_for(position) - len(self.table)
-            if missing > 0:  # chunk() kept it within the free pages
-                holds.grow(request_id, self.table, missing)
-        self.tokens_left -= size
-        self.rows_left -= 1
-        return None if final else _new_record(_Request, (request_id, length, position, True))
-
-    def next_in_queue(self) -> _Request | None:
-        """The first live record of the queue, left in place; dead entries before it are
-        dropped from ``self.queue``."""
-        while self.queue:
-            record = self.queue.peek()
-            if self.requests.get(record.id) is record:
-                return record
-            self.queue = self.queue.pop()
-        return None
-
-    def pool_holds_everything(self) -> bool:
-        """Whether the pool (if any) holds every request of the state whole."""
-        pool = self.pool
-        if pool is None:
-            return True
-        missing = sum(pool.missing_pages(r.id, r.prompt_length) for r in self.state._in_order())
-        return missing <= pool.num_free
-
-    def plan(self) -> StepPlan[RequestId]:
-        raise NotImplementedError
-
-    def finish(self, started: tuple[_Request, ...], policy: Policy) -> StepPlan[RequestId]:
-        """The plan of the rows added so far; with none, the state is left as it was."""
-        if not self.rows:
-            return _step_plan(_NO_ROWS, self.state, self.pool)
-        tokens_run = self.room_tokens - self.tokens_left
-        next_state = self.state._evolve(
-            self.requests, self.queue, started, self.state._num_tokens - tokens_run, policy
-        )
-        pool = None if self.holds is None else self.holds.pool()
-        return _step_plan(_Rows(self.rows), next_state, pool)
+    def plan(
+        self,
+        rows: dict[RequestId, StepChunk],
+        requests: PersistentMap[RequestId, _Request],
+        queue: PersistentQueue[_Request],
+        started: tuple[_Request, ...],
+        tokens_run: int,
+        policy: Policy,
+    ) -> StepPlan[RequestId]:
+        """The plan of ``rows`` and the state's new parts; with no row, the state is left as
+        it was."""
+        state, holds = self.state, self.holds
+        if not rows:
+            return _step_plan(_NO_ROWS, state, None if holds is None else holds.base)
+        next_state = state._evolve(requests, queue, started, state._num_tokens - tokens_run, policy)
+        return _step_plan(_Rows(rows), next_state, None if holds is None else holds.pool())
 
 
-class _RoundRobinStep(_Step[RequestId]):
-    def plan(self) -> StepPlan[RequestId]:
-        state = self.state
-        if (
-            state._policy is None
-            and fits_one_dispatch(state._num_tokens, len(state), self.tokens_left, self.rows_left)
-            and self.pool_holds_everything()
-        ):
-            return self.plan_whole_batch()
-        record = self.next_in_queue()
-        assert record is not None, "a non-empty round_robin state has a live queue entry"
-        size = self.chunk(record)
-        if size == 0 and self.pool is not None:
-            # The head waits for pages and keeps its turn; the first request behind it that
-            # can run takes this dispatch (the pages it holds may be what the head needs).
-            record, size = self.first_runnable_behind_head()
-        if size == 0:  # the head keeps its turn
-            return _step_plan(_NO_ROWS, state, self.pool)
-        if record is self.queue.peek():
-            self.queue = self.queue.pop()
-        after = self.run(record, size)
-        # Its queue entry is now dead (``requests`` no longer maps to it) wherever it was.
-        if after is None:
-            self.requests = self.requests.delete(record.id)
-        else:  # back to the tail of the queue
-            self.requests = self.requests.set(record.id, after)
-            self.queue = self.queue.push(after)
-        return self.finish((), "round_robin")
+def _run(
+    rows: dict[RequestId, StepChunk],
+    record: _Request,
+    size: int,
+    holds: _Holds[RequestId] | None,
+) -> _Request | None:
+    """Add a row of ``size`` tokens of ``record`` (with a pool, the request whose room was
+    read last); return its new record, or ``None`` if the chunk is final."""
+    request_id, length, start, _ = record
+    end = start + size
+    rows[request_id] = _step_chunk(start, size, end == length)
+    if holds is not None:
+        holds.hold(request_id, end)
+    return None if end == length else _new_record(_Request, (request_id, length, end, True))
 
-    def first_runnable_behind_head(self) -> tuple[_Request, int]:
-        """The first live request after the head that can run a token, and its chunk; the
-        head and 0 if none can.
 
-        With no page free, a request without pages cannot run (its :func:`page_room` is 0),
-        so the pool's owners are asked first and the queue is walked only if one of them
-        can run: a step stuck for pages costs the owners, not the length of the queue."""
-        head = self.queue.peek()
-        if self.holds is not None and self.holds.free == 0 and not self.an_owner_can_run(head):
-            return head, 0
-        for record in self.queue:
-            if record is head or self.requests.get(record.id) is not record:
-                continue
-            size = self.chunk(record)
-            if size:
-                return record, size
+def _live_head(
+    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+) -> tuple[_Request | None, PersistentQueue[_Request]]:
+    """The first live record of ``queue`` (``None``: none), and ``queue`` without the dead
+    entries before it."""
+    while queue:
+        record = queue.peek()
+        if requests.get(record.id) is record:
+            return record, queue
+        queue = queue.pop()
+    return None, queue
+
+
+def _plan_packed(
+    state: PrefillState[RequestId],
+    pool: PagePool[RequestId] | None,
+    cap: int,
+    page: int,
+    tokens: int,
+    rows_left: int,
+    config: PlannerConfig,
+) -> StepPlan[RequestId]:
+    """``packed``'s step: the started requests in order, each a chunk if one fits, then
+    waiting requests from the head of the queue while :func:`admits` takes them.
+
+    Every row is sized and added by the same lines, here rather than in helpers shared with
+    ``round_robin`` (calls cost more than the rest of a row); so are the pool's reads, and
+    its holds are noted and made at once by :meth:`PagePool._grown`."""
+    max_partial = config.max_num_partial_prefills
+    tokens_left = tokens
+    rows: dict[RequestId, StepChunk] = {}
+    started: list[_Request] = []
+    grows: list[tuple[RequestId, array[int], int]] = []
+    if pool is not None:
+        table_of, page_size, free = pool._table_reader(), pool._page_size, pool.num_free
+    requests, queue = state._requests, state._queue
+    pending = iter(state._started)
+    admitting = False  # past the started requests: admitting from the queue
+    while True:
+        record = next(pending, None)
+        if record is None:
+            # (With no room left no one is admitted; checking first spares the queue a walk.)
+            if not (rows_left and tokens_left):
+                break
+            record, queue = _live_head(requests, queue)
+            if record is None:
+                break
+            admitting = True
+        request_id, length, start, _ = record
+        limit = tokens_left
+        if pool is not None:
+            table = table_of(request_id, _NO_PAGES)
+            room = page_room(start, len(table), free, page_size)
+            limit = room if room < limit else limit
+        size = chunk_size(start, length, chunk_limit(cap, limit, rows_left), page)
+        if admitting:
+            if not admits(size, length - start, len(started), max_partial):
+                break
+            queue = queue.pop()
+            requests = requests.delete(request_id)  # it leaves the queue
+        elif size == 0:  # a started request skipped: no room for it
+            started.append(record)
+            continue
+        end = start + size
+        rows[request_id] = _step_chunk(start, size, end == length)
+        if pool is not None:
+            missing = -(-end // page_size) - len(table)  # (pool.pages_for(end), inline)
+            if missing > 0:
+                grows.append((request_id, table, missing))
+                free -= missing
+        tokens_left -= size
+        rows_left -= 1
+        if end != length:
+            started.append(_new_record(_Request, (request_id, length, end, True)))
+    if not rows:
+        return _step_plan(_NO_ROWS, state, pool)
+    next_state = state._evolve(
+        requests, queue, tuple(started), state._num_tokens - (tokens - tokens_left), "packed"
+    )
+    if grows:
+        assert pool is not None
+        pool = pool._grown(grows, pool.num_free - free)
+    return _step_plan(_Rows(rows), next_state, pool)
+
+
+def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> StepPlan[RequestId]:
+    state, holds = step.state, step.holds
+    if (
+        state._policy is None
+        and fits_one_dispatch(state._num_tokens, len(state), tokens, rows_left)
+        and _pool_holds_everything(state, holds)
+    ):
+        return _plan_whole_batch(step)
+    requests = state._requests
+    record, queue = _live_head(requests, state._queue)
+    assert record is not None, "a non-empty round_robin state has a live queue entry"
+    size = step.size(record, tokens, rows_left)
+    if size == 0 and holds is not None:
+        # The head waits for pages and keeps its turn; the first request behind it that
+        # can run takes this dispatch (the pages it holds may be what the head needs).
+        record, size = _first_runnable_behind_head(step, holds, requests, queue, tokens, rows_left)
+    if size == 0:  # the head keeps its turn
+        return step.plan({}, requests, queue, (), 0, "round_robin")
+    if record is queue.peek():
+        queue = queue.pop()
+    rows: dict[RequestId, StepChunk] = {}
+    after = _run(rows, record, size, holds)
+    # Its queue entry is now dead (``requests`` no longer maps to it) wherever it was.
+    if after is None:
+        requests = requests.delete(record.id)
+    else:  # back to the tail of the queue
+        requests = requests.set(record.id, after)
+        queue = queue.push(after)
+    return step.plan(rows, requests, queue, (), size, "round_robin")
+
+
+def _first_runnable_behind_head(
+    step: _Step[RequestId],
+    holds: _Holds[RequestId],
+    requests: PersistentMap[RequestId, _Request],
+    queue: PersistentQueue[_Request],
+    tokens: int,
+    rows_left: int,
+) -> tuple[_Request, int]:
+    """The first live request after the head of ``queue`` that can run a token, and its
+    chunk; the head and 0 if none can.
+
+    With no page free, a request without pages cannot run (its :func:`page_room` is 0), so
+    the pool's owners are asked first and the queue is walked only if one of them can run: a
+    step stuck for pages costs the owners, not the length of the queue."""
+    head = queue.peek()
+    if holds.free == 0 and not any(
+        record is not None and record is not head and step.size(record, tokens, rows_left)
+        for record in map(requests.get, holds.base.owners())
+    ):
         return head, 0
-
-    def an_owner_can_run(self, head: _Request) -> bool:
-        """Whether a live request other than ``head`` that owns pages can run a token."""
-        assert self.pool is not None
-        for request_id in self.pool.owners():
-            record = self.requests.get(request_id)
-            if record is not None and record is not head and self.chunk(record):
-                return True
-        return False
-
-    def plan_whole_batch(self) -> StepPlan[RequestId]:
-        for record in self.state._in_order():
-            if self.pool is not None:
-                self.table = self.pool._table(record.id)  # (for run())
-            self.run(record, record.prompt_length - record.position)
-        self.requests = PersistentMap()
-        return self.finish((), "round_robin")
+    for record in queue:
+        if record is head or requests.get(record.id) is not record:
+            continue
+        size = step.size(record, tokens, rows_left)
+        if size:
+            return record, size
+    return head, 0
 
 
-class _PackedStep(_Step[RequestId]):
-    def plan(self) -> StepPlan[RequestId]:
-        started: list[_Request] = []
-        for record in self.state._started:
-            size = self.chunk(record)
-            after = self.run(record, size) if size else record
-            if after is not None:
-                started.append(after)
-        max_partial = self.config.max_num_partial_prefills
-        # (With no room left no one is admitted; checking first spares the queue a walk.)
-        while self.rows_left and self.tokens_left:
-            head = self.next_in_queue()
-            if head is None:
-                break
-            size = self.chunk(head)
-            if not admits(size, head.prompt_length - head.position, len(started), max_partial):
-                break
-            self.queue = self.queue.pop()
-            self.requests = self.requests.delete(head.id)  # it leaves the queue
-            after = self.run(head, size)
-            if after is not None:
-                started.append(after)
-        return self.finish(tuple(started), "packed")
+def _pool_holds_everything(state: PrefillState[RequestId], holds: _Holds[RequestId] | None) -> bool:
+    """Whether the pool (if any) holds every request of ``state`` whole."""
+    if holds is None:
+        return True
+    pool = holds.base
+    missing = sum(pool.missing_pages(r.id, r.prompt_length) for r in state._in_order())
+    return missing <= pool.num_free
+
+
+def _plan_whole_batch(step: _Step[RequestId]) -> StepPlan[RequestId]:
+    """Every request runs whole: the run ends (an empty map of requests drains the state)."""
+    state, holds = step.state, step.holds
+    rows: dict[RequestId, StepChunk] = {}
+    for record in state._in_order():
+        if holds is not None:
+            holds.room(record.id, record.position)  # (reads its table, for the hold)
+        _run(rows, record, record.prompt_length - record.position, holds)
+    return step.plan(rows, PersistentMap(), state._queue, (), state._num_tokens, "round_robin")

@@ -25,7 +25,7 @@ never changed once built: growing it copies memory, not references to int object
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -33,6 +33,7 @@ import numpy as np
 from ._errors import CacheTooSmallError, InvalidInputError
 from ._pages import BlockTables
 from ._persistent import Frozen, PersistentMap
+from ._policies import page_room
 from ._validate import MAX_TOKENS, check_int, read_only
 
 __all__ = ["PagePool"]
@@ -86,13 +87,13 @@ class PagePool(Frozen, Generic[RequestId]):
         num_freed: int,
         unused: int,
     ) -> None:
-        set_ = object.__setattr__
-        set_(self, "_num_pages", num_pages)
-        set_(self, "_page_size", page_size)
-        set_(self, "_owned", owned)
-        set_(self, "_freed", freed)
-        set_(self, "_num_freed", num_freed)
-        set_(self, "_unused", unused)
+        # (Through the slots' descriptors: a pool is built on every planned step.)
+        _set_num_pages(self, num_pages)
+        _set_page_size(self, page_size)
+        _set_owned(self, owned)
+        _set_freed(self, freed)
+        _set_num_freed(self, num_freed)
+        _set_unused(self, unused)
 
     def _evolve(
         self,
@@ -148,6 +149,30 @@ class PagePool(Frozen, Generic[RequestId]):
         table = self._owned.get(request_id)
         return _NO_PAGES if table is None else table
 
+    def _table_reader(self) -> Callable[[RequestId, _Table], _Table]:
+        """``get(request_id, default)``: a request's block table as stored, else ``default``.
+        (A small map of owners is one dict, read directly: a step reads a table per row.)"""
+        flat = self._owned._flat
+        return self._owned.get if flat is None else flat.get  # type: ignore[return-value]
+
+    def _grown(
+        self, grows: Sequence[tuple[RequestId, _Table, int]], wanted: int
+    ) -> PagePool[RequestId]:
+        """The pool in which each ``(request_id, table, missing)`` of ``grows``, a request
+        owning ``table`` here, has ``missing`` more pages at the end of its table: the next
+        ``wanted`` free pages (the sum of the ``missing``), taken in one go and handed out in
+        the order of ``grows`` (the same pool as a :meth:`hold` for each). Each request
+        appears once; the pages must be free."""
+        pages, freed, unused = _take(self._freed, self._unused, wanted)
+        tables = []
+        taken = 0
+        for request_id, table, missing in grows:
+            # (+, not +=: an array's += changes it in place, and this pool shares it.)
+            tables.append((request_id, table + pages[taken : taken + missing]))
+            taken += missing
+        num_freed = self._num_freed - (wanted - (unused - self._unused))  # less those taken
+        return self._evolve(self._owned.update(tables), freed, num_freed, unused)
+
     def capacity(self, request_id: RequestId) -> int:
         """How many tokens of context ``request_id``'s pages hold."""
         return len(self._table(request_id)) * self._page_size
@@ -201,7 +226,8 @@ class PagePool(Frozen, Generic[RequestId]):
                 f"(it has {len(have)}): {self.num_free} of {self._num_pages} are free"
             )
         holds = _Holds(self)
-        holds.grow(request_id, have, missing)
+        holds.room(request_id, 0)  # (reads its table)
+        holds.hold(request_id, tokens)
         return holds.pool()
 
     def release(self, request_id: RequestId) -> PagePool[RequestId]:
@@ -289,50 +315,75 @@ class PagePool(Frozen, Generic[RequestId]):
         )
 
 
+# PagePool's slots, set through their descriptors by PagePool._init.
+_set_num_pages = PagePool.__dict__["_num_pages"].__set__
+_set_page_size = PagePool.__dict__["_page_size"].__set__
+_set_owned = PagePool.__dict__["_owned"].__set__
+_set_freed = PagePool.__dict__["_freed"].__set__
+_set_num_freed = PagePool.__dict__["_num_freed"].__set__
+_set_unused = PagePool.__dict__["_unused"].__set__
+
+
 class _Holds(Generic[RequestId]):
-    """Holds made one after another on ``pool``, applied to it at once by :meth:`pool` (a
-    planned step grows many block tables; this builds one new pool, not one per table).
-    Each request grows at most once."""
+    """The page holds of a step being planned on ``pool``, applied at once by :meth:`pool`.
+
+    :meth:`room` reads a request's table and the pages still free, :meth:`hold` notes the
+    pages its chunk needs (each request at most once a step, right after its :meth:`room`),
+    and :meth:`pool` makes every noted hold at once (:meth:`PagePool._grown`)."""
+
+    __slots__ = ("base", "free", "get", "grows", "page_size", "table")
 
     def __init__(self, pool: PagePool[RequestId]) -> None:
         self.base = pool
-        self.freed, self.num_freed, self.unused = pool._freed, pool._num_freed, pool._unused
+        self.get = pool._table_reader()
+        self.page_size = pool._page_size
         self.free = pool.num_free  # kept up to date
-        self.tables: dict[RequestId, _Table] = {}
+        self.grows: list[tuple[RequestId, _Table, int]] = []
+        self.table = _NO_PAGES  # the table :meth:`room` last read
 
-    def grow(self, request_id: RequestId, have: _Table, missing: int) -> None:
-        """``request_id``, which owns ``have``, gets ``missing`` more pages at the end of its
-        table: freed pages first, last freed first, then never-used ones in ascending order
-        (``0 < missing <= free``)."""
-        freed, got, wanted = self.freed, have, missing
-        while freed is not None and wanted:
-            pages, taken, rest = freed
-            end = taken + wanted
-            if end >= len(pages):
-                got = got + pages[taken:]  # (+, not +=: an array's += changes it in place)
-                wanted = end - len(pages)
-                freed = rest
-            else:
-                got = got + pages[taken:end]
-                freed = (pages, end, rest)
-                wanted = 0
-        if wanted:
-            # (NumPy writes the run of new pages faster than array() converts a range.)
-            fresh = np.arange(self.unused, self.unused + wanted, dtype=np.int64)
-            got = got + array("q", fresh.tobytes())
-        self.freed = freed
-        self.num_freed -= missing - wanted
-        self.unused += wanted
-        self.free -= missing
-        self.tables[request_id] = got
+    def room(self, request_id: RequestId, position: int) -> int:
+        """Tokens ``request_id``, at ``position``, may run with its pages and the free ones
+        (:func:`~pypto_sched._policies.page_room`)."""
+        table = self.table = self.get(request_id, _NO_PAGES)
+        return page_room(position, len(table), self.free, self.page_size)
+
+    def hold(self, request_id: RequestId, num_tokens: int) -> None:
+        """Note that ``request_id``, the request :meth:`room` last read, holds ``num_tokens``
+        tokens of context (within its room: the pages are free)."""
+        table = self.table
+        missing = self.base.pages_for(num_tokens) - len(table)
+        if missing > 0:
+            self.grows.append((request_id, table, missing))
+            self.free -= missing
 
     def pool(self) -> PagePool[RequestId]:
         """The pool with every hold made."""
         base = self.base
-        if not self.tables:
-            return base
-        owned = base._owned.update(self.tables.items())
-        return base._evolve(owned, self.freed, self.num_freed, self.unused)
+        return base._grown(self.grows, base.num_free - self.free) if self.grows else base
+
+
+def _take(freed: _FreeList, unused: int, wanted: int) -> tuple[_Table, _FreeList, int]:
+    """The next ``wanted`` free pages in the order they are handed out (freed pages first,
+    last freed first, then never-used ones in ascending order), the freed list left and the
+    first never-used page left (``wanted`` pages must be free)."""
+    pages = _NO_PAGES
+    while freed is not None and wanted:
+        run, taken, rest = freed
+        end = taken + wanted
+        if end >= len(run):
+            pages = pages + run[taken:]
+            wanted = end - len(run)
+            freed = rest
+        else:
+            pages = pages + run[taken:end]
+            freed = (run, end, rest)
+            wanted = 0
+    if wanted:
+        # (NumPy writes the run of new pages faster than array() converts a range.)
+        fresh = np.arange(unused, unused + wanted, dtype=np.int64)
+        pages = pages + array("q", fresh.tobytes())
+        unused += wanted
+    return pages, freed, unused
 
 
 def _restore(
