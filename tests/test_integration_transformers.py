@@ -536,3 +536,73 @@ def test_cancelling_a_request_mid_prefill_frees_its_blocks_and_keeps_the_others_
     assert victim not in results
     for request_id, prompt in zip(ids[1:], prompts[1:], strict=True):
         assert results[request_id].generated_tokens == reference(prompt, new_tokens)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
+    model: Any, reference: Any, policy: str
+) -> None:
+    """Requests submitted between batches (from the batch hook, so at known points of the
+    run) join the planner's state mid-prefill of others and still get ``generate()``'s
+    tokens; the batches obey the config throughout."""
+    prompts = random_prompts(17, [50, 6, 23, 41, 12, 30, 3])
+    ids = [f"r{i}" for i in range(len(prompts))]
+    # request index -> the batch after which it is submitted (0: before the server starts)
+    arrivals = {0: 0, 1: 0, 2: 1, 3: 2, 4: 2, 5: 4, 6: 5}
+    new_tokens = 4
+    manager: Any = None
+    batches: list[ScheduledBatch] = []
+
+    def submit(after: int) -> None:
+        for i, batch_number in arrivals.items():
+            if batch_number == after:
+                manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=new_tokens)
+
+    def on_batch(batch: ScheduledBatch) -> None:
+        batches.append(batch)
+        submit(len(batches))  # drained by the server before the next batch is scheduled
+
+    config = PlannerConfig(
+        max_num_batched_tokens=32,
+        long_prefill_token_threshold=16,
+        policy=policy,  # type: ignore[arg-type]
+    )
+    checked_progress(register(config, on_batch=on_batch))
+    manager = model.init_continuous_batching(
+        generation_config=generation_config(new_tokens),
+        continuous_batching_config=ContinuousBatchingConfig(
+            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
+        ),
+    )
+    submit(0)
+    manager.start()
+    try:
+        results: dict[str, Any] = {}
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=30)
+            assert result is not None, f"no result after {sorted(results)}"
+            assert result.error is None, result.error
+            results[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=30)
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        assert results[request_id].generated_tokens == reference(prompt, new_tokens)
+    check_batches(batches, config, max_batch_tokens=32)
+    first_batch = {}
+    for number, batch in enumerate(batches, start=1):
+        for row in batch.rows:
+            first_batch.setdefault(row.request_id, number)
+    for i, after in arrivals.items():
+        assert first_batch[ids[i]] > after, f"{ids[i]} ran before it was submitted"
+    # the case this test is for: requests joined while another was part-way in its prefill
+    prefill_batches: dict[str, list[int]] = {}
+    for number, batch in enumerate(batches, start=1):
+        for row in batch.rows:
+            if row.is_prefill:
+                prefill_batches.setdefault(row.request_id, []).append(number)
+    joined_mid_prefill = [
+        ids[i]
+        for i, after in arrivals.items()
+        if any(spans[0] <= after < spans[-1] for spans in prefill_batches.values())
+    ]
+    assert len(joined_mid_prefill) >= 2, prefill_batches
