@@ -588,7 +588,7 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
     for request_id, prompt in zip(ids, prompts, strict=True):
         assert results[request_id].generated_tokens == reference(prompt, new_tokens)
     check_batches(batches, config, max_batch_tokens=32)
-    first_batch = {}
+    first_batch: dict[str, int] = {}
     for number, batch in enumerate(batches, start=1):
         for row in batch.rows:
             first_batch.setdefault(row.request_id, number)
