@@ -4,8 +4,10 @@ Per layer: RMSNorm -> fused q/k/v projection -> per-head RMSNorm of q and k -> r
 write K/V to the pages -> paged causal attention (grouped-query) -> o projection ->
 residual -> RMSNorm -> fused gate/up projection -> SwiGLU -> down projection -> residual.
 The last layer writes every token's K/V but carries only the final rows' last tokens through
-its attention output and MLP, then the final RMSNorm and the LM head: intermediate chunks
-produce no logits at all, and skip the rest of the last layer.
+its attention, output and MLP, then the final RMSNorm and the LM head: intermediate chunks
+produce no logits at all, and skip the rest of the last layer. Those last tokens attend as
+one-token rows at their contexts' ends (:func:`last_tokens`), the shape of decode rows, so a
+final chunk of 256 tokens attends 1 query in the last layer, not 256.
 
 The gate and up weights are stored concatenated (gate first, as ``npu_swiglu`` expects), and
 so are q, k and v: one matmul each instead of two and three.
@@ -13,8 +15,11 @@ so are q, k and v: one matmul each instead of two and three.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import attrs
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +30,9 @@ from ._kv_cache import LayerKV, PagedKVCache
 from ._loader import Checkpoint
 from .ops import AttentionShape, DispatchAttention, Ops
 
-__all__ = ["LayerWeights", "Qwen3Model"]
+__all__ = ["LayerWeights", "Qwen3Model", "last_tokens"]
+
+_T = TypeVar("_T", bound=np.generic)
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -134,10 +141,22 @@ class Qwen3Model:
         *early, (last_weights, last_kv) = zip(self.layers, cache.layers, strict=True)
         for weights, kv in early:
             hidden = self._layer(hidden, weights, kv, cos, sin, attention)
+        if arrays.logits_indices.size == arrays.num_tokens:  # every token is kept (decode)
+            return self._layer(hidden, last_weights, last_kv, cos, sin, attention)
         # Past the last layer's K/V only the final rows' last tokens matter: the rest of the
-        # last layer runs on those rows alone (none at all for intermediate chunks).
+        # last layer runs on those tokens alone (none at all for intermediate chunks), and
+        # they attend as one-token rows at their contexts' ends.
         keep = torch.from_numpy(arrays.logits_indices.astype(np.int64)).to(self.device)
-        return self._layer(hidden, last_weights, last_kv, cos, sin, attention, keep=keep)
+        kept = (
+            self.ops.attention(
+                last_tokens(arrays), self.attention_shape, device=self.device, dtype=self.dtype
+            )
+            if keep.numel()
+            else None
+        )
+        return self._last_layer(
+            hidden, last_weights, last_kv, cos, sin, attention, keep=keep, kept=kept
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm and LM head: ``[n, hidden]`` -> ``[n, vocab]``."""
@@ -158,11 +177,43 @@ class Qwen3Model:
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: DispatchAttention,
-        *,
-        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One decoder layer. Every token's K/V is written; with ``keep`` only those token
-        rows are attended for and returned."""
+        """One decoder layer over every token."""
+        query = self._write_kv(hidden, weights, kv, cos, sin, attention)
+        attended = attention.attend(query, kv).flatten(1)
+        return self._output(attended, hidden, weights)
+
+    def _last_layer(
+        self,
+        hidden: torch.Tensor,
+        weights: LayerWeights,
+        kv: LayerKV,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: DispatchAttention,
+        *,
+        keep: torch.Tensor,
+        kept: DispatchAttention | None,
+    ) -> torch.Tensor:
+        """The last layer: every token's K/V written, then only the ``keep`` tokens attended
+        (through ``kept``, their attention as one-token rows) and carried to the output."""
+        query = self._write_kv(hidden, weights, kv, cos, sin, attention)
+        if kept is None:
+            return hidden[keep]
+        attended = kept.attend(query[keep], kv).flatten(1)
+        return self._output(attended, hidden[keep], weights)
+
+    def _write_kv(
+        self,
+        hidden: torch.Tensor,
+        weights: LayerWeights,
+        kv: LayerKV,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: DispatchAttention,
+    ) -> torch.Tensor:
+        """A layer's attention inputs: write every token's K/V, return the rotated queries
+        ``[T, heads, head_dim]``."""
         config, ops = self.config, self.ops
         tokens, eps, dim = hidden.shape[0], config.rms_norm_eps, config.head_dim
         q_size = config.num_attention_heads * dim
@@ -179,11 +230,41 @@ class Qwen3Model:
         )
         query, key = ops.rotary(query, key, cos, sin)
         attention.write_kv(key, value.reshape(tokens, config.num_key_value_heads, dim), kv)
-        if keep is not None and keep.numel() == 0:
-            return hidden[keep]
-        attended = attention.attend(query, kv).reshape(tokens, q_size)
-        if keep is not None:
-            attended, hidden = attended[keep], hidden[keep]
+        return query
+
+    def _output(
+        self, attended: torch.Tensor, hidden: torch.Tensor, weights: LayerWeights
+    ) -> torch.Tensor:
+        """The o projection, residual, RMSNorm, MLP and residual of ``attended`` tokens."""
+        ops = self.ops
         hidden = F.linear(attended, weights.o_proj, weights.o_bias).add_(hidden)
-        x = ops.rms_norm(hidden, weights.post_norm, eps)
+        x = ops.rms_norm(hidden, weights.post_norm, self.config.rms_norm_eps)
         return F.linear(ops.swiglu(F.linear(x, weights.gate_up)), weights.down).add_(hidden)
+
+
+def last_tokens(arrays: DispatchArrays) -> DispatchArrays:
+    """The final rows of ``arrays`` cut down to their last tokens: one-token rows at their
+    contexts' ends (the shape of decode rows), in row order, over the same pages."""
+    final, keep = arrays.is_final, arrays.logits_indices
+    count = int(keep.size)
+    return DispatchArrays(
+        index=arrays.index,
+        requests=_frozen(arrays.requests[final]),
+        token_starts=_frozen(arrays.token_ends[final] - 1),
+        token_ends=_frozen(arrays.token_ends[final]),
+        positions=_frozen(arrays.positions[keep]),
+        padded_positions=_frozen(arrays.positions[keep][:, None]),
+        cu_seqlens=_frozen(np.arange(count + 1, dtype=np.int32)),
+        seq_lens=_frozen(arrays.seq_lens[final]),
+        slot_mapping=_frozen(arrays.slot_mapping[keep]),
+        block_tables=_frozen(arrays.block_tables[final]),
+        page_size=arrays.page_size,
+        is_final=_frozen(np.ones(count, dtype=np.bool_)),
+        logits_indices=_frozen(np.arange(count, dtype=np.int64)),
+    )
+
+
+def _frozen(array: npt.NDArray[_T]) -> npt.NDArray[_T]:
+    """``array`` made read-only, as :class:`DispatchArrays` holds its arrays."""
+    array.setflags(write=False)
+    return array

@@ -17,6 +17,7 @@ import pytest
 from pypto_sched import (
     InvalidInputError,
     PlannerConfig,
+    Schedule,
     dispatch_arrays,
     plan_pages,
     plan_prefill,
@@ -182,7 +183,43 @@ def test_the_npu_path_runs_each_kernel_once_per_layer(
         # input, post-attention, q and k norms per layer, and the final norm
         "npu_rms_norm": 4 * layers + 1,
     }
-    assert dict(fake_npu_module.LAYOUTS) == {"TND": layers}
+    # The last layer attends only the final rows' last tokens: one-token rows, the decode call.
+    assert dict(fake_npu_module.LAYOUTS) == {"TND": layers - 1, "BSH": 1}
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(300, 128, False)],
+        [(300, 128, False), (40, 40, True)],
+        [(5, 5, True), (7, 7, True)],
+    ],
+    ids=["intermediate", "intermediate-and-final", "whole-prompts"],
+)
+def test_the_last_layer_attends_only_final_rows_last_tokens(
+    rows: list[tuple[int, int, bool]], backends: Backends, fake_npu_module: ModuleType
+) -> None:
+    """Each row is (prompt length, chunk from 0, final)."""
+    backend = backends("tied", ops="npu")
+    lengths = [length for length, _, _ in rows]
+    config = PlannerConfig(max_num_batched_tokens=512)
+    chunks = [[r, 0, chunk, final] for r, (_, chunk, final) in enumerate(rows)]
+    rest = [[r, chunk, n - chunk, True] for r, (n, chunk, final) in enumerate(rows) if not final]
+    schedule = Schedule.from_dispatches(config, lengths, [chunks, rest] if rest else [chunks])
+    tables = plan_pages(lengths, page_size=128, num_pages=sum(-(-n // 128) for n in lengths))
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    fake_npu_module.reset_calls()
+    output = backend.run_dispatch(
+        _batch(arrays, logits=True, greedy=True),
+        backend.new_cache(num_pages=tables.num_pages, page_size=128),
+    )
+    finals = sum(final for _, _, final in rows)
+    assert output.logits is not None
+    assert output.logits.shape == (finals, backend.vocab_size)
+    layers = backend.model.config.num_hidden_layers
+    # Intermediate chunks reach no attention in the last layer; final rows, one decode call.
+    expected = {"TND": layers - 1, "BSH": 1} if finals else {"TND": layers - 1}
+    assert dict(fake_npu_module.LAYOUTS) == expected
 
 
 def test_a_decode_only_dispatch_takes_the_bsh_decode_call_in_every_layer(
