@@ -734,7 +734,7 @@ def _plan_packed(
     )
     if grows:
         assert pool is not None
-        pool = pool._grown(grows, pool.num_free - free)
+        pool = pool._grown(grows)
     return _step_plan(_Rows(rows), next_state, pool)
 
 

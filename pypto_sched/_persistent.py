@@ -14,8 +14,10 @@ a push or a pop costs O(1) amortized, and nothing is copied.
 slices of the key's hash. An update copies only the nodes on one root-to-leaf path (about
 ``log32(n)`` dicts of at most 32 entries); every other node is shared with the old map. A map
 of at most 32 keys is instead one plain dict, copied on every update: copying it costs about
-what copying a trie node does, and reading it is a dict's own lookup (a page pool's owners and
-a small state's requests are such maps, read and updated on every step).
+what copying a trie node does, and reading it is a dict's own lookup (a small state's
+requests are such a map, read and updated on every step). A :class:`WideMap` stays one dict
+up to 256 keys: a page pool's owners, read for every row of a planned step and many of them
+updated at once, for which one dict copy beats a trie's update of each key.
 
 Nodes are plain ``dict[int, node | leaf]``. A leaf is ``(hash, ((key, value), ...))``: all
 its keys share the full hash, so a leaf holds more than one pair only on a hash collision.
@@ -129,14 +131,14 @@ _Node = dict[int, Any]
 _Leaf = tuple[int, tuple[tuple[Any, Any], ...]]
 
 
-# The most keys a map holds as one plain dict; a trie that shrinks to half of it becomes one.
-_FLAT_MAX = 32
-
-
 class PersistentMap(Generic[K, V]):
     """An immutable mapping whose updates return a new map sharing most of the old one."""
 
     __slots__ = ("_flat", "_root", "_size")
+
+    #: The most keys a map holds as one plain dict; a trie that shrinks to half of it becomes
+    #: one again. (Class-wide: every map built from this one is of its class.)
+    _FLAT_MAX = 32
 
     _flat: dict[K, V] | None  # the whole map while small; then None and the trie in _root
     _root: _Node
@@ -147,27 +149,27 @@ class PersistentMap(Generic[K, V]):
         self._root = {}
         self._size = 0
 
-    @staticmethod
-    def _make(root: _Node, size: int) -> PersistentMap[K, V]:
-        """A map of the trie ``root`` holding ``size`` keys (a flat one if that is small)."""
-        new: PersistentMap[K, V] = object.__new__(PersistentMap)
+    def _make(self, root: _Node, size: int) -> PersistentMap[K, V]:
+        """A map of this one's class, of the trie ``root`` holding ``size`` keys (a flat one
+        if that is small)."""
+        new: PersistentMap[K, V] = object.__new__(type(self))
         new._flat = None
         new._root = root
         new._size = size
-        if size <= _FLAT_MAX // 2:
+        if size <= self._FLAT_MAX // 2:
             new._flat = dict(new._trie_items())
             new._root = {}
         return new
 
-    @staticmethod
-    def _make_flat(flat: dict[K, V]) -> PersistentMap[K, V]:
-        """The map of the dict ``flat`` (which it keeps), a trie if ``flat`` is too big."""
-        if len(flat) > _FLAT_MAX:
+    def _make_flat(self, flat: dict[K, V]) -> PersistentMap[K, V]:
+        """A map of this one's class, of the dict ``flat`` (which it keeps), a trie if
+        ``flat`` is too big."""
+        if len(flat) > self._FLAT_MAX:
             root: _Node = {}
             for key, value in flat.items():
                 root, _ = _assoc(root, 0, hash(key), key, value)
-            return PersistentMap._make(root, len(flat))
-        new: PersistentMap[K, V] = object.__new__(PersistentMap)
+            return self._make(root, len(flat))
+        new: PersistentMap[K, V] = object.__new__(type(self))
         new._flat = flat
         new._root = {}
         new._size = len(flat)
@@ -276,6 +278,17 @@ class PersistentMap(Generic[K, V]):
                     stack.append(child)
                 else:
                     yield from child[1]
+
+
+class WideMap(PersistentMap[K, V]):
+    """A :class:`PersistentMap` that stays one plain dict up to 256 keys: for a map whose
+    updates change many of its keys at once and which is read on every step (a page pool's
+    owners: each planned step grows every running request's table). Copying a dict of 256
+    keys costs about what a trie update of one key does, and reading it is a dict's own."""
+
+    __slots__ = ()
+
+    _FLAT_MAX = 256
 
 
 def _assoc(node: _Node, shift: int, h: int, key: Any, value: Any) -> tuple[_Node, bool]:

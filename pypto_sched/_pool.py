@@ -32,7 +32,7 @@ import numpy as np
 
 from ._errors import CacheTooSmallError, InvalidInputError
 from ._pages import BlockTables
-from ._persistent import Frozen, PersistentMap
+from ._persistent import Frozen, PersistentMap, WideMap
 from ._policies import page_room
 from ._validate import MAX_TOKENS, check_int, read_only
 
@@ -72,7 +72,7 @@ class PagePool(Frozen, Generic[RequestId]):
         self._init(
             check_int("num_pages", num_pages, min_value=1),
             check_int("page_size", page_size, min_value=1),
-            PersistentMap(),
+            WideMap(),
             None,
             0,
             0,
@@ -155,23 +155,35 @@ class PagePool(Frozen, Generic[RequestId]):
         flat = self._owned._flat
         return self._owned.get if flat is None else flat.get  # type: ignore[return-value]
 
-    def _grown(
-        self, grows: Sequence[tuple[RequestId, _Table, int]], wanted: int
-    ) -> PagePool[RequestId]:
+    def _grown(self, grows: Sequence[tuple[RequestId, _Table, int]]) -> PagePool[RequestId]:
         """The pool in which each ``(request_id, table, missing)`` of ``grows``, a request
         owning ``table`` here, has ``missing`` more pages at the end of its table: the next
-        ``wanted`` free pages (the sum of the ``missing``), taken in one go and handed out in
-        the order of ``grows`` (the same pool as a :meth:`hold` for each). Each request
-        appears once; the pages must be free."""
-        pages, freed, unused = _take(self._freed, self._unused, wanted)
-        tables = []
-        taken = 0
+        free pages, handed out in the order of ``grows`` (the same pool as a :meth:`hold` for
+        each, with the owners' map updated once). Each request appears once; the pages must
+        be free."""
+        freed, unused, num_freed = self._freed, self._unused, self._num_freed
+        tables = {}
         for request_id, table, missing in grows:
+            # Freed pages first, last freed first (a run of them usually holds them all).
             # (+, not +=: an array's += changes it in place, and this pool shares it.)
-            tables.append((request_id, table + pages[taken : taken + missing]))
-            taken += missing
-        num_freed = self._num_freed - (wanted - (unused - self._unused))  # less those taken
-        return self._evolve(self._owned.update(tables), freed, num_freed, unused)
+            while freed is not None and missing:
+                run, taken, rest = freed
+                end = taken + missing
+                if end < len(run):
+                    table = table + run[taken:end]
+                    freed = (run, end, rest)
+                    num_freed -= missing
+                    missing = 0
+                else:
+                    table = table + run[taken:]
+                    freed = rest
+                    num_freed -= len(run) - taken
+                    missing = end - len(run)
+            if missing:  # then pages never used, in ascending order
+                table = table + _first_pages(unused + missing)[unused : unused + missing]
+                unused += missing
+            tables[request_id] = table
+        return self._evolve(self._owned.update(tables.items()), freed, num_freed, unused)
 
     def capacity(self, request_id: RequestId) -> int:
         """How many tokens of context ``request_id``'s pages hold."""
@@ -358,32 +370,21 @@ class _Holds(Generic[RequestId]):
 
     def pool(self) -> PagePool[RequestId]:
         """The pool with every hold made."""
-        base = self.base
-        return base._grown(self.grows, base.num_free - self.free) if self.grows else base
+        return self.base._grown(self.grows) if self.grows else self.base
 
 
-def _take(freed: _FreeList, unused: int, wanted: int) -> tuple[_Table, _FreeList, int]:
-    """The next ``wanted`` free pages in the order they are handed out (freed pages first,
-    last freed first, then never-used ones in ascending order), the freed list left and the
-    first never-used page left (``wanted`` pages must be free)."""
-    pages = _NO_PAGES
-    while freed is not None and wanted:
-        run, taken, rest = freed
-        end = taken + wanted
-        if end >= len(run):
-            pages = pages + run[taken:]
-            wanted = end - len(run)
-            freed = rest
-        else:
-            pages = pages + run[taken:end]
-            freed = (run, end, rest)
-            wanted = 0
-    if wanted:
-        # (NumPy writes the run of new pages faster than array() converts a range.)
-        fresh = np.arange(unused, unused + wanted, dtype=np.int64)
-        pages = pages + array("q", fresh.tobytes())
-        unused += wanted
-    return pages, freed, unused
+# Pages 0, 1, 2, ... as an array that only grows: the pages never used that a hold takes
+# are a slice of it. (Replaced whole when it grows; a slice taken before stays valid.)
+_FIRST_PAGES: _Table = array("q")
+
+
+def _first_pages(count: int) -> _Table:
+    """An array of at least pages ``0 .. count - 1``, in order."""
+    global _FIRST_PAGES
+    if len(_FIRST_PAGES) < count:
+        size = max(count, 2 * len(_FIRST_PAGES), 1024)
+        _FIRST_PAGES = array("q", np.arange(size, dtype=np.int64).tobytes())
+    return _FIRST_PAGES
 
 
 def _restore(
@@ -394,7 +395,7 @@ def _restore(
     unused: int,
 ) -> PagePool[Any]:
     pool: PagePool[Any] = PagePool(num_pages=num_pages, page_size=page_size)
-    owned: PersistentMap[Any, _Table] = PersistentMap()
+    owned: PersistentMap[Any, _Table] = WideMap()
     for request_id, pages in tables:
         owned = owned.set(request_id, array("q", pages))
     link: _FreeList = (array("q", freed), 0, None) if freed else None
