@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Mapping
 
 import attrs
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pypto_sched import (
+    POLICIES,
     CacheTooSmallError,
     InvalidInputError,
     PagePool,
@@ -204,6 +206,79 @@ def test_plan_step_never_plans_a_chunk_beyond_the_free_pages(
     assert plan.pool.num_used == sum(-(-(c.start + c.length) // 4) for c in plan.rows.values())
     for request, chunk in plan.rows.items():
         assert plan.pool.capacity(request) >= chunk.start + chunk.length
+
+
+def holds_one_after_another(
+    pool: PagePool[int], rows: Mapping[int, StepChunk]
+) -> tuple[dict[int, list[int]], list[int]]:
+    """The tables and the free pages (in the order they are handed out) once each row, in
+    order, has got the free pages it lacks from the front of the free list: the module
+    docstring's rule, kept in plain lists."""
+    tables = {request: list(pool.pages(request)) for request in pool.owners()}
+    free = pool._free_pages()
+    for request, chunk in rows.items():
+        have = tables.get(request, [])
+        missing = max(-(-chunk.end // pool.page_size) - len(have), 0)
+        if missing:
+            tables[request] = have + free[:missing]
+            free = free[missing:]
+    return tables, free
+
+
+@given(st.data(), st.sampled_from(["round_robin", "packed"]), st.sampled_from([None, 4]))
+@settings(max_examples=60, deadline=None)
+def test_a_steps_holds_made_at_once_take_the_free_pages_in_row_order(
+    data: st.DataObject, policy: Policy, page_size: int | None
+) -> None:
+    # plan_step takes every row's pages in one pass. Other requests hold and release first,
+    # and finished requests release as the run goes, so the pages come from runs of freed
+    # pages of many lengths as well as never-used ones.
+    pool: PagePool[int] = PagePool(num_pages=48, page_size=4)
+    for request in data.draw(st.lists(st.integers(100, 104), max_size=12), label="others"):
+        if request in pool:
+            pool = pool.release(request)
+        else:
+            pool = pool.hold(request, data.draw(st.integers(1, 16), label="tokens"))
+    config = PlannerConfig(
+        max_num_batched_tokens=data.draw(st.integers(4, 64), label="budget"),
+        long_prefill_token_threshold=data.draw(st.sampled_from([None, 8, 16]), label="cap"),
+        max_num_seqs=data.draw(st.sampled_from([None, 2, 5]), label="rows"),
+        page_size=page_size,
+        policy=policy,
+    )
+    lengths = data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=8), label="lengths")
+    state = PrefillState.from_prompt_lengths(lengths)
+    while state:
+        plan = plan_step(state, config, pool=pool)
+        if not plan.rows:  # every page is held: a server would preempt
+            break
+        assert plan.pool is not None
+        tables, free = holds_one_after_another(pool, plan.rows)
+        assert {r: list(plan.pool.pages(r)) for r in plan.pool.owners()} == tables
+        assert plan.pool._free_pages() == free
+        assert plan.pool.num_free == len(free)
+        pool = plan.pool
+        for request in plan.finished:
+            pool = pool.release(request)
+        state = plan.state
+
+
+def test_a_pool_with_more_owners_than_one_dict_holds_takes_the_same_pages() -> None:
+    # Past 256 owners the owners' map is a trie: a step reads and grows tables through it.
+    state = PrefillState.from_prompt_lengths([20] * 300)
+    pool: PagePool[int] = PagePool(num_pages=2000, page_size=4)
+    for request in range(300):
+        pool = pool.hold(request, 4)
+    for policy in POLICIES:
+        config = PlannerConfig(
+            max_num_batched_tokens=64, long_prefill_token_threshold=8, policy=policy
+        )
+        plan = plan_step(state, config, pool=pool)
+        assert plan.rows
+        assert plan.pool is not None
+        tables, free = holds_one_after_another(pool, plan.rows)
+        assert {r: list(plan.pool.pages(r)) for r in plan.pool.owners()} == tables
+        assert plan.pool._free_pages() == free
 
 
 def test_round_robin_lets_a_request_behind_a_head_waiting_for_pages_run() -> None:
