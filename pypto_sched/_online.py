@@ -717,7 +717,11 @@ def _plan_packed(
             started.append(record)
             continue
         end = start + size
-        rows[request_id] = _step_chunk(start, size, end == length)
+        chunk = _new(StepChunk)  # (_step_chunk, inline)
+        _set_start(chunk, start)
+        _set_length(chunk, size)
+        _set_is_final(chunk, end == length)
+        rows[request_id] = chunk
         if pool is not None:
             missing = -(-end // page_size) - len(table)  # (pool.pages_for(end), inline)
             if missing > 0:
@@ -729,13 +733,18 @@ def _plan_packed(
             started.append(_new_record(_Request, (request_id, length, end, True)))
     if not rows:
         return _step_plan(_NO_ROWS, state, pool)
-    next_state = state._evolve(
+    next_state: PrefillState[RequestId] = _new(PrefillState)
+    next_state._init(
         requests, queue, tuple(started), state._num_tokens - (tokens - tokens_left), "packed"
     )
     if grows:
         assert pool is not None
         pool = pool._grown(grows)
-    return _step_plan(_Rows(rows), next_state, pool)
+    plan: StepPlan[RequestId] = _new(StepPlan)  # (_step_plan, inline)
+    _set_rows(plan, _Rows(rows))
+    _set_state(plan, next_state)
+    _set_pool(plan, pool)
+    return plan
 
 
 def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> StepPlan[RequestId]:
