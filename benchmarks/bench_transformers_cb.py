@@ -365,14 +365,14 @@ def lognormal_lengths(num_requests: int) -> npt.NDArray[np.int64]:
     ).copy()
 
 
-def long_tail_lengths(num_requests: int) -> npt.NDArray[np.int64]:
-    """One prompt in ``LONG_SHARE`` of 1,024 to 2,048 tokens at random places, the others
+def long_tail_lengths(num_requests: int, long_share: int = LONG_SHARE) -> npt.NDArray[np.int64]:
+    """One prompt in ``long_share`` of 1,024 to 2,048 tokens at random places, the others
     ``lognormal`` in 16 to 256."""
     lengths = synthetic_lengths(
         "lognormal", num_requests=num_requests, seed=2, min_length=16, max_length=256
     ).copy()
     rng = np.random.default_rng(3)
-    num_long = max(1, num_requests // LONG_SHARE)
+    num_long = max(1, num_requests // long_share)
     places = rng.choice(num_requests, size=num_long, replace=False)
     lengths[places] = rng.integers(1024, 2048, size=num_long, endpoint=True)
     return lengths
@@ -621,20 +621,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(WORKLOADS),
         help=f"comma-separated, of {', '.join(WORKLOADS)} (default all)",
     )
+    parser.add_argument("--requests", type=int, help="requests a workload (default 128; quick 24)")
+    parser.add_argument(
+        "--long-share",
+        type=int,
+        default=LONG_SHARE,
+        help=f"long-tail: one prompt in this many is long (default {LONG_SHARE})",
+    )
     parser.add_argument("--no-check", action="store_true", help="report without the target")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
-    if not set(workloads) <= set(WORKLOADS) or args.load <= 0:
-        parser.error(f"--workloads must name some of {WORKLOADS}, --load be above 0")
+    if not set(workloads) <= set(WORKLOADS) or args.load <= 0 or args.long_share < 1:
+        parser.error(
+            f"--workloads must name some of {WORKLOADS}, --load be above 0, --long-share 1 or more"
+        )
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
     torch.set_num_threads(1)
     num_requests, new_tokens = (24, 8) if args.quick else (128, 32)
+    num_requests = args.requests or num_requests
     rounds = args.rounds or (1 if args.quick else 3)
     model = tiny_qwen3()
     print(f"load average at the start: {os.getloadavg()[0]:.2f}; {rounds} round(s)")
     if "lognormal" in workloads:
         bench_workload(model, "lognormal", lognormal_lengths(num_requests), new_tokens, rounds)
-    long_tail = long_tail_lengths(num_requests)
+    long_tail = long_tail_lengths(num_requests, args.long_share)
     if "long-tail" in workloads:
         bench_workload(model, "long-tail", long_tail, new_tokens, rounds)
     if "arrivals" not in workloads:
