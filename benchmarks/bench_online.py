@@ -20,7 +20,9 @@ queued again (at the front under ``packed``), as generation does; both sides do 
 The *rows* column is the floor of a step: building the same rows as the plan's (a dict of
 ``StepChunk``), timed beside it. The *waiting* sweep keeps a fixed set of started requests
 (prompts too long to finish) and 100 to 100,000 requests waiting behind them, to show that
-a step's cost does not grow with the number waiting.
+a step's cost does not grow with the number waiting. Under ``packed`` every step of it
+plans the same rows as the one before (the steady state of a long prefill); it is timed
+beside its floor too.
 
 It prints the median microseconds per step of each (medians resist a busy machine better
 than means), their ratios and the load average. Targets: a step at 1,000 and 10,000 in
@@ -385,6 +387,7 @@ class WaitingResult(NamedTuple):
     waiting: int
     rows_per_step: float
     planner_us: float
+    rows_us: float
 
 
 def waiting_state(config: PlannerConfig, waiting: int) -> PrefillState[int]:
@@ -407,16 +410,27 @@ def measure_waiting(policy: Policy, steps: int) -> list[WaitingResult]:
     config = make_config(policy, "bench")
     states = [waiting_state(config, waiting) for waiting in WAITING]
     planner_ns: list[list[int]] = [[] for _ in WAITING]
+    floor_ns: list[list[int]] = [[] for _ in WAITING]
     rows = [0 for _ in WAITING]
     for _ in range(steps):
         for index, state in enumerate(states):
             start = time.perf_counter_ns()
             plan = plan_step(state, config)
             planner_ns[index].append(time.perf_counter_ns() - start)
+            planned = as_tuples(plan)
+            floor_start = time.perf_counter_ns()
+            build_rows(planned)
+            floor_ns[index].append(time.perf_counter_ns() - floor_start)
             rows[index] += plan.num_rows
             states[index] = plan.state
     return [
-        WaitingResult(policy, waiting, rows[i] / steps, statistics.median(planner_ns[i]) / 1e3)
+        WaitingResult(
+            policy,
+            waiting,
+            rows[i] / steps,
+            statistics.median(planner_ns[i]) / 1e3,
+            statistics.median(floor_ns[i]) / 1e3,
+        )
         for i, waiting in enumerate(WAITING)
     ]
 
@@ -470,7 +484,17 @@ def in_flight_table(results: Sequence[Result]) -> str:
 
 def waiting_table(results: Sequence[WaitingResult]) -> str:
     first = {r.policy: r.planner_us for r in results if r.waiting == WAITING[0]}
-    header = ("policy", "", "", "waiting", "rows/step", "plan_step us", f"vs {WAITING[0]:,}")
+    header = (
+        "policy",
+        "",
+        "",
+        "waiting",
+        "rows/step",
+        "plan_step us",
+        f"vs {WAITING[0]:,}",
+        "rows us",
+        "plan/rows",
+    )
     body = [
         (
             r.policy,
@@ -480,6 +504,8 @@ def waiting_table(results: Sequence[WaitingResult]) -> str:
             f"{r.rows_per_step:.1f}",
             f"{r.planner_us:.1f}",
             f"{r.planner_us / first[r.policy]:.2f}x",
+            f"{r.rows_us:.1f}",
+            f"{r.planner_us / r.rows_us:.1f}x",
         )
         for r in results
     ]

@@ -162,7 +162,9 @@ class PagePool(Frozen, Generic[RequestId]):
         each, with the owners' map updated once). Each request appears once; the pages must
         be free."""
         freed, unused, num_freed = self._freed, self._unused, self._num_freed
-        tables = {}
+        owned = self._owned
+        flat = owned._flat  # a small map: its dict, copied once and grown in place
+        tables = {} if flat is None else flat.copy()
         for request_id, table, missing in grows:
             # Freed pages first, last freed first (a run of them usually holds them all).
             # (+, not +=: an array's += changes it in place, and this pool shares it.)
@@ -183,7 +185,8 @@ class PagePool(Frozen, Generic[RequestId]):
                 table = table + _first_pages(unused + missing)[unused : unused + missing]
                 unused += missing
             tables[request_id] = table
-        return self._evolve(self._owned.update(tables.items()), freed, num_freed, unused)
+        owned = owned.update(tables.items()) if flat is None else owned._make_flat(tables)
+        return self._evolve(owned, freed, num_freed, unused)
 
     def capacity(self, request_id: RequestId) -> int:
         """How many tokens of context ``request_id``'s pages hold."""
