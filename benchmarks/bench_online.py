@@ -540,8 +540,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{worst.planner_us:.1f} us ({worst.policy}, {worst.workload}, pool {worst.pool}); "
         f"target about {TARGET_US:.0f} us"
     )
-    flat = max(r.planner_us for r in waiting) / min(r.planner_us for r in waiting)
-    print(f"waiting sweep: the slowest step is {flat:.2f}x the fastest (target: flat)")
+    for policy in POLICIES:
+        times = [r.planner_us for r in waiting if r.policy == policy]
+        print(
+            f"waiting sweep, {policy}: the slowest step is {max(times) / min(times):.2f}x the "
+            "fastest (target: flat)"
+        )
 
 
 if __name__ == "__main__":
