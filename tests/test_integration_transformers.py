@@ -544,11 +544,15 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
 ) -> None:
     """Requests submitted between batches (from the batch hook, so at known points of the
     run) join the planner's state mid-prefill of others and still get ``generate()``'s
-    tokens; the batches obey the config throughout."""
+    tokens; one submitted mid-run and cancelled after its first chunk leaves without a trace;
+    the batches obey the config throughout."""
     prompts = random_prompts(17, [50, 6, 23, 41, 12, 30, 3])
     ids = [f"r{i}" for i in range(len(prompts))]
     # request index -> the batch after which it is submitted (0: before the server starts)
     arrivals = {0: 0, 1: 0, 2: 1, 3: 2, 4: 2, 5: 4, 6: 5}
+    (victim_prompt,) = random_prompts(18, [72])
+    victim, victim_added = "victim", 3
+    cancelled_after: list[int] = []  # the batch after which the victim is cancelled
     new_tokens = 4
     manager: Any = None
     batches: list[ScheduledBatch] = []
@@ -557,9 +561,14 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
         for i, batch_number in arrivals.items():
             if batch_number == after:
                 manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=new_tokens)
+        if after == victim_added:
+            manager.add_request(victim_prompt, request_id=victim, max_new_tokens=new_tokens)
 
     def on_batch(batch: ScheduledBatch) -> None:
         batches.append(batch)
+        if not cancelled_after and any(row.request_id == victim for row in batch.rows):
+            manager.cancel_request(victim)  # applied before the next batch is scheduled
+            cancelled_after.append(len(batches))
         submit(len(batches))  # drained by the server before the next batch is scheduled
 
     config = PlannerConfig(
@@ -587,6 +596,16 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
         manager.stop(block=True, timeout=30)
     for request_id, prompt in zip(ids, prompts, strict=True):
         assert results[request_id].generated_tokens == reference(prompt, new_tokens)
+    assert victim not in results
+    victim_rows = [row for batch in batches for row in batch.rows if row.request_id == victim]
+    assert cancelled_after, "the victim never ran"
+    assert not any(row.is_final for row in victim_rows), "cancelled after its prefill"
+    assert not [
+        (number, row)
+        for number, batch in enumerate(batches, start=1)
+        for row in batch.rows
+        if row.request_id == victim and number > cancelled_after[0]
+    ]
     check_batches(batches, config, max_batch_tokens=32)
     first_batch: dict[str, int] = {}
     for number, batch in enumerate(batches, start=1):
