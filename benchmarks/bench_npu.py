@@ -21,13 +21,16 @@ the side that runs more, smaller ops several times over; ``--threads 0`` keeps t
   with every position's logits (its default).
 
 The script checks that each of ours gives transformers' final logits (within 1e-3), then
-times every side several times, alternating, and reports the best wall time of each (the
-least disturbed by other work on the machine), the ratio ours / transformers of the best
-times, the median of the ratios of runs made back to back, and the ratio of the best CPU
-times of the process (which other work on the machine disturbs much less when one thread
-runs). The target, checked on the best wall times of the full run (``--quick`` and
-``--no-check`` only report): each of ours at most 0.8x transformers' ``logits_to_keep=1``
-forward.
+times the sides in repetitions: one run of each per repetition, transformers'
+``logits_to_keep=1`` forward between our two (which swap places from one repetition to the
+next), so that each of ours runs right beside the run it is compared with. It prints the
+1-minute load average over them and, for each of ours, the ratio ours / transformers of the
+two runs of each repetition, as the median over the repetitions with its range, of wall
+times and of the process's CPU times, and the ratios of the best times. On a shared machine
+a single pair can be off by 30% either way (another process on the sibling core slows one run
+and not the other; CPU times move as much as wall times there), so the target is checked on
+the median of the wall-time ratios of the full run (``--quick`` and ``--no-check`` only
+report): each of ours at most 0.8x transformers' ``logits_to_keep=1`` forward.
 
 **Decode.** The time of one decode step of N rows (the prompts above), each over the
 context of its prompt and the tokens generated so far, in each side's own generation loop:
@@ -143,33 +146,48 @@ def prefill(ours: Backend, theirs: Any, prompts: npt.NDArray[np.int64], repeats:
     }
     sides[last] = functools.partial(run_theirs, 1)
     sides[every] = functools.partial(run_theirs, 0)
-    # Alternate the sides so that a burst of other work on the machine hits all of them.
+    # One run of each side per repetition, transformers' last-logits forward between our two
+    # so that each of ours runs right beside the run it is compared with, the two of ours
+    # swapping places from one repetition to the next; the every-logit reference last.
+    seed_name, packed_name = schedules
     timings: dict[str, list[Timing]] = {side: [] for side in sides}
-    for _ in range(repeats):
-        for side, run in sides.items():
-            timings[side].append(timed(run))
+    loads = [os.getloadavg()[0]]
+    for repetition in range(repeats):
+        first, second = (seed_name, packed_name)[:: 1 if repetition % 2 == 0 else -1]
+        for side in (first, last, second, every):
+            timings[side].append(timed(sides[side]))
+        loads.append(os.getloadavg()[0])
     wall = {side: min(t.wall for t in runs) for side, runs in timings.items()}
     cpu = {side: min(t.cpu for t in runs) for side, runs in timings.items()}
 
-    print(f"prefill: {count} prompts x {length} tokens, best of {repeats}")
+    print(
+        f"prefill: {count} prompts x {length} tokens, {repeats} interleaved repetitions, "
+        f"1-minute load {min(loads):.2f} to {max(loads):.2f}"
+    )
     for name, schedule in schedules.items():
         print(
             f"  {name}: {schedule.num_dispatches} dispatches, max |logits - transformers| "
             f"= {differences[name]:.2e}"
         )
-    print(f"  {'side':<38} {'wall ms':>9} {'cpu ms':>9}")
+    print(f"  {'side':<38} {'best ms':>9} {'median ms':>10} {'best cpu ms':>12}")
     for side in sides:
-        print(f"  {side:<38} {wall[side] * 1e3:>9.1f} {cpu[side] * 1e3:>9.1f}")
+        median_wall = statistics.median(t.wall for t in timings[side])
+        print(
+            f"  {side:<38} {wall[side] * 1e3:>9.1f} {median_wall * 1e3:>10.1f} "
+            f"{cpu[side] * 1e3:>12.1f}"
+        )
     failures = []
     for name in schedules:
-        ratio = wall[name] / wall[last]
-        paired = statistics.median(
-            a.wall / b.wall for a, b in zip(timings[name], timings[last], strict=True)
-        )
+        pairs = list(zip(timings[name], timings[last], strict=True))
+        by_wall = [a.wall / b.wall for a, b in pairs]
+        by_cpu = [a.cpu / b.cpu for a, b in pairs]
+        ratio = statistics.median(by_wall)
         print(
-            f"  {name} / transformers (last logits): {ratio:.2f} (target <= {TARGET}); "
-            f"median of paired ratios {paired:.2f}; cpu {cpu[name] / cpu[last]:.2f}; "
-            f"vs every logit {wall[name] / wall[every]:.2f}"
+            f"  {name} / transformers (last logits), medians of the repetitions' ratios: "
+            f"wall {ratio:.2f} (target <= {TARGET}; {min(by_wall):.2f} to {max(by_wall):.2f}), "
+            f"cpu {statistics.median(by_cpu):.2f} ({min(by_cpu):.2f} to {max(by_cpu):.2f}); "
+            f"best times: wall {wall[name] / wall[last]:.2f}, cpu {cpu[name] / cpu[last]:.2f}; "
+            f"vs every logit (best wall) {wall[name] / wall[every]:.2f}"
         )
         if ratio > TARGET:
             failures.append(f"{name} / transformers {ratio:.2f} > {TARGET}")
@@ -297,7 +315,7 @@ def decode(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 prompts of 512 tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="timed prefill runs per side")
+    parser.add_argument("--repeats", type=int, default=7, help="timed prefill runs per side")
     parser.add_argument("--decode-tokens", type=int, default=16, help="new tokens a request")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1; 0: torch's own)"

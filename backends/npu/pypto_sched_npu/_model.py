@@ -5,9 +5,10 @@ write K/V to the pages -> paged causal attention (grouped-query) -> o projection
 residual -> RMSNorm -> fused gate/up projection -> SwiGLU -> down projection -> residual.
 The last layer writes every token's K/V but carries only the final rows' last tokens through
 its attention, output and MLP, then the final RMSNorm and the LM head: intermediate chunks
-produce no logits at all, and skip the rest of the last layer. Those last tokens attend as
-one-token rows at their contexts' ends (:func:`last_tokens`), the shape of decode rows, so a
-final chunk of 256 tokens attends 1 query in the last layer, not 256.
+produce no logits at all, and skip the rest of the last layer. Only those tokens get
+queries there (the q rows of the fused weight), and they attend as one-token rows at their
+contexts' ends (:func:`last_tokens`), the shape of decode rows: a final chunk of 256 tokens
+projects and attends 1 query in the last layer, not 256.
 
 The gate and up weights are stored concatenated (gate first, as ``npu_swiglu`` expects), and
 so are q, k and v: one matmul each instead of two and three.
@@ -197,7 +198,7 @@ class Qwen3Model:
     ) -> torch.Tensor:
         """The last layer: every token's K/V written, then only the ``keep`` tokens attended
         (through ``kept``, their attention as one-token rows) and carried to the output."""
-        query = self._write_kv(hidden, weights, kv, cos, sin, attention)
+        query = self._write_kv(hidden, weights, kv, cos, sin, attention, keep=keep)
         if kept is None:
             return hidden[keep]
         attended = kept.attend(query[keep], kv).flatten(1)
@@ -211,20 +212,35 @@ class Qwen3Model:
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: DispatchAttention,
+        *,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A layer's attention inputs: write every token's K/V, return the rotated queries
-        ``[T, heads, head_dim]``."""
+        ``[T, heads, head_dim]``; with ``keep``, the queries of only those tokens are
+        computed (the others are zero)."""
         config, ops = self.config, self.ops
         tokens, eps, dim = hidden.shape[0], config.rms_norm_eps, config.head_dim
-        q_size = config.num_attention_heads * dim
+        heads, q_size = config.num_attention_heads, config.num_attention_heads * dim
         kv_size = config.num_key_value_heads * dim
         x = ops.rms_norm(hidden, weights.input_norm, eps)
-        qkv = F.linear(x, weights.qkv, weights.qkv_bias)
-        query, key = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
-        value = qkv[:, q_size + kv_size :]
-        query = ops.rms_norm(
-            query.reshape(tokens, config.num_attention_heads, dim), weights.q_norm, eps
-        )
+        if keep is None:
+            qkv = F.linear(x, weights.qkv, weights.qkv_bias)
+            query, key = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+            value = qkv[:, q_size + kv_size :]
+            query = ops.rms_norm(query.reshape(tokens, heads, dim), weights.q_norm, eps)
+        else:
+            # The q rows of the fused weight for the kept tokens, its k/v rows for every
+            # token. The rotary kernel takes queries and keys of the same tokens, so the
+            # kept queries ride in a zero tensor of every token's.
+            bias = weights.qkv_bias
+            kv_out = F.linear(x, weights.qkv[q_size:], None if bias is None else bias[q_size:])
+            key, value = kv_out[:, :kv_size], kv_out[:, kv_size:]
+            query = x.new_zeros(tokens, heads, dim)
+            if keep.numel():
+                q_bias = None if bias is None else bias[:q_size]
+                kept = F.linear(x[keep], weights.qkv[:q_size], q_bias)
+                kept = ops.rms_norm(kept.reshape(keep.numel(), heads, dim), weights.q_norm, eps)
+                query.index_copy_(0, keep, kept)
         key = ops.rms_norm(
             key.reshape(tokens, config.num_key_value_heads, dim), weights.k_norm, eps
         )
