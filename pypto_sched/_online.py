@@ -61,7 +61,7 @@ from ._policies import (
     prefill_room,
     request_cap,
 )
-from ._pool import _NO_PAGES, PagePool, _Holds
+from ._pool import _NO_TABLE, PagePool, _Holds
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -693,7 +693,7 @@ def _plan_packed(
     tokens_left = tokens
     rows: dict[RequestId, StepChunk] = {}
     started: list[_Request] = []
-    grows: list[tuple[RequestId, array[int], int]] = []
+    grows: list[tuple[RequestId, tuple[array[int], int], int]] = []  # (id, table, missing)
     if pool is not None:
         table_of, page_size, free = pool._table_reader(), pool._page_size, pool.num_free
     requests, queue = state._requests, state._queue
@@ -712,8 +712,8 @@ def _plan_packed(
         request_id, length, start, _ = record
         limit = tokens_left
         if pool is not None:
-            table = table_of(request_id, _NO_PAGES)
-            room = page_room(start, len(table), free, page_size)
+            table = table_of(request_id, _NO_TABLE)
+            room = page_room(start, table[1], free, page_size)
             limit = room if room < limit else limit
         size = chunk_size(start, length, chunk_limit(cap, limit, rows_left), page)
         if admitting:
@@ -731,7 +731,7 @@ def _plan_packed(
         _set_is_final(chunk, end == length)
         rows[request_id] = chunk
         if pool is not None:
-            missing = -(-end // page_size) - len(table)  # (pool.pages_for(end), inline)
+            missing = -(-end // page_size) - table[1]  # (pool.pages_for(end), inline)
             if missing > 0:
                 grows.append((request_id, table, missing))
                 free -= missing

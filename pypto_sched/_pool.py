@@ -17,11 +17,14 @@ device cache line), then pages never used, in ascending order. Every operation c
 the pages it touches, not in the pool's size or its number of owners: owners live in a
 persistent map (one dict up to 256 owners), and freed pages in an immutable linked list of
 the tables given back, each reversed, so that a release pushes one table and a hold takes the
-pages it needs from the front of one without copying the rest. A block table is stored as an
-``array('i')`` of 32-bit pages, as kernels take them, that is never changed once built:
-growing it copies memory, not references to int objects, and :meth:`PagePool.block_tables`
-hands the tables to NumPy without a loop over their pages. (Growing a table copies it, so a
-hold costs time in the request's pages too: about a microsecond per 10,000 pages.)
+pages it needs from the front of one without copying the rest. A block table is an
+``array('i')`` of 32-bit pages, as kernels take them, and the number of them that are the
+request's: a hold appends the pages it adds to the array in place when no other pool's table
+reaches past that number (the newest table of the request), and copies it otherwise. What
+is within a table's length never changes, so every pool keeps its tables; a request's table
+grows in time in the pages it gets, not in those it has (a long prefill's steps do not slow
+down as its context grows); and :meth:`PagePool.block_tables` hands the tables to NumPy
+without a loop over their pages.
 """
 
 from __future__ import annotations
@@ -42,19 +45,24 @@ __all__ = ["PagePool"]
 
 RequestId = TypeVar("RequestId", bound=Hashable)
 
-# A block table: the pages a request owns, in position order. Never changed once built.
+# Pages as 32-bit ints, as kernels' block tables hold them.
 if TYPE_CHECKING:
-    _Table = array[int]
+    _Pages = array[int]
 else:
-    _Table = array  # (not subscriptable at run time before Python 3.12)
-# Pages as 32-bit ints, as kernels' block tables hold them (half the bytes a step copies).
+    _Pages = array  # (not subscriptable at run time before Python 3.12)
 _PAGE = "i"
 assert array(_PAGE).itemsize == 4, "a C int of 32 bits"
-_NO_PAGES: _Table = array(_PAGE)
+_NO_PAGES: _Pages = array(_PAGE)
+
+# A block table: ``(pages, length)``: the request's pages, in position order, are
+# ``pages[:length]``. What is there never changes; a later pool's table of the same request
+# may have appended to ``pages`` past ``length``, in place (see PagePool._grown).
+_Table = tuple[_Pages, int]
+_NO_TABLE: _Table = (_NO_PAGES, 0)
 
 # Freed pages, last freed first: ``(pages, taken, rest)`` or ``None``: ``pages[taken:]``
 # (never empty) are free, in the order they are handed out again, and then ``rest``.
-_FreeList = tuple[_Table, int, Any] | None
+_FreeList = tuple[_Pages, int, Any] | None
 
 
 class PagePool(Frozen, Generic[RequestId]):
@@ -147,12 +155,21 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def pages(self, request_id: RequestId) -> tuple[int, ...]:
         """The pages ``request_id`` owns, in position order (``()`` if none)."""
-        return tuple(self._table(request_id))
+        return tuple(self._pages(request_id))
+
+    def _pages(self, request_id: RequestId) -> _Pages:
+        """The pages ``request_id`` owns, in position order, in a new array."""
+        pages, length = self._table(request_id)
+        return pages[:length]
+
+    def _held(self, request_id: RequestId) -> int:
+        """How many pages ``request_id`` owns."""
+        return self._table(request_id)[1]
 
     def _table(self, request_id: RequestId) -> _Table:
-        """The block table of ``request_id`` as stored (not to be changed)."""
+        """The block table of ``request_id`` as stored (:data:`_NO_TABLE` if none)."""
         table = self._owned.get(request_id)
-        return _NO_PAGES if table is None else table
+        return _NO_TABLE if table is None else table
 
     def _table_reader(self) -> Callable[[RequestId, _Table], _Table]:
         """``get(request_id, default)``: a request's block table as stored, else ``default``.
@@ -172,30 +189,53 @@ class PagePool(Frozen, Generic[RequestId]):
         tables = {} if flat is None else flat.copy()
         for request_id, table, missing in grows:
             # Freed pages first, last freed first (a run of them usually holds them all).
-            # (+, not +=: an array's += changes it in place, and this pool shares it.)
+            got = None
             while freed is not None and missing:
                 run, taken, rest = freed
                 end = taken + missing
                 if end < len(run):
-                    table = table + run[taken:end]
+                    part = run[taken:end]
                     freed = (run, end, rest)
                     num_freed -= missing
                     missing = 0
                 else:
-                    table = table + run[taken:]
+                    part = run[taken:]
                     freed = rest
                     num_freed -= len(run) - taken
                     missing = end - len(run)
+                got = part if got is None else got + part
             if missing:  # then pages never used, in ascending order
-                table = table + _first_pages(unused + missing)[unused : unused + missing]
+                part = _first_pages(unused + missing)[unused : unused + missing]
                 unused += missing
-            tables[request_id] = table
+                got = part if got is None else got + part
+            assert got is not None, "a grow takes at least one page"
+            # The pages got, at the end of the table: appended in place when this is the
+            # newest table over its array (nothing past its length), so that a table grows
+            # in time in the pages it gets, not in those it has. No other table sees the
+            # change, for none reads past its own length. Otherwise (another pool grew this
+            # table first, or a view of the array is held) the table is copied; two threads
+            # growing one table at once both find the array longer than they made it, and
+            # copy.
+            pages, length = table
+            if not length:
+                tables[request_id] = (got, len(got))  # (got is an array of its own)
+                continue
+            if len(pages) == length:
+                try:
+                    pages += got
+                except BufferError:  # a view of it is held: it cannot move
+                    pass
+                else:
+                    if len(pages) == length + len(got):  # (nobody appended meanwhile)
+                        tables[request_id] = (pages, len(pages))
+                        continue
+            tables[request_id] = (pages[:length] + got, length + len(got))
         owned = owned.update(tables.items()) if flat is None else owned._make_flat(tables)
         return self._evolve(owned, freed, num_freed, unused)
 
     def capacity(self, request_id: RequestId) -> int:
         """How many tokens of context ``request_id``'s pages hold."""
-        return len(self._table(request_id)) * self._page_size
+        return self._held(request_id) * self._page_size
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages that hold ``num_tokens`` tokens of one request."""
@@ -204,7 +244,7 @@ class PagePool(Frozen, Generic[RequestId]):
     def missing_pages(self, request_id: RequestId, num_tokens: int) -> int:
         """Pages ``request_id`` still needs to hold ``num_tokens`` tokens of context."""
         tokens = check_int("num_tokens", num_tokens, min_value=0)
-        return max(self.pages_for(tokens) - len(self._table(request_id)), 0)
+        return max(self.pages_for(tokens) - self._held(request_id), 0)
 
     def can_hold(self, request_id: RequestId, num_tokens: int) -> bool:
         """Whether :meth:`hold` of ``num_tokens`` would succeed."""
@@ -212,15 +252,15 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def tokens_holdable(self, request_id: RequestId) -> int:
         """The most tokens of context ``request_id`` could hold with every free page."""
-        return (len(self._table(request_id)) + self.num_free) * self._page_size
+        return (self._held(request_id) + self.num_free) * self._page_size
 
     def slot(self, request_id: RequestId, position: int) -> int:
         """The cache slot of ``request_id``'s token at ``position``."""
-        pages = self._table(request_id)
+        pages, length = self._table(request_id)
         position = check_int("position", position, min_value=0)
-        if position >= len(pages) * self._page_size:
+        if position >= length * self._page_size:
             raise InvalidInputError(
-                f"'position' must be < the {len(pages) * self._page_size} slots request "
+                f"'position' must be < the {length * self._page_size} slots request "
                 f"{request_id!r} holds: {position}"
             )
         page, offset = divmod(position, self._page_size)
@@ -236,14 +276,14 @@ class PagePool(Frozen, Generic[RequestId]):
         """
         _check_hashable(request_id)
         tokens = check_int("num_tokens", num_tokens, min_value=0, max_value=MAX_TOKENS)
-        have = self._table(request_id)
-        missing = self.pages_for(tokens) - len(have)
+        have = self._held(request_id)
+        missing = self.pages_for(tokens) - have
         if missing <= 0:
             return self
         if missing > self.num_free:
             raise CacheTooSmallError(
                 f"request {request_id!r} needs {missing} more pages to hold {tokens} tokens "
-                f"(it has {len(have)}): {self.num_free} of {self._num_pages} are free"
+                f"(it has {have}): {self.num_free} of {self._num_pages} are free"
             )
         holds = _Holds(self)
         holds.room(request_id, 0)  # (reads its table)
@@ -257,14 +297,15 @@ class PagePool(Frozen, Generic[RequestId]):
         release, and a server need not track which of them already did.
         """
         try:
-            pages = self._owned.get(request_id)
+            table = self._owned.get(request_id)
         except TypeError:  # unhashable: it owns nothing
             return self
-        if pages is None:
+        if table is None:
             return self
-        freed = (pages[::-1], 0, self._freed)  # the table's last page is reused first
+        pages, length = table
+        freed = (pages[:length][::-1], 0, self._freed)  # its last page is reused first
         return self._evolve(
-            self._owned.delete(request_id), freed, self._num_freed + len(pages), self._unused
+            self._owned.delete(request_id), freed, self._num_freed + length, self._unused
         )
 
     # -- for kernels --------------------------------------------------------------------
@@ -275,7 +316,7 @@ class PagePool(Frozen, Generic[RequestId]):
         Rows are as :class:`~pypto_sched.BlockTables` stores them; turn a step's rows into
         kernel arrays with :func:`~pypto_sched.dispatch_arrays`.
         """
-        tables = [self._table(request_id) for request_id in request_ids]
+        tables = [self._pages(request_id) for request_id in request_ids]
         counts = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
         offsets = np.zeros(len(tables) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
@@ -306,7 +347,9 @@ class PagePool(Frozen, Generic[RequestId]):
         return [*self._freed_pages(), *range(self._unused, self._num_pages)]
 
     def _tables(self) -> dict[RequestId, tuple[int, ...]]:
-        return {request_id: tuple(table) for request_id, table in self._owned.items()}
+        return {
+            request_id: tuple(pages[:length]) for request_id, (pages, length) in self._owned.items()
+        }
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PagePool):
@@ -359,19 +402,19 @@ class _Holds(Generic[RequestId]):
         self.page_size = pool._page_size
         self.free = pool.num_free  # kept up to date
         self.grows: list[tuple[RequestId, _Table, int]] = []
-        self.table = _NO_PAGES  # the table :meth:`room` last read
+        self.table = _NO_TABLE  # the table :meth:`room` last read
 
     def room(self, request_id: RequestId, position: int) -> int:
         """Tokens ``request_id``, at ``position``, may run with its pages and the free ones
         (:func:`~pypto_sched._policies.page_room`)."""
-        table = self.table = self.get(request_id, _NO_PAGES)
-        return page_room(position, len(table), self.free, self.page_size)
+        table = self.table = self.get(request_id, _NO_TABLE)
+        return page_room(position, table[1], self.free, self.page_size)
 
     def hold(self, request_id: RequestId, num_tokens: int) -> None:
         """Note that ``request_id``, the request :meth:`room` last read, holds ``num_tokens``
         tokens of context (within its room: the pages are free)."""
         table = self.table
-        missing = self.base.pages_for(num_tokens) - len(table)
+        missing = self.base.pages_for(num_tokens) - table[1]
         if missing > 0:
             self.grows.append((request_id, table, missing))
             self.free -= missing
@@ -383,10 +426,10 @@ class _Holds(Generic[RequestId]):
 
 # Pages 0, 1, 2, ... as an array that only grows: the pages never used that a hold takes
 # are a slice of it. (Replaced whole when it grows; a slice taken before stays valid.)
-_FIRST_PAGES: _Table = array(_PAGE)
+_FIRST_PAGES: _Pages = array(_PAGE)
 
 
-def _first_pages(count: int) -> _Table:
+def _first_pages(count: int) -> _Pages:
     """An array of at least pages ``0 .. count - 1``, in order."""
     global _FIRST_PAGES
     if len(_FIRST_PAGES) < count:
@@ -405,7 +448,7 @@ def _restore(
     pool: PagePool[Any] = PagePool(num_pages=num_pages, page_size=page_size)
     owned: PersistentMap[Any, _Table] = WideMap()
     for request_id, pages in tables:
-        owned = owned.set(request_id, array(_PAGE, pages))
+        owned = owned.set(request_id, (array(_PAGE, pages), len(pages)))
     link: _FreeList = (array(_PAGE, freed), 0, None) if freed else None
     return pool._evolve(owned, link, len(freed), unused)
 

@@ -138,6 +138,53 @@ def test_a_pool_is_immutable() -> None:
         pool._num_pages = 2
 
 
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=3),  # which pool: 0 the newest, 1 the one before
+            st.integers(min_value=0, max_value=3),  # request
+            st.integers(min_value=-1, max_value=24),  # tokens to hold; -1: release
+        ),
+        max_size=40,
+    )
+)
+@settings(max_examples=100, deadline=None)
+def test_pools_branched_from_any_earlier_pool_never_see_each_others_holds(
+    actions: list[tuple[int, int, int]],
+) -> None:
+    # A table grows in place when its pool holds the newest version of it: holds made on
+    # older pools, after newer ones grew the same table, must neither see those pages nor
+    # change them. Every pool is checked against its own plain model at the end.
+    versions: list[tuple[PagePool[int], dict[int, list[int]], list[int]]] = [
+        (PagePool(num_pages=16, page_size=2), {}, list(range(16)))
+    ]
+    for which, request, tokens in actions:
+        pool, model, free = versions[-1 - min(which, len(versions) - 1)]
+        model = {r: list(pages) for r, pages in model.items()}
+        if tokens < 0:
+            pool = pool.release(request)
+            free = model.pop(request, [])[::-1] + free
+        else:
+            have = model.get(request, [])
+            missing = max(-(-tokens // 2) - len(have), 0)
+            if missing > len(free):
+                continue
+            pool = pool.hold(request, tokens)
+            if missing:
+                model[request] = have + free[:missing]
+                free = free[missing:]
+        versions.append((pool, model, free))
+    for pool, model, free in versions:
+        assert {r: list(pool.pages(r)) for r in pool.owners()} == model
+        assert pool._free_pages() == free
+        for request, pages in model.items():
+            assert [pool.slot(request, 2 * i) // 2 for i in range(len(pages))] == pages
+        ids = sorted(model)
+        assert [pool.block_tables(ids).table(row).tolist() for row in range(len(ids))] == [
+            model[r] for r in ids
+        ]
+
+
 @given(st.integers(min_value=1, max_value=50), st.integers(min_value=1, max_value=9))
 def test_capacity_questions_agree_with_hold(num_pages: int, page_size: int) -> None:
     pool = PagePool[int](num_pages=num_pages, page_size=page_size).hold(0, 1)
