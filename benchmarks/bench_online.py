@@ -22,7 +22,9 @@ The *rows* column is the floor of a step: building the same rows as the plan's (
 (prompts too long to finish) and 100 to 100,000 requests waiting behind them, to show that
 a step's cost does not grow with the number waiting. Under ``packed`` every step of it
 plans the same rows as the one before (the steady state of a long prefill); it is timed
-beside its floor too.
+beside its floor too. The *context* sweep is that steady state with a page pool, the
+started requests already 4,096 to 1,048,576 tokens in (their pages held), to show that a
+step's cost does not grow with the context either (a hold appends to a block table).
 
 It prints the median microseconds per step of each (medians resist a busy machine better
 than means), their ratios and the load average. Targets: a step at 1,000 and 10,000 in
@@ -53,6 +55,7 @@ from pypto_sched import (
 
 IN_FLIGHT = (10, 100, 1_000, 10_000)
 WAITING = (100, 1_000, 10_000, 100_000)
+CONTEXTS = (4_096, 65_536, 1_048_576)
 SHORTEST, LONGEST = 64, 4_096
 PAGE = 16
 TARGET_US = 15.0
@@ -435,6 +438,53 @@ def measure_waiting(policy: Policy, steps: int) -> list[WaitingResult]:
     ]
 
 
+class ContextResult(NamedTuple):
+    context: int
+    rows_per_step: float
+    planner_us: float
+    rows_us: float
+
+
+def context_case(config: PlannerConfig, context: int, steps: int) -> Run:
+    """``packed``'s steady state with a page pool: started requests that fill every step,
+    each with ``context`` tokens already in the cache and its pages held, and pages for every
+    chunk of the sweep."""
+    started = config.max_num_batched_tokens // config.chunk_cap
+    pages = started * -(-(context + steps * config.chunk_cap + LONGEST) // PAGE)
+    run = Run(config, PagePool(num_pages=pages, page_size=PAGE), seed=context, check=False)
+    for _ in range(started):
+        assert run.pool is not None
+        run.pool = run.pool.hold(run.next_id, context)
+        run.state = run.state.add(run.next_id, 10**9, num_computed_tokens=context)
+        run.next_id += 1
+    run.step()  # they start
+    return run
+
+
+def measure_context(steps: int) -> list[ContextResult]:
+    """Every context of the sweep, stepped in turn (interleaved)."""
+    config = make_config("packed", "bench")
+    runs = [context_case(config, context, steps) for context in CONTEXTS]
+    rows = [0 for _ in CONTEXTS]
+    planner_ns: list[list[int]] = [[] for _ in CONTEXTS]
+    floor_ns: list[list[int]] = [[] for _ in CONTEXTS]
+    for _ in range(steps):
+        for index, run in enumerate(runs):
+            num_rows, planner, _, floor = run.step()
+            rows[index] += num_rows
+            planner_ns[index].append(planner)
+            floor_ns[index].append(floor)
+    return [
+        ContextResult(
+            context,
+            rows[i] / steps,
+            statistics.median(planner_ns[i]) / 1e3,
+            statistics.median(floor_ns[i]) / 1e3,
+        )
+        for i, context in enumerate(CONTEXTS)
+    ]
+
+
 def format_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     table = [tuple(header), *map(tuple, body)]
     widths = [max(len(row[column]) for row in table) for column in range(len(header))]
@@ -512,6 +562,35 @@ def waiting_table(results: Sequence[WaitingResult]) -> str:
     return format_table(header, body)
 
 
+def context_table(results: Sequence[ContextResult]) -> str:
+    header = (
+        "policy",
+        "",
+        "pool",
+        "context",
+        "rows/step",
+        "plan_step us",
+        f"vs {CONTEXTS[0]:,}",
+        "rows us",
+        "plan/rows",
+    )
+    body = [
+        (
+            "packed",
+            "",
+            "ample",
+            f"{r.context:,}",
+            f"{r.rows_per_step:.1f}",
+            f"{r.planner_us:.1f}",
+            f"{r.planner_us / results[0].planner_us:.2f}x",
+            f"{r.rows_us:.1f}",
+            f"{r.planner_us / r.rows_us:.1f}x",
+        )
+        for r in results
+    ]
+    return format_table(header, body)
+
+
 def load() -> str:
     return "load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -534,6 +613,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     waiting = [result for policy in POLICIES for result in measure_waiting(policy, steps)]
     print(waiting_table(waiting))
     print(load())
+    contexts = measure_context(steps)
+    print(context_table(contexts))
+    print(load())
     worst = max((r for r in results if r.in_flight in TARGET_IN_FLIGHT), key=lambda r: r.planner_us)
     print(
         f"slowest step at {' and '.join(f'{n:,}' for n in TARGET_IN_FLIGHT)} in flight: "
@@ -546,6 +628,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"waiting sweep, {policy}: the slowest step is {max(times) / min(times):.2f}x the "
             "fastest (target: flat)"
         )
+    times = [r.planner_us for r in contexts]
+    print(
+        f"context sweep: the slowest step is {max(times) / min(times):.2f}x the fastest "
+        "(target: flat)"
+    )
 
 
 if __name__ == "__main__":
