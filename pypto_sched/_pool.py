@@ -302,8 +302,8 @@ class PagePool(Frozen, Generic[RequestId]):
             return self
         if table is None:
             return self
-        pages, length = table
-        freed = (pages[:length][::-1], 0, self._freed)  # its last page is reused first
+        pages, length = table  # (an owner holds at least one page)
+        freed = (pages[length - 1 :: -1], 0, self._freed)  # its last page is reused first
         return self._evolve(
             self._owned.delete(request_id), freed, self._num_freed + length, self._unused
         )
