@@ -63,10 +63,11 @@ What the figures show (each printed):
    short prompt arriving while a long one prefills no longer waits for the whole long
    prefill: the others' p99 and the mean fall (printed apart, the long prompts from the
    others). But a long prompt of ``L`` tokens now takes at least ``L / T`` batches for a
-   threshold ``T``, against about ``L / (B - decodes)`` under ``"fifo"``, and shares the rest
-   with the prompts that pass it; with one prompt in 16 long, more than 1 in 100, the long
-   prompts are the p99, so the p99 rises. With fewer than 1 in 100 long (``--requests 256
-   --long-share 128``) the p99 is the others' and the threshold lowers it.
+   threshold ``T``, against about ``L / (B - decodes)`` under ``"fifo"``, the rest of each
+   batch going to the prompts that pass it; with one prompt in 16 long, more than 1 in 100,
+   the long prompts take the top places from the short ones the threshold freed, and the
+   p99 rises. With fewer than 1 in 100 long (``--requests 256 --long-share 128``) the p99
+   stays the short prompts', and a threshold lowers it.
 3. *In CPU seconds, a batch costs its queries times the keys it reads.* The server attends
    with a dense mask over every key of the batch (each row's whole context, decode rows
    included), so a batch costs about ``a + b * Q * (K + Q)`` for ``Q`` query tokens and ``K``
@@ -81,7 +82,7 @@ What the figures show (each printed):
    with variable-length attention (no dense mask over the batch) a batch's cost follows its
    own tokens and the weights, and the batches are the measure to trust.
 
-The target, checked at the end (``--no-check`` only reports; run with ``arrivals`` only):
+The target, checked at the end when ``arrivals`` runs (``--no-check`` only reports):
 on the ``arrivals`` workload, a pypto_sched side with at least ``"fifo"``'s throughput and a
 p99 time to first token below ``"fifo"``'s, both in batches (throughput: the batches to
 serve every request) and in CPU seconds. It is not met at the default share of long
