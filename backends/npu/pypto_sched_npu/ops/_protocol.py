@@ -77,7 +77,8 @@ class Ops(Protocol):
         ...
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``silu(gate) * up`` where ``gate_up`` holds the gate half first."""
+        """``silu(gate) * up`` where ``gate_up`` holds the gate half first; ``gate_up`` may
+        be overwritten (the model never reads it again)."""
         ...
 
     def attention(
