@@ -139,11 +139,15 @@ class Qwen3Model:
         attention = self.ops.attention(
             arrays, self.attention_shape, device=self.device, dtype=self.dtype
         )
+        # Every layer's gate/up projection writes into one buffer: a fresh [T, 2 x
+        # intermediate] tensor a layer costs a 2,048-token dispatch its pages again (the
+        # allocator returns such blocks to the system when they are freed).
+        gate_up = hidden.new_empty(hidden.shape[0], 2 * self.config.intermediate_size)
         *early, (last_weights, last_kv) = zip(self.layers, cache.layers, strict=True)
         for weights, kv in early:
-            hidden = self._layer(hidden, weights, kv, cos, sin, attention)
+            hidden = self._layer(hidden, weights, kv, cos, sin, attention, gate_up)
         if arrays.logits_indices.size == arrays.num_tokens:  # every token is kept (decode)
-            return self._layer(hidden, last_weights, last_kv, cos, sin, attention)
+            return self._layer(hidden, last_weights, last_kv, cos, sin, attention, gate_up)
         # Past the last layer's K/V only the final rows' last tokens matter: the rest of the
         # last layer runs on those tokens alone (none at all for intermediate chunks), and
         # they attend as one-token rows at their contexts' ends.
@@ -156,7 +160,7 @@ class Qwen3Model:
             else None
         )
         return self._last_layer(
-            hidden, last_weights, last_kv, cos, sin, attention, keep=keep, kept=kept
+            hidden, last_weights, last_kv, cos, sin, attention, gate_up, keep=keep, kept=kept
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -178,11 +182,12 @@ class Qwen3Model:
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: DispatchAttention,
+        gate_up: torch.Tensor,
     ) -> torch.Tensor:
-        """One decoder layer over every token."""
+        """One decoder layer over every token (``gate_up``: the MLP's buffer)."""
         query = self._write_kv(hidden, weights, kv, cos, sin, attention)
         attended = attention.attend(query, kv).flatten(1)
-        return self._output(attended, hidden, weights)
+        return self._output(attended, hidden, weights, gate_up)
 
     def _last_layer(
         self,
@@ -192,6 +197,7 @@ class Qwen3Model:
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: DispatchAttention,
+        gate_up: torch.Tensor,
         *,
         keep: torch.Tensor,
         kept: DispatchAttention | None,
@@ -202,7 +208,7 @@ class Qwen3Model:
         if kept is None:
             return hidden[keep]
         attended = kept.attend(query[keep], kv).flatten(1)
-        return self._output(attended, hidden[keep], weights)
+        return self._output(attended, hidden[keep], weights, gate_up)
 
     def _write_kv(
         self,
@@ -249,13 +255,19 @@ class Qwen3Model:
         return query
 
     def _output(
-        self, attended: torch.Tensor, hidden: torch.Tensor, weights: LayerWeights
+        self,
+        attended: torch.Tensor,
+        hidden: torch.Tensor,
+        weights: LayerWeights,
+        gate_up: torch.Tensor,
     ) -> torch.Tensor:
-        """The o projection, residual, RMSNorm, MLP and residual of ``attended`` tokens."""
+        """The o projection, residual, RMSNorm, MLP and residual of ``attended`` tokens; the
+        gate/up projection goes to the first rows of ``gate_up``."""
         ops = self.ops
         hidden = F.linear(attended, weights.o_proj, weights.o_bias).add_(hidden)
         x = ops.rms_norm(hidden, weights.post_norm, self.config.rms_norm_eps)
-        return F.linear(ops.swiglu(F.linear(x, weights.gate_up)), weights.down).add_(hidden)
+        projected = torch.mm(x, weights.gate_up.t(), out=gate_up[: x.shape[0]])
+        return F.linear(ops.swiglu(projected), weights.down).add_(hidden)
 
 
 def last_tokens(arrays: DispatchArrays) -> DispatchArrays:
