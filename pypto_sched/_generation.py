@@ -57,10 +57,10 @@ from ._errors import (
     InvalidInputError,
     UnknownRequestError,
 )
-from ._online import PrefillState, StepChunk, _Rows, plan_step
+from ._online import PrefillState, StepChunk, _Rows, _step_chunk, plan_step
 from ._persistent import Frozen, PersistentMap
 from ._policies import preemption_victim
-from ._pool import PagePool
+from ._pool import PagePool, _Holds
 from ._schedule import Dispatch
 from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
 
@@ -374,25 +374,34 @@ class _GenerationStep(Generic[RequestId]):
         self.pool = state._pool
         self.next_arrival = state._next_arrival
         self.preempted: list[RequestId] = []
+        self.preempted_arrivals: set[int] = set()
 
     def plan(self) -> GenerationStep[RequestId] | None:
         rows: dict[RequestId, StepChunk] = {}
         tokens_left = self.config.max_num_batched_tokens
         rows_left = self.config.max_num_seqs or MAX_TOKENS
+        # The decode rows' holds are made at once, as plan_step makes its rows' (one new pool
+        # a step, not one a row); a preemption first makes those noted so far.
+        holds = _Holds(self.pool)
         for arrival, request_id in list(self.decoding):
             if tokens_left == 0 or rows_left == 0:
                 break
-            if _index(self.decoding, arrival, request_id) is None:
+            if arrival in self.preempted_arrivals:
                 continue  # preempted in this step, for an older request
             context = self._sequence(request_id).context
-            while not self.pool.can_hold(request_id, context):
-                if self.preempt_for(arrival, request_id) == request_id:
+            # (Its pages and the free ones hold its context: PagePool.can_hold.)
+            while holds.room(request_id, 0) < context:
+                self.pool = holds.pool()
+                victim = self.preempt_for(arrival, request_id)
+                holds = _Holds(self.pool)
+                if victim == request_id:
                     break
             else:
-                self.pool = self.pool.hold(request_id, context)
-                rows[request_id] = StepChunk(start=context - 1, length=1, is_final=True)
+                holds.hold(request_id, context)
+                rows[request_id] = _step_chunk(context - 1, 1, True)
                 tokens_left -= 1
                 rows_left -= 1
+        self.pool = holds.pool()
         num_decode = len(rows)
         prefill_after = self.prefill
         if not (self.preempted and rows):
@@ -443,6 +452,7 @@ class _GenerationStep(Generic[RequestId]):
             victim, sequence.context, at_front=self.config.policy == "packed"
         )
         self.preempted.append(victim)
+        self.preempted_arrivals.add(sequence.arrival)
 
     def finish(
         self,
@@ -450,25 +460,33 @@ class _GenerationStep(Generic[RequestId]):
         num_decode: int,
         prefill_after: PrefillState[RequestId],
     ) -> GenerationStep[RequestId]:
-        sequences, decoding, pool = self.sequences, list(self.decoding), self.pool
-        finished = []
-        for request_id, chunk in rows.items():
+        sequences, decoding, pool = self.sequences, self.decoding, self.pool
+        finished: list[RequestId] = []
+        gone: set[int] = set()  # arrivals of the decoding requests that finish
+        grown: list[tuple[RequestId, _Sequence]] = []
+        started: list[tuple[int, RequestId]] = []  # requests whose prefill ends here
+        for row, (request_id, chunk) in enumerate(rows.items()):
             if not chunk.is_final:
                 continue
-            sequence = self._sequence(request_id)
-            grown = sequence._replace(num_generated=sequence.num_generated + 1)
-            if grown.num_generated == grown.max_new_tokens:
+            arrival, length, max_new_tokens, generated = self._sequence(request_id)
+            is_decode = row < num_decode  # (the decode rows come first)
+            if generated + 1 == max_new_tokens:
                 finished.append(request_id)
                 sequences = sequences.delete(request_id)
                 pool = pool.release(request_id)
-                if _index(self.decoding, sequence.arrival, request_id) is not None:
-                    decoding.remove((sequence.arrival, request_id))
+                if is_decode:
+                    gone.add(arrival)
                 continue
-            sequences = sequences.set(request_id, grown)
-            if _index(self.decoding, sequence.arrival, request_id) is None:
-                bisect.insort(decoding, (sequence.arrival, request_id), key=lambda p: p[0])
+            grown.append((request_id, _Sequence(arrival, length, max_new_tokens, generated + 1)))
+            if not is_decode:
+                started.append((arrival, request_id))
+        sequences = sequences.update(grown)  # (one pass over the map, not one per row)
+        if gone:
+            decoding = tuple(pair for pair in decoding if pair[0] not in gone)
+        if started:  # oldest first: arrivals are unique
+            decoding = tuple(sorted((*decoding, *started), key=lambda pair: pair[0]))
         after: GenerationState[RequestId] = object.__new__(GenerationState)
-        after._init(sequences, prefill_after, tuple(decoding), pool, self.next_arrival)
+        after._init(sequences, prefill_after, decoding, pool, self.next_arrival)
         return GenerationStep(
             rows=_Rows(rows),
             num_decode_rows=num_decode,
