@@ -38,7 +38,8 @@ _T = TypeVar("_T", bound=np.generic)
 
 @attrs.frozen(eq=False, kw_only=True)
 class LayerWeights:
-    """One decoder layer's weights, on the device, in the compute dtype."""
+    """One decoder layer's weights, on the device, in the compute dtype; the projections
+    ``[out, in]`` in the ops' layout (:meth:`Ops.projection_weight`)."""
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
@@ -94,6 +95,9 @@ class Qwen3Model:
         def cat(*names: str) -> torch.Tensor:
             return torch.cat([tensors[name] for name in names]).to(device)
 
+        def projection(*names: str) -> torch.Tensor:
+            return ops.projection_weight(cat(*names))
+
         layers = []
         for i in range(config.num_hidden_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -101,15 +105,15 @@ class Qwen3Model:
             layers.append(
                 LayerWeights(
                     input_norm=get(f"model.layers.{i}.input_layernorm.weight"),
-                    qkv=cat(*(attn + f"{p}_proj.weight" for p in "qkv")),
+                    qkv=projection(*(attn + f"{p}_proj.weight" for p in "qkv")),
                     qkv_bias=cat(*(attn + f"{p}_proj.bias" for p in "qkv")) if bias else None,
                     q_norm=get(attn + "q_norm.weight"),
                     k_norm=get(attn + "k_norm.weight"),
-                    o_proj=get(attn + "o_proj.weight"),
+                    o_proj=projection(attn + "o_proj.weight"),
                     o_bias=get(attn + "o_proj.bias") if bias else None,
                     post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
-                    gate_up=cat(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
-                    down=get(mlp + "down_proj.weight"),
+                    gate_up=projection(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+                    down=projection(mlp + "down_proj.weight"),
                 )
             )
         embed = get("model.embed_tokens.weight")

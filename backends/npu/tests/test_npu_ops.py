@@ -43,6 +43,17 @@ def _random(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+def test_projection_weights_keep_their_shape_and_values_in_each_layout(npu_ops: NpuOps) -> None:
+    weight = _random(6, 4)
+    portable, npu = TorchOps().projection_weight(weight), npu_ops.projection_weight(weight)
+    torch.testing.assert_close(portable, weight, rtol=0, atol=0)
+    torch.testing.assert_close(npu, weight, rtol=0, atol=0)
+    assert portable.t().is_contiguous()  # stored [in, out] on the portable path
+    assert npu.is_contiguous()  # as stored, [out, in], for the NPU's matmuls
+    x = _random(3, 4, seed=1)
+    torch.testing.assert_close(F.linear(x, portable), x @ weight.t())
+
+
 def test_rms_norm_swiglu_and_rotary_agree(npu_ops: NpuOps) -> None:
     torch_ops = TorchOps()
     x, weight = _random(7, 4, 64), _random(64, seed=1)

@@ -98,6 +98,10 @@ class NpuOps:
             return torch.bfloat16
         return compute_dtype
 
+    def projection_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """As stored, ``[out, in]`` and contiguous."""
+        return weight
+
     def check_page_size(self, page_size: int) -> None:
         """Prefill PageAttention takes blocks of 128 to 512 slots, in steps of 128."""
         if page_size % PAGE_SIZE_STEP or not PAGE_SIZE_STEP <= page_size <= MAX_PAGE_SIZE:

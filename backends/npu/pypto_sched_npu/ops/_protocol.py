@@ -61,6 +61,11 @@ class Ops(Protocol):
         """The dtype the KV pages are stored in when the model computes in ``compute_dtype``."""
         ...
 
+    def projection_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` (``[out, in]``) in the memory layout the projections read fastest:
+        the same shape and values, possibly other strides."""
+        ...
+
     def check_page_size(self, page_size: int) -> None:
         """Raise :class:`~pypto_sched.InvalidInputError` if the kernels cannot use pages of
         ``page_size`` slots."""
