@@ -185,6 +185,18 @@ def test_pools_branched_from_any_earlier_pool_never_see_each_others_holds(
         ]
 
 
+def test_a_table_whose_array_cannot_move_is_copied_when_it_grows() -> None:
+    # A hold appends to the newest table's array in place; while a view of that array is
+    # held the array cannot be resized, and the hold copies the table instead.
+    pool = PagePool[str](num_pages=8, page_size=1).hold("a", 2)
+    pages, _ = pool._table("a")
+    with memoryview(pages):
+        grown = pool.hold("a", 5)
+    assert grown.pages("a") == (0, 1, 2, 3, 4)
+    assert pool.pages("a") == (0, 1)
+    assert grown.hold("a", 6).pages("a") == (0, 1, 2, 3, 4, 5)
+
+
 @given(st.integers(min_value=1, max_value=50), st.integers(min_value=1, max_value=9))
 def test_capacity_questions_agree_with_hold(num_pages: int, page_size: int) -> None:
     pool = PagePool[int](num_pages=num_pages, page_size=page_size).hold(0, 1)
