@@ -28,12 +28,12 @@ run behind a head waiting for pages asks the pool's owners first when no page is
 (nobody else can run then), so a step stuck for pages does not walk the queue.
 
 What is left is the interpreter's work, kept small: ``packed``'s row is sized and added by
-one block of lines (no call but the rule functions'); rows, records, states, pools and plans
-are built through their slots (in a third of the time attrs' ``__init__`` takes); the room of
-a dispatch is remembered for the last config and reservations asked. In the steady state of
-a long prefill (the started requests run a chunk each and fill the budget again) a step
-touches only them, never the queue or the map. ``benchmarks/bench_online.py`` and
-``benchmarks/bench_vs_vllm.py`` measure all of this.
+one block of lines that calls only the rule functions and the builders; rows, records,
+states, pools and plans are built through their slots (in a third of the time attrs'
+``__init__`` takes); the room of a dispatch is remembered for the last config and
+reservations asked. In the steady state of a long prefill (the started requests run a
+chunk each and fill the budget again) a step touches only them, never the queue or the map.
+``benchmarks/bench_online.py`` and ``benchmarks/bench_vs_vllm.py`` measure all of this.
 """
 
 from __future__ import annotations
