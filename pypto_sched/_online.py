@@ -30,8 +30,7 @@ run behind a head waiting for pages asks the pool's owners first when no page is
 What is left is the interpreter's work, kept small: ``packed``'s row is sized and added by
 one block of lines that calls only the rule functions and the builders; rows, records,
 states, pools and plans are built through their slots (in a third of the time attrs'
-``__init__`` takes); the room of a dispatch is remembered for the last config and
-reservations asked. In the steady state of a long prefill (the started requests run a
+``__init__`` takes). In the steady state of a long prefill (the started requests run a
 chunk each and fill the budget again) a step touches only them, never the queue or the map.
 ``benchmarks/bench_online.py`` and ``benchmarks/bench_vs_vllm.py`` measure all of this.
 """
@@ -540,7 +539,7 @@ def plan_step(
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     reserved_tokens = _count("reserved_tokens", reserved_tokens)
     reserved_rows = _count("reserved_rows", reserved_rows)
-    room_tokens, room_rows = _prefill_room(config, reserved_tokens, reserved_rows)
+    room_tokens, room_rows = prefill_room(config, reserved_tokens, reserved_rows)
     if state._policy is not None and state._policy != config.policy:
         raise InvalidInputError(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
@@ -587,24 +586,6 @@ def _count(name: str, value: object) -> int:
     if type(value) is int and value >= 0:  # the common case, checked cheaply on every step
         return value
     return check_int(name, value, min_value=0)
-
-
-# The room of the last (config, reserved_tokens, reserved_rows) asked, as prefill_room gave
-# it: a server asks the same on most steps. One tuple, read and replaced whole.
-_last_room: tuple[object, int, int, tuple[int, int | None]] = (None, 0, 0, (0, None))
-
-
-def _prefill_room(
-    config: PlannerConfig, reserved_tokens: int, reserved_rows: int
-) -> tuple[int, int | None]:
-    """:func:`prefill_room`, remembered for the last arguments (a config is immutable)."""
-    global _last_room
-    last = _last_room
-    if last[0] is config and last[1] == reserved_tokens and last[2] == reserved_rows:
-        return last[3]
-    room = prefill_room(config, reserved_tokens, reserved_rows)
-    _last_room = (config, reserved_tokens, reserved_rows, room)
-    return room
 
 
 class _Step(NamedTuple, Generic[RequestId]):
