@@ -315,7 +315,7 @@ def decode(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 prompts of 512 tokens")
-    parser.add_argument("--repeats", type=int, default=7, help="timed prefill runs per side")
+    parser.add_argument("--repeats", type=int, default=9, help="timed prefill runs per side")
     parser.add_argument("--decode-tokens", type=int, default=16, help="new tokens a request")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1; 0: torch's own)"
