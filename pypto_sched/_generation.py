@@ -389,8 +389,7 @@ class _GenerationStep(Generic[RequestId]):
             if arrival in self.preempted_arrivals:
                 continue  # preempted in this step, for an older request
             context = self._sequence(request_id).context
-            # (Its pages and the free ones hold its context: PagePool.can_hold.)
-            while holds.room(request_id, 0) < context:
+            while not holds.can_hold(request_id, context):
                 self.pool = holds.pool()
                 victim = self.preempt_for(arrival, request_id)
                 holds = _Holds(self.pool)

@@ -37,7 +37,6 @@ chunk each and fill the budget again) a step touches only them, never the queue 
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
@@ -56,11 +55,10 @@ from ._policies import (
     computed_tokens_error,
     fits_one_dispatch,
     leaves_tokens_to_prefill,
-    page_room,
     prefill_room,
     request_cap,
 )
-from ._pool import _NO_TABLE, PagePool, _Holds
+from ._pool import PagePool, _Holds
 from ._validate import MAX_TOKENS, as_count_array, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -553,10 +551,10 @@ def plan_step(
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     cap = request_cap(config, num_requests, reserved_tokens, reserved_rows)
     page = config.page_size or 1
+    step = _Step(state, None if pool is None else _Holds(pool), cap, page)
     if config.policy == "packed":
-        return _plan_packed(state, pool, cap, page, room_tokens, rows, config)
-    holds = None if pool is None else _Holds(pool)
-    return _plan_round_robin(_Step(state, holds, cap, page), room_tokens, rows)
+        return _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
+    return _plan_round_robin(step, room_tokens, rows)
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
@@ -632,8 +630,8 @@ def _run(
     size: int,
     holds: _Holds[RequestId] | None,
 ) -> _Request | None:
-    """Add a row of ``size`` tokens of ``record`` (with a pool, the request whose room was
-    read last); return its new record, or ``None`` if the chunk is final."""
+    """Add a row of ``size`` tokens of ``record`` (with a pool, noting its pages' hold);
+    return its new record, or ``None`` if the chunk is final."""
     request_id, length, start, _ = record
     end = start + size
     rows[request_id] = _step_chunk(start, size, end == length)
@@ -656,76 +654,41 @@ def _live_head(
 
 
 def _plan_packed(
-    state: PrefillState[RequestId],
-    pool: PagePool[RequestId] | None,
-    cap: int,
-    page: int,
-    tokens: int,
-    rows_left: int,
-    config: PlannerConfig,
+    step: _Step[RequestId], tokens: int, rows_left: int, max_partial: int | None
 ) -> StepPlan[RequestId]:
     """``packed``'s step: the started requests in order, each a chunk if one fits, then
-    waiting requests from the head of the queue while :func:`admits` takes them.
-
-    Every row, started or admitted, is sized and added by the same lines, which do here what
-    ``_Step.size`` and ``_run`` do for ``round_robin`` (one row a step) without their calls:
-    with them a ``packed`` step of five rows costs about 15% more. The pool's holds are noted
-    and made at once by :meth:`PagePool._grown`."""
-    max_partial = config.max_num_partial_prefills
+    waiting requests from the head of the queue while :func:`admits` takes them."""
+    state, holds = step.state, step.holds
     tokens_left = tokens
     rows: dict[RequestId, StepChunk] = {}
     started: list[_Request] = []
-    grows: list[tuple[RequestId, tuple[array[int], int], int]] = []  # (id, table, missing)
-    if pool is not None:
-        table_of, page_size, free = pool._table_reader(), pool._page_size, pool.num_free
-    requests, queue = state._requests, state._queue
-    pending = iter(state._started)
-    admitting = False  # past the started requests: admitting from the queue
-    while True:
-        record = next(pending, None)
-        if record is None:
-            # (With no room left no one is admitted; checking first spares the queue a walk.)
-            if not (rows_left and tokens_left):
-                break
-            record, queue = _live_head(requests, queue)
-            if record is None:
-                break
-            admitting = True
-        request_id, length, start, _ = record
-        limit = tokens_left
-        if pool is not None:
-            table = table_of(request_id, _NO_TABLE)
-            room = page_room(start, table[1], free, page_size)
-            limit = room if room < limit else limit
-        size = chunk_size(start, length, chunk_limit(cap, limit, rows_left), page)
-        if admitting:
-            if not admits(size, length - start, len(started), max_partial):
-                break
-            queue = queue.pop()
-            requests = requests.delete(request_id)  # it leaves the queue
-        elif size == 0:  # a started request skipped: no room for it
+    for record in state._started:
+        size = step.size(record, tokens_left, rows_left)
+        if size == 0:  # no room for it in this step
             started.append(record)
             continue
-        end = start + size
-        rows[request_id] = _step_chunk(start, size, end == length)
-        if pool is not None:
-            missing = pool.pages_for(end) - table[1]
-            if missing > 0:
-                grows.append((request_id, table, missing))
-                free -= missing
+        after = _run(rows, record, size, holds)
+        if after is not None:
+            started.append(after)
         tokens_left -= size
         rows_left -= 1
-        if end != length:
-            started.append(_new_record(_Request, (request_id, length, end, True)))
-    if not rows:
-        return _step_plan(_NO_ROWS, state, pool)
-    next_state = state._evolve(
-        requests, queue, tuple(started), state._num_tokens - (tokens - tokens_left), "packed"
-    )
-    if grows:
-        assert pool is not None
-        pool = pool._grown(grows)
-    return _step_plan(_Rows(rows), next_state, pool)
+    requests, queue = state._requests, state._queue
+    # (With no room left no one is admitted; checking first spares the queue a walk.)
+    while rows_left and tokens_left:
+        head, queue = _live_head(requests, queue)
+        if head is None:
+            break
+        size = step.size(head, tokens_left, rows_left)
+        if not admits(size, head.prompt_length - head.position, len(started), max_partial):
+            break
+        queue = queue.pop()
+        requests = requests.delete(head.id)  # it leaves the queue
+        after = _run(rows, head, size, holds)
+        if after is not None:
+            started.append(after)
+        tokens_left -= size
+        rows_left -= 1
+    return step.plan(rows, requests, queue, tuple(started), tokens - tokens_left, "packed")
 
 
 def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> StepPlan[RequestId]:
@@ -802,7 +765,5 @@ def _plan_whole_batch(step: _Step[RequestId]) -> StepPlan[RequestId]:
     state, holds = step.state, step.holds
     rows: dict[RequestId, StepChunk] = {}
     for record in state._in_order():
-        if holds is not None:
-            holds.room(record.id, record.position)  # (reads its table, for the hold)
         _run(rows, record, record.prompt_length - record.position, holds)
     return step.plan(rows, PersistentMap(), state._queue, (), state._num_tokens, "round_robin")

@@ -205,7 +205,7 @@ class PagePool(Frozen, Generic[RequestId]):
                     missing = end - len(run)
                 got = part if got is None else got + part
             if missing:  # then pages never used, in ascending order
-                part = _first_pages(unused + missing)[unused : unused + missing]
+                part = _page_range(unused, unused + missing)
                 unused += missing
                 got = part if got is None else got + part
             assert got is not None, "a grow takes at least one page"
@@ -213,9 +213,10 @@ class PagePool(Frozen, Generic[RequestId]):
             # newest table over its array (nothing past its length), so that a table grows
             # in time in the pages it gets, not in those it has. No other table sees the
             # change, for none reads past its own length. Otherwise (another pool grew this
-            # table first, or a view of the array is held) the table is copied; two threads
-            # growing one table at once both find the array longer than they made it, and
-            # copy.
+            # table first, or a view of the array is held) the table is copied. Two threads
+            # growing one table at once: at most one keeps the array, the other finds it
+            # longer than it made it and copies (an append and a length read are each one
+            # atomic step under the GIL).
             pages, length = table
             if not length:
                 tables[request_id] = (got, len(got))  # (got is an array of its own)
@@ -286,7 +287,6 @@ class PagePool(Frozen, Generic[RequestId]):
                 f"(it has {have}): {self.num_free} of {self._num_pages} are free"
             )
         holds = _Holds(self)
-        holds.room(request_id, 0)  # (reads its table)
         holds.hold(request_id, tokens)
         return holds.pool()
 
@@ -391,10 +391,10 @@ class _Holds(Generic[RequestId]):
     """The page holds of a step being planned on ``pool``, applied at once by :meth:`pool`.
 
     :meth:`room` reads a request's table and the pages still free, :meth:`hold` notes the
-    pages its chunk needs (each request at most once a step, right after its :meth:`room`),
-    and :meth:`pool` makes every noted hold at once (:meth:`PagePool._grown`)."""
+    pages its chunk needs (each request at most once a step), and :meth:`pool` makes every
+    noted hold at once (:meth:`PagePool._grown`)."""
 
-    __slots__ = ("base", "free", "get", "grows", "page_size", "table")
+    __slots__ = ("base", "free", "get", "grows", "page_size")
 
     def __init__(self, pool: PagePool[RequestId]) -> None:
         self.base = pool
@@ -402,18 +402,21 @@ class _Holds(Generic[RequestId]):
         self.page_size = pool._page_size
         self.free = pool.num_free  # kept up to date
         self.grows: list[tuple[RequestId, _Table, int]] = []
-        self.table = _NO_TABLE  # the table :meth:`room` last read
 
     def room(self, request_id: RequestId, position: int) -> int:
         """Tokens ``request_id``, at ``position``, may run with its pages and the free ones
         (:func:`~pypto_sched._policies.page_room`)."""
-        table = self.table = self.get(request_id, _NO_TABLE)
-        return page_room(position, table[1], self.free, self.page_size)
+        return page_room(position, self.get(request_id, _NO_TABLE)[1], self.free, self.page_size)
+
+    def can_hold(self, request_id: RequestId, num_tokens: int) -> bool:
+        """Whether ``request_id``'s pages and the free ones hold ``num_tokens`` tokens of
+        context (:meth:`PagePool.can_hold`, with the holds noted so far)."""
+        return self.room(request_id, 0) >= num_tokens
 
     def hold(self, request_id: RequestId, num_tokens: int) -> None:
-        """Note that ``request_id``, the request :meth:`room` last read, holds ``num_tokens``
-        tokens of context (within its room: the pages are free)."""
-        table = self.table
+        """Note that ``request_id`` holds ``num_tokens`` tokens of context (within its
+        :meth:`room`: the pages are free)."""
+        table = self.get(request_id, _NO_TABLE)
         missing = self.base.pages_for(num_tokens) - table[1]
         if missing > 0:
             self.grows.append((request_id, table, missing))
@@ -424,18 +427,12 @@ class _Holds(Generic[RequestId]):
         return self.base._grown(self.grows) if self.grows else self.base
 
 
-# Pages 0, 1, 2, ... as an array that only grows: the pages never used that a hold takes
-# are a slice of it. (Replaced whole when it grows; a slice taken before stays valid.)
-_FIRST_PAGES: _Pages = array(_PAGE)
-
-
-def _first_pages(count: int) -> _Pages:
-    """An array of at least pages ``0 .. count - 1``, in order."""
-    global _FIRST_PAGES
-    if len(_FIRST_PAGES) < count:
-        size = max(count, 2 * len(_FIRST_PAGES), 1024)
-        _FIRST_PAGES = array(_PAGE, np.arange(size, dtype=np.int32).tobytes())
-    return _FIRST_PAGES
+def _page_range(start: int, stop: int) -> _Pages:
+    """Pages ``start .. stop - 1``, in order. (Built through NumPy past a few pages: from a
+    ``range`` it costs a Python step per page.)"""
+    if stop - start <= 8:
+        return array(_PAGE, range(start, stop))
+    return array(_PAGE, np.arange(start, stop, dtype=np.int32).tobytes())
 
 
 def _restore(
