@@ -660,9 +660,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="report without the target")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
-    if not set(workloads) <= set(WORKLOADS) or args.load <= 0 or args.long_share < 1:
+    if (
+        not set(workloads) <= set(WORKLOADS)
+        or args.load <= 0
+        or args.long_share < 2
+        or (args.requests is not None and args.requests < 2)
+        or (args.rounds is not None and args.rounds < 1)
+    ):
         parser.error(
-            f"--workloads must name some of {WORKLOADS}, --load be above 0, --long-share 1 or more"
+            f"--workloads must name some of {WORKLOADS}, --load be above 0, --long-share 2 or "
+            "more (some prompts short), --requests 2 or more, --rounds 1 or more"
         )
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
     torch.set_num_threads(1)

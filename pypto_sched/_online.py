@@ -545,7 +545,7 @@ def plan_step(
         )
     if pool is not None and not isinstance(pool, PagePool):
         raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
-    num_requests = len(state._requests) + len(state._started)
+    num_requests = len(state)
     if num_requests == 0 or room_tokens == 0 or room_rows == 0:
         return _step_plan(_NO_ROWS, state, pool)
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down

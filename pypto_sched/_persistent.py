@@ -39,8 +39,9 @@ T = TypeVar("T")
 
 class Frozen:
     """Base of the hand-built immutable values (``PrefillState``, ``PagePool``,
-    ``GenerationState``): their slots are set once, with ``object.__setattr__``, by the
-    class's own builders; setting or deleting an attribute afterwards is an error."""
+    ``GenerationState``): their slots are set once, through the slot descriptors (or
+    ``object.__setattr__``), by the class's own builders; setting or deleting an attribute
+    afterwards is an error."""
 
     __slots__ = ()
 

@@ -14,10 +14,11 @@ in the order it got them; once every request has left, every page is free.
 Which page is handed out next is part of the value, so equal pools hand out equal pages: a
 freed page is reused first (last freed, first reused: it is the one most likely still in a
 device cache line), then pages never used, in ascending order. Every operation costs time in
-the pages it touches, not in the pool's size or its number of owners: owners live in a
-persistent map (one dict up to 256 owners), and freed pages in an immutable linked list of
-the tables given back, each reversed, so that a release pushes one table and a hold takes the
-pages it needs from the front of one without copying the rest. A block table is an
+the pages it touches, not in the pool's size, and past 256 owners not in their number:
+owners live in a persistent map (up to 256 owners one dict, which a step copies once), and
+freed pages in an immutable linked list of the tables given back, each reversed, so that a
+release pushes one table and a hold takes the pages it needs from the front of one without
+copying the rest. A block table is an
 ``array('i')`` of 32-bit pages, as kernels take them, and the number of them that are the
 request's: a hold appends the pages it adds to the array in place when no other pool's table
 reaches past that number (the newest table of the request), and copies it otherwise. What
