@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_sched_npu import PagedKVCache
+from pypto_sched_npu._model import last_tokens
 from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
 from pypto_sched_npu.ops._npu_ops import causal_mask
 from pypto_sched_npu.ops._torch_ops import _row_groups
@@ -239,6 +240,57 @@ def test_both_op_paths_agree_on_any_generation_dispatch(
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
     assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
     assert torch.equal(caches[0].layers[0].value, caches[1].layers[0].value)
+
+
+@st.composite
+def _prefill_dispatches(draw: st.DrawFn) -> tuple[Any, Any]:
+    """A dispatch of a chunked prefill (some rows intermediate, some final, some after a
+    cached prefix) and its block tables."""
+    lengths = draw(st.lists(st.integers(1, 300), min_size=1, max_size=4))
+    computed = [draw(st.integers(0, n - 1)) for n in lengths]
+    config = PlannerConfig(
+        max_num_batched_tokens=draw(st.integers(16, 400)),
+        long_prefill_token_threshold=draw(st.sampled_from([8, 64, 512])),
+        policy=draw(st.sampled_from(["round_robin", "packed"])),
+    )
+    schedule = plan_prefill(lengths, config, num_computed_tokens=computed)
+    index = draw(st.integers(0, schedule.num_dispatches - 1))
+    tables = plan_pages(lengths, page_size=128, num_pages=sum(-(-n // 128) for n in lengths))
+    return dispatch_arrays(schedule.dispatch(index), tables), tables
+
+
+@settings(max_examples=25, deadline=None)
+@given(dispatch=_prefill_dispatches())
+def test_final_rows_last_tokens_attend_as_one_token_rows_as_in_their_chunks(
+    dispatch: tuple[Any, Any], fake_npu_module: ModuleType
+) -> None:
+    """What the model's last layer relies on: attending only the final rows' last tokens,
+    as one-token rows (:func:`last_tokens`), gives the rows of the whole dispatch's
+    attention at those tokens, on both paths."""
+    arrays, tables = dispatch
+    last = last_tokens(arrays)
+    finals = np.flatnonzero(arrays.is_final)
+    np.testing.assert_array_equal(last.seq_lens, arrays.seq_lens[finals])
+    np.testing.assert_array_equal(last.positions, arrays.seq_lens[finals] - 1)
+    np.testing.assert_array_equal(
+        last.slot_mapping, [arrays.context_slots(row)[-1] for row in finals]
+    )
+    np.testing.assert_array_equal(last.cu_seqlens, np.arange(finals.size + 1))
+    if not finals.size:
+        return
+    keep = torch.from_numpy(np.array(arrays.logits_indices))
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
+    value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
+    for ops in (TorchOps(), NpuOps(fake_npu_module)):
+        cache = _filled_cache(tables, seed=8)
+        cpu, f32 = torch.device("cpu"), torch.float32
+        whole = ops.attention(arrays, SHAPE, device=cpu, dtype=f32)
+        whole.write_kv(key, value, cache.layers[0])
+        expected = whole.attend(query, cache.layers[0])[keep]
+        kept = ops.attention(last, SHAPE, device=cpu, dtype=f32)
+        got = kept.attend(query[keep], cache.layers[0])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 @given(
