@@ -27,8 +27,8 @@ one new pool is built (``PagePool._grown``). ``round_robin``'s search for a requ
 run behind a head waiting for pages asks the pool's owners first when no page is free
 (nobody else can run then), so a step stuck for pages does not walk the queue.
 
-What is left is the interpreter's work, kept small: ``packed``'s row is sized and added by
-one block of lines that calls only the rule functions and the builders; rows, records,
+What is left is the interpreter's work, kept small: both policies size a row by
+``_Step.size`` (the rule functions) and add it by ``_run``; rows, records,
 states, pools and plans are built through their slots (in a third of the time attrs'
 ``__init__`` takes). In the steady state of a long prefill (the started requests run a
 chunk each and fill the budget again) a step touches only them, never the queue or the map.

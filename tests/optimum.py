@@ -7,6 +7,10 @@ dispatch budget and ``max_num_seqs`` rows; a chunk holds at most ``chunk_cap`` t
 ``packed`` the whole ``max_num_batched_tokens`` for a request that is the only one unfinished;
 a non-final chunk ends on a page boundary; at most ``max_num_partial_prefills`` requests are
 part-way after a dispatch. Exponential: for a handful of short prompts only.
+
+With ``in_order``, only schedules that start the requests in the order given count (a request
+runs its first token in the dispatch of the one before it or later), as ``packed`` and vLLM's
+first-come-first-served admission do.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import itertools
 from pypto_sched import PlannerConfig
 
 
-def optimum(lengths: list[int], config: PlannerConfig) -> int:
-    """The fewest dispatches that run every prompt of ``lengths`` under ``config``'s limits."""
+def optimum(lengths: list[int], config: PlannerConfig, *, in_order: bool = False) -> int:
+    """The fewest dispatches that run every prompt of ``lengths`` under ``config``'s limits
+    (with ``in_order``, starting them in the order given)."""
     budget = config.max_num_batched_tokens
     threshold = config.long_prefill_token_threshold
     cap = budget if threshold is None else min(threshold, budget)
@@ -45,6 +50,10 @@ def optimum(lengths: list[int], config: PlannerConfig) -> int:
                 if sum(size > 0 for size in sizes) > rows:
                     continue
                 after = tuple(d + size for d, size in zip(done, sizes, strict=True))
+                if in_order and any(
+                    later > 0 and earlier == 0 for earlier, later in itertools.pairwise(after)
+                ):
+                    continue
                 limit = config.max_num_partial_prefills
                 if limit is not None and (
                     sum(0 < a < n for a, n in zip(after, lengths, strict=True)) > limit

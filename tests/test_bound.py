@@ -50,6 +50,8 @@ def test_the_lower_bound_never_exceeds_the_optimum_and_no_plan_beats_the_optimum
     best = optimum(lengths, config)
     schedule = plan_prefill(lengths, config)
     assert schedule.lower_bound <= best <= schedule.num_dispatches
+    if config.policy == "packed":  # it starts the requests in arrival order
+        assert best <= optimum(lengths, config, in_order=True) <= schedule.num_dispatches
 
 
 @settings(max_examples=100, deadline=None)
