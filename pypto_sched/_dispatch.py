@@ -104,6 +104,32 @@ class DispatchArrays:
         pages = self.block_tables[row][positions // self.page_size].astype(np.int64)
         return read_only(pages * self.page_size + positions % self.page_size)
 
+    def last_tokens(self) -> DispatchArrays:
+        """The final rows cut down to their last tokens: one-token rows at their contexts'
+        ends (the shape of decode rows), in row order, over the same pages -- the arrays of
+        a dispatch of those tokens alone. A backend whose last layer needs only the tokens
+        whose logits are sampled attends them through these (their keys and values are
+        written by the whole dispatch)."""
+        final, keep = self.is_final, self.logits_indices
+        count = int(keep.size)
+        seq_lens = self.seq_lens[final]
+        width = int(-(-seq_lens.max() // self.page_size)) if count else 0
+        return DispatchArrays(
+            index=self.index,
+            requests=read_only(self.requests[final]),
+            token_starts=read_only(seq_lens - 1),
+            token_ends=read_only(seq_lens),
+            positions=read_only(self.positions[keep]),
+            padded_positions=read_only(self.positions[keep][:, None]),
+            cu_seqlens=read_only(np.arange(count + 1, dtype=np.int32)),
+            seq_lens=read_only(seq_lens),
+            slot_mapping=read_only(self.slot_mapping[keep]),
+            block_tables=read_only(self.block_tables[final, :width]),
+            page_size=self.page_size,
+            is_final=read_only(np.ones(count, dtype=np.bool_)),
+            logits_indices=read_only(np.arange(count, dtype=np.int64)),
+        )
+
     def _row(self, row: object) -> int:
         if isinstance(row, bool) or not isinstance(row, int | np.integer):
             raise InvalidInputError(f"'row' must be an int: {type(row).__name__}")

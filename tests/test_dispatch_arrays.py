@@ -107,6 +107,23 @@ def test_every_array_matches_the_per_token_definition(
 
 
 @given(planned_with_tables())
+def test_last_tokens_are_the_arrays_of_the_final_rows_last_tokens_alone(
+    planned: tuple[Case, BlockTables],
+) -> None:
+    case, blocks = planned
+    for dispatch in case.plan().dispatches:
+        arrays = dispatch_arrays(dispatch, blocks)
+        rows = [(c.request, c.start + c.length - 1, 1, True) for c in dispatch.rows if c.is_final]
+        if not rows:
+            assert arrays.last_tokens().num_rows == 0
+            continue
+        last = arrays.last_tokens()
+        assert last.index == dispatch.index
+        check_against_tokens(last, rows, blocks)
+        np.testing.assert_array_equal(last.positions, arrays.positions[arrays.logits_indices])
+
+
+@given(planned_with_tables())
 def test_arrays_have_kernel_dtypes_and_are_read_only(planned: tuple[Case, BlockTables]) -> None:
     case, blocks = planned
     arrays = dispatch_arrays(case.plan().dispatch(0), blocks)

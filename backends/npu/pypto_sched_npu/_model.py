@@ -7,8 +7,9 @@ The last layer writes every token's K/V but carries only the final rows' last to
 its attention, output and MLP, then the final RMSNorm and the LM head: intermediate chunks
 produce no logits at all, and skip the rest of the last layer. Only those tokens get
 queries there (the q rows of the fused weight), and they attend as one-token rows at their
-contexts' ends (:func:`last_tokens`), the shape of decode rows: a final chunk of 256 tokens
-projects and attends 1 query in the last layer, not 256.
+contexts' ends (``DispatchArrays.last_tokens``), the shape of decode rows: a final chunk of
+256 tokens projects and attends 1 query in the last layer, not 256. (The rotary kernel, which
+takes the queries and keys of the same tokens, still runs over every token there.)
 
 The gate and up weights are stored concatenated (gate first, as ``npu_swiglu`` expects), and
 so are q, k and v: one matmul each instead of two and three.
@@ -16,11 +17,8 @@ so are q, k and v: one matmul each instead of two and three.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import attrs
 import numpy as np
-import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
@@ -31,9 +29,7 @@ from ._kv_cache import LayerKV, PagedKVCache
 from ._loader import Checkpoint
 from .ops import AttentionShape, DispatchAttention, Ops
 
-__all__ = ["LayerWeights", "Qwen3Model", "last_tokens"]
-
-_T = TypeVar("_T", bound=np.generic)
+__all__ = ["LayerWeights", "Qwen3Model"]
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -158,7 +154,7 @@ class Qwen3Model:
         keep = torch.from_numpy(arrays.logits_indices.astype(np.int64)).to(self.device)
         kept = (
             self.ops.attention(
-                last_tokens(arrays), self.attention_shape, device=self.device, dtype=self.dtype
+                arrays.last_tokens(), self.attention_shape, device=self.device, dtype=self.dtype
             )
             if keep.numel()
             else None
@@ -272,31 +268,3 @@ class Qwen3Model:
         x = ops.rms_norm(hidden, weights.post_norm, self.config.rms_norm_eps)
         projected = torch.mm(x, weights.gate_up.t(), out=gate_up[: x.shape[0]])
         return F.linear(ops.swiglu(projected), weights.down).add_(hidden)
-
-
-def last_tokens(arrays: DispatchArrays) -> DispatchArrays:
-    """The final rows of ``arrays`` cut down to their last tokens: one-token rows at their
-    contexts' ends (the shape of decode rows), in row order, over the same pages."""
-    final, keep = arrays.is_final, arrays.logits_indices
-    count = int(keep.size)
-    return DispatchArrays(
-        index=arrays.index,
-        requests=_frozen(arrays.requests[final]),
-        token_starts=_frozen(arrays.token_ends[final] - 1),
-        token_ends=_frozen(arrays.token_ends[final]),
-        positions=_frozen(arrays.positions[keep]),
-        padded_positions=_frozen(arrays.positions[keep][:, None]),
-        cu_seqlens=_frozen(np.arange(count + 1, dtype=np.int32)),
-        seq_lens=_frozen(arrays.seq_lens[final]),
-        slot_mapping=_frozen(arrays.slot_mapping[keep]),
-        block_tables=_frozen(arrays.block_tables[final]),
-        page_size=arrays.page_size,
-        is_final=_frozen(np.ones(count, dtype=np.bool_)),
-        logits_indices=_frozen(np.arange(count, dtype=np.int64)),
-    )
-
-
-def _frozen(array: npt.NDArray[_T]) -> npt.NDArray[_T]:
-    """``array`` made read-only, as :class:`DispatchArrays` holds its arrays."""
-    array.setflags(write=False)
-    return array

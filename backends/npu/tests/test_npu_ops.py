@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from pypto_sched_npu import PagedKVCache
-from pypto_sched_npu._model import last_tokens
 from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
 from pypto_sched_npu.ops._npu_ops import causal_mask
 from pypto_sched_npu.ops._torch_ops import _row_groups
@@ -265,10 +264,10 @@ def test_final_rows_last_tokens_attend_as_one_token_rows_as_in_their_chunks(
     dispatch: tuple[Any, Any], fake_npu_module: ModuleType
 ) -> None:
     """What the model's last layer relies on: attending only the final rows' last tokens,
-    as one-token rows (:func:`last_tokens`), gives the rows of the whole dispatch's
+    as one-token rows (``DispatchArrays.last_tokens``), gives the rows of the whole dispatch's
     attention at those tokens, on both paths."""
     arrays, tables = dispatch
-    last = last_tokens(arrays)
+    last = arrays.last_tokens()
     finals = np.flatnonzero(arrays.is_final)
     np.testing.assert_array_equal(last.seq_lens, arrays.seq_lens[finals])
     np.testing.assert_array_equal(last.positions, arrays.seq_lens[finals] - 1)
