@@ -148,19 +148,8 @@ class Qwen3Model:
             hidden = self._layer(hidden, weights, kv, cos, sin, attention, gate_up)
         if arrays.logits_indices.size == arrays.num_tokens:  # every token is kept (decode)
             return self._layer(hidden, last_weights, last_kv, cos, sin, attention, gate_up)
-        # Past the last layer's K/V only the final rows' last tokens matter: the rest of the
-        # last layer runs on those tokens alone (none at all for intermediate chunks), and
-        # they attend as one-token rows at their contexts' ends.
-        keep = torch.from_numpy(arrays.logits_indices.astype(np.int64)).to(self.device)
-        kept = (
-            self.ops.attention(
-                arrays.last_tokens(), self.attention_shape, device=self.device, dtype=self.dtype
-            )
-            if keep.numel()
-            else None
-        )
         return self._last_layer(
-            hidden, last_weights, last_kv, cos, sin, attention, gate_up, keep=keep, kept=kept
+            hidden, last_weights, last_kv, cos, sin, attention, gate_up, arrays=arrays
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -185,7 +174,7 @@ class Qwen3Model:
         gate_up: torch.Tensor,
     ) -> torch.Tensor:
         """One decoder layer over every token (``gate_up``: the MLP's buffer)."""
-        query = self._write_kv(hidden, weights, kv, cos, sin, attention)
+        query = self._attention_inputs(hidden, weights, kv, cos, sin, attention)
         attended = attention.attend(query, kv).flatten(1)
         return self._output(attended, hidden, weights, gate_up)
 
@@ -199,18 +188,23 @@ class Qwen3Model:
         attention: DispatchAttention,
         gate_up: torch.Tensor,
         *,
-        keep: torch.Tensor,
-        kept: DispatchAttention | None,
+        arrays: DispatchArrays,
     ) -> torch.Tensor:
-        """The last layer: every token's K/V written, then only the ``keep`` tokens attended
-        (through ``kept``, their attention as one-token rows) and carried to the output."""
-        query = self._write_kv(hidden, weights, kv, cos, sin, attention, keep=keep)
-        if kept is None:
+        """The last layer: every token's K/V written, then only the final rows' last tokens
+        (``arrays.logits_indices``, none for intermediate chunks) carried to the output: past
+        the K/V nothing else matters. They attend as one-token rows at their contexts' ends
+        (``arrays.last_tokens()``)."""
+        keep = torch.from_numpy(arrays.logits_indices.astype(np.int64)).to(self.device)
+        query = self._attention_inputs(hidden, weights, kv, cos, sin, attention, keep=keep)
+        if not keep.numel():
             return hidden[keep]
+        kept = self.ops.attention(
+            arrays.last_tokens(), self.attention_shape, device=self.device, dtype=self.dtype
+        )
         attended = kept.attend(query[keep], kv).flatten(1)
         return self._output(attended, hidden[keep], weights, gate_up)
 
-    def _write_kv(
+    def _attention_inputs(
         self,
         hidden: torch.Tensor,
         weights: LayerWeights,
