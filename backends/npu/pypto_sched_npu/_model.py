@@ -17,6 +17,8 @@ so are q, k and v: one matmul each instead of two and three.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import attrs
 import numpy as np
 import torch
@@ -30,6 +32,17 @@ from ._loader import Checkpoint
 from .ops import AttentionShape, DispatchAttention, Ops
 
 __all__ = ["LayerWeights", "Qwen3Model"]
+
+
+class _Pass(NamedTuple):
+    """What every layer of one dispatch shares: its arrays, its tokens' rotary tables, its
+    attention, and the buffer of the MLP's gate/up projection."""
+
+    arrays: DispatchArrays
+    cos: torch.Tensor
+    sin: torch.Tensor
+    attention: DispatchAttention
+    gate_up: torch.Tensor
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -143,14 +156,13 @@ class Qwen3Model:
         # intermediate] tensor a layer costs a 2,048-token dispatch its pages again (the
         # allocator returns such blocks to the system when they are freed).
         gate_up = hidden.new_empty(hidden.shape[0], 2 * self.config.intermediate_size)
+        run = _Pass(arrays, cos, sin, attention, gate_up)
         *early, (last_weights, last_kv) = zip(self.layers, cache.layers, strict=True)
         for weights, kv in early:
-            hidden = self._layer(hidden, weights, kv, cos, sin, attention, gate_up)
+            hidden = self._layer(hidden, weights, kv, run)
         if arrays.logits_indices.size == arrays.num_tokens:  # every token is kept (decode)
-            return self._layer(hidden, last_weights, last_kv, cos, sin, attention, gate_up)
-        return self._last_layer(
-            hidden, last_weights, last_kv, cos, sin, attention, gate_up, arrays=arrays
-        )
+            return self._layer(hidden, last_weights, last_kv, run)
+        return self._last_layer(hidden, last_weights, last_kv, run)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm and LM head: ``[n, hidden]`` -> ``[n, vocab]``."""
@@ -164,54 +176,37 @@ class Qwen3Model:
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
     def _layer(
-        self,
-        hidden: torch.Tensor,
-        weights: LayerWeights,
-        kv: LayerKV,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attention: DispatchAttention,
-        gate_up: torch.Tensor,
+        self, hidden: torch.Tensor, weights: LayerWeights, kv: LayerKV, run: _Pass
     ) -> torch.Tensor:
-        """One decoder layer over every token (``gate_up``: the MLP's buffer)."""
-        query = self._attention_inputs(hidden, weights, kv, cos, sin, attention)
-        attended = attention.attend(query, kv).flatten(1)
-        return self._output(attended, hidden, weights, gate_up)
+        """One decoder layer over every token."""
+        query = self._attention_inputs(hidden, weights, kv, run)
+        attended = run.attention.attend(query, kv).flatten(1)
+        return self._output(attended, hidden, weights, run.gate_up)
 
     def _last_layer(
-        self,
-        hidden: torch.Tensor,
-        weights: LayerWeights,
-        kv: LayerKV,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attention: DispatchAttention,
-        gate_up: torch.Tensor,
-        *,
-        arrays: DispatchArrays,
+        self, hidden: torch.Tensor, weights: LayerWeights, kv: LayerKV, run: _Pass
     ) -> torch.Tensor:
         """The last layer: every token's K/V written, then only the final rows' last tokens
         (``arrays.logits_indices``, none for intermediate chunks) carried to the output: past
         the K/V nothing else matters. They attend as one-token rows at their contexts' ends
         (``arrays.last_tokens()``)."""
+        arrays = run.arrays
         keep = torch.from_numpy(arrays.logits_indices.astype(np.int64)).to(self.device)
-        query = self._attention_inputs(hidden, weights, kv, cos, sin, attention, keep=keep)
+        query = self._attention_inputs(hidden, weights, kv, run, keep=keep)
         if not keep.numel():
             return hidden[keep]
         kept = self.ops.attention(
             arrays.last_tokens(), self.attention_shape, device=self.device, dtype=self.dtype
         )
         attended = kept.attend(query[keep], kv).flatten(1)
-        return self._output(attended, hidden[keep], weights, gate_up)
+        return self._output(attended, hidden[keep], weights, run.gate_up)
 
     def _attention_inputs(
         self,
         hidden: torch.Tensor,
         weights: LayerWeights,
         kv: LayerKV,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attention: DispatchAttention,
+        run: _Pass,
         *,
         keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -244,8 +239,8 @@ class Qwen3Model:
         key = ops.rms_norm(
             key.reshape(tokens, config.num_key_value_heads, dim), weights.k_norm, eps
         )
-        query, key = ops.rotary(query, key, cos, sin)
-        attention.write_kv(key, value.reshape(tokens, config.num_key_value_heads, dim), kv)
+        query, key = ops.rotary(query, key, run.cos, run.sin)
+        run.attention.write_kv(key, value.reshape(tokens, config.num_key_value_heads, dim), kv)
         return query
 
     def _output(
