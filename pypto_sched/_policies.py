@@ -594,16 +594,15 @@ class _PackedPlanner:
         """Fill dispatches in order until every request has run.
 
         This is the hot loop: its work is per dispatch and per request, never per steady
-        row. The state it touches on every request is held in local variables; rarer paths
-        (shrinking ``steady``, serving the tail) are methods.
+        row. The state it touches on every dispatch is held in local variables; starting a
+        request and the rarer paths (shrinking ``steady``, serving the tail) are methods.
         """
         lengths, position = self.lengths, self.position
         steady, due_at, tail = self.steady, self.due_at, self.tail
         budget, cap, page, step = self.budget, self.cap, self.page, self.step
         max_rows, max_partial, n = self.max_rows, self.max_partial, self.n
-        first, first_steps, first_last = self.first, self.first_steps, self.first_last
-        first_ends, admits_all = self.first_ends, self.admits_all
-        write, join = self.runs.extend, self._join_steady
+        first, first_ends, admits_all = self.first, self.first_ends, self.admits_all
+        start_new = self._start_new
         d = 0  # the dispatch being filled
         new = 0  # the first request not started
         while steady or tail or new < n:
@@ -643,15 +642,7 @@ class _PackedPlanner:
                     left -= first_ends[stop] - first_ends[r]
                     rows += stop - r
                     for q in range(r, stop):
-                        start, size = position[q], first[q]
-                        if size == lengths[q] - start:  # the whole prefill
-                            write((d, 1, q, start, size, size))
-                        elif all_steady:
-                            join(q, d, start, size, first_steps[q], first_last[q])
-                        else:
-                            write((d, 1, q, start, size, size))
-                            position[q] = start + size
-                            tail.append(q)
+                        start_new(q, d, first[q], all_steady)
                     r = stop
                     continue
                 start, length = position[r], lengths[r]
@@ -661,20 +652,34 @@ class _PackedPlanner:
                     break
                 left -= size
                 rows += 1
-                if size == remaining:  # the whole prefill
-                    write((d, 1, r, start, size, size))
-                elif all_steady:
+                if size < remaining:
                     partial += 1
-                    join(r, d, start, size, *_steady_run(remaining - size, cap, step))
-                else:
-                    partial += 1
-                    write((d, 1, r, start, size, size))
-                    position[r] = start + size
-                    tail.append(r)
+                start_new(r, d, size, all_steady)
                 r += 1
             new = r
             d += 1
         self.num_dispatches = d
+
+    def _start_new(self, r: int, d: int, size: int, all_steady: bool) -> None:
+        """Run the first chunk of new request ``r``, ``size`` tokens, in dispatch ``d``: its
+        whole prefill, or a part-way chunk after which it joins ``steady`` when
+        ``all_steady`` (every request before it is), else the tail."""
+        start = self.position[r]
+        remaining = self.lengths[r] - start
+        if size == remaining:
+            self.runs.extend((d, 1, r, start, size, size))
+        elif all_steady:
+            # (Its steady run after its first chunk with a whole cap is known in advance.)
+            steps, last = (
+                (self.first_steps[r], self.first_last[r])
+                if size == self.first[r]
+                else _steady_run(remaining - size, self.cap, self.step)
+            )
+            self._join_steady(r, d, start, size, steps, last)
+        else:
+            self.runs.extend((d, 1, r, start, size, size))
+            self.position[r] = start + size
+            self.tail.append(r)
 
     def _shrink_steady(self, d: int, due_now: list[int], demand: int) -> int:
         """Move steady requests from the end to the front of the tail until the rest fit
