@@ -49,14 +49,19 @@ from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestErr
 from ._persistent import Frozen, PersistentMap, PersistentQueue
 from ._policies import (
     admits,
+    bound_of,
     check_num_computed_tokens,
     chunk_limit,
     chunk_size,
     computed_tokens_error,
+    deadline_minimums,
+    fill_sizes,
     fits_one_dispatch,
     leaves_tokens_to_prefill,
+    plans_to_the_bound,
     prefill_room,
     request_cap,
+    surely_keeps_to_the_bound,
 )
 from ._pool import PagePool, _Holds
 from ._validate import MAX_TOKENS, as_count_array, check_int
@@ -136,7 +141,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
     mappings, states are not hashable.
     """
 
-    __slots__ = ("_num_tokens", "_policy", "_queue", "_requests", "_started")
+    __slots__ = ("_longest", "_num_tokens", "_policy", "_queue", "_requests", "_started")
 
     #: Every request in the queue, by id. An entry of the queue is live only while this
     #: map holds that very record.
@@ -149,11 +154,14 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
     _num_tokens: int
     #: The policy of the run in progress (see :attr:`policy`).
     _policy: Policy | None
+    #: At least the tokens left to any request in the queue (the most any had when it was
+    #: queued, until the queue empties): ``packed``'s quick test for keeping to the bound.
+    _longest: int
 
     def __init__(self: PrefillState[Any]) -> None:
         # `self: PrefillState[Any]` types a bare `PrefillState()` as taking any ids; annotate
         # the variable (`state: PrefillState[str] = PrefillState()`) to narrow them.
-        self._init(PersistentMap(), PersistentQueue(), (), 0, None)
+        self._init(PersistentMap(), PersistentQueue(), (), 0, None, 0)
 
     def _init(
         self,
@@ -162,15 +170,19 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         started: tuple[_Request, ...],
         num_tokens: int,
         policy: Policy | None,
+        longest: int,
     ) -> None:
-        if not requests and not started:  # drained: the run is over
-            queue, policy = _NO_QUEUE, None
+        if not requests:  # nobody queued
+            longest = 0
+            if not started:  # drained: the run is over
+                queue, policy = _NO_QUEUE, None
         # (Through the slots' descriptors: a state is built on every planned step.)
         _set_requests(self, requests)
         _set_queue(self, queue)
         _set_started(self, started)
         _set_num_tokens(self, num_tokens)
         _set_policy(self, policy)
+        _set_longest(self, longest)
 
     def _evolve(
         self,
@@ -179,10 +191,19 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         started: tuple[_Request, ...],
         num_tokens: int,
         policy: Policy | None,
+        longest: int | None = None,
     ) -> PrefillState[RequestId]:
-        """A new state made of these parts (this one is not changed)."""
+        """A new state made of these parts (this one is not changed); ``longest`` defaults
+        to this state's (no request joined the queue)."""
         new: PrefillState[RequestId] = object.__new__(PrefillState)
-        new._init(requests, queue, started, num_tokens, policy)
+        new._init(
+            requests,
+            queue,
+            started,
+            num_tokens,
+            policy,
+            self._longest if longest is None else longest,
+        )
         return new
 
     # -- named constructor -------------------------------------------------------------------
@@ -243,6 +264,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             self._started,
             self._num_tokens + length - cached,
             self._policy,
+            max(self._longest, length - cached),
         )
 
     def remove(self, request_id: RequestId) -> PrefillState[RequestId]:
@@ -430,6 +452,7 @@ _set_queue = PrefillState.__dict__["_queue"].__set__
 _set_started = PrefillState.__dict__["_started"].__set__
 _set_num_tokens = PrefillState.__dict__["_num_tokens"].__set__
 _set_policy = PrefillState.__dict__["_policy"].__set__
+_set_longest = PrefillState.__dict__["_longest"].__set__
 _NO_QUEUE: PersistentQueue[Any] = PersistentQueue()
 
 
@@ -444,7 +467,8 @@ def _restore(
     for record in queued:
         requests = requests.set(record.id, record)
         queue = queue.push(record)
-    return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
+    longest = max((record.prompt_length - record.position for record in queued), default=0)
+    return PrefillState()._evolve(requests, queue, started, num_tokens, policy, longest)
 
 
 def _check_hashable(request_id: object) -> None:
@@ -551,7 +575,11 @@ def plan_step(
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     cap = request_cap(config, num_requests, reserved_tokens, reserved_rows)
     page = config.page_size or 1
-    step = _Step(state, None if pool is None else _Holds(pool), cap, page)
+    # The dispatch keeps to the bound when it has the whole budget (see _keep_to_the_bound).
+    to_bound = (
+        config if num_requests > 1 and reserved_tokens == 0 and plans_to_the_bound(config) else None
+    )
+    step = _Step(state, None if pool is None else _Holds(pool), cap, page, to_bound)
     if config.policy == "packed":
         return _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
     return _plan_round_robin(step, room_tokens, rows)
@@ -596,6 +624,8 @@ class _Step(NamedTuple, Generic[RequestId]):
     cap: int
     #: Chunks end on multiples of it (1: anywhere).
     page: int
+    #: The config, when ``packed`` keeps this dispatch to the bound; else ``None``.
+    to_bound: PlannerConfig | None
 
     def size(self, record: _Request, tokens_left: int, rows_left: int) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
@@ -688,7 +718,68 @@ def _plan_packed(
             started.append(after)
         tokens_left -= size
         rows_left -= 1
+    config = step.to_bound
+    if config is not None and not surely_keeps_to_the_bound(
+        tokens_left == 0,
+        state._num_tokens,
+        max(state._longest, max((r.prompt_length - r.position for r in state._started), default=0)),
+        config,
+    ):
+        kept = _keep_to_the_bound(step, config, rows, tokens)
+        if kept is not None:
+            return kept
     return step.plan(rows, requests, queue, tuple(started), tokens - tokens_left, "packed")
+
+
+def _keep_to_the_bound(
+    step: _Step[RequestId], config: PlannerConfig, greedy: dict[RequestId, StepChunk], tokens: int
+) -> StepPlan[RequestId] | None:
+    """The step's plan when the ``greedy`` rows would leave more than the bound less one
+    dispatch: every request runs at least its :func:`deadline_minimums`, the rest of the
+    budget first come, first served (:func:`fill_sizes`). ``None``: the greedy rows stand
+    (they keep to the bound, no in-order dispatch does, or a pool lacks the pages)."""
+    state = step.state
+    records = list(state._in_order())
+    remaining = [record.prompt_length - record.position for record in records]
+    bound = bound_of(remaining, config)
+    ran = [greedy[record.id].length if record.id in greedy else 0 for record in records]
+    if bound_of([r - size for r, size in zip(remaining, ran, strict=True)], config) < bound:
+        return None
+    num_started = len(state._started)
+    minimums = deadline_minimums(remaining, num_started, bound, config)
+    if minimums is None:
+        return None
+    sizes = fill_sizes(remaining, minimums, step.cap, tokens)
+    if bound_of([r - size for r, size in zip(remaining, sizes, strict=True)], config) >= bound:
+        return None
+    holds = None if step.holds is None else _Holds(step.holds.base)
+    step = step._replace(holds=holds)
+    rows: dict[RequestId, StepChunk] = {}
+    started: list[_Request] = []
+    for record, size in zip(records[:num_started], sizes, strict=False):
+        if holds is not None and size > holds.room(record.id, record.position):
+            return None
+        after = _run(rows, record, size, holds) if size else record
+        if after is not None:
+            started.append(after)
+    # The waiting requests that run are the first ones in the queue: one that must start
+    # has a run before it (deadline_minimums), and the budget is handed out in order.
+    requests, queue = state._requests, state._queue
+    for size in sizes[num_started:]:
+        if not size:
+            break
+        head, queue = _live_head(requests, queue)
+        assert head is not None  # (a record of the walk above)
+        if holds is not None and size > holds.room(head.id, head.position):
+            return None
+        if not admits(size, head.prompt_length - head.position, len(started), None):
+            return None
+        queue = queue.pop()
+        requests = requests.delete(head.id)
+        after = _run(rows, head, size, holds)
+        if after is not None:
+            started.append(after)
+    return step.plan(rows, requests, queue, tuple(started), sum(sizes), "packed")
 
 
 def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> StepPlan[RequestId]:

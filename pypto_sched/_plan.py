@@ -13,8 +13,16 @@ import numpy.typing as npt
 
 from ._config import PlannerConfig
 from ._errors import InvalidInputError
-from ._policies import check_num_computed_tokens, plan_rows
-from ._schedule import Schedule
+from ._online import PrefillState, _Request, _restore, plan_step
+from ._policies import (
+    IntArray,
+    Rows,
+    check_num_computed_tokens,
+    plan_rows,
+    plans_to_the_bound,
+    surely_keeps_to_the_bound,
+)
+from ._schedule import Schedule, lower_bound
 from ._validate import as_count_array, read_only
 
 __all__ = ["plan_one_shot", "plan_prefill"]
@@ -37,7 +45,10 @@ def plan_prefill(
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
     computed = check_num_computed_tokens(num_computed_tokens, lengths)
-    offsets, requests, starts, sizes, final = plan_rows(lengths, computed, config)
+    rows = plan_rows(lengths, computed, config)
+    if plans_to_the_bound(config):
+        rows = _keep_to_the_bound(lengths, computed, config, rows)
+    offsets, requests, starts, sizes, final = rows
     return Schedule(
         config=config,
         prompt_lengths=lengths,
@@ -65,4 +76,52 @@ def plan_one_shot(
     budget = max(int((lengths - computed).sum()), 1)
     return plan_prefill(
         lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
+    )
+
+
+def _keep_to_the_bound(
+    lengths: IntArray, computed: IntArray, config: PlannerConfig, greedy: Rows
+) -> Rows:
+    """``packed``'s rows kept to the bound (``_policies.py``, *Keeping to the bound*), from
+    its ``greedy`` rows: they stand up to the first dispatch that does not surely keep to the
+    bound (:func:`surely_keeps_to_the_bound`), and the rest is planned step by step, as
+    :func:`plan_step` plans it, from the state before that dispatch."""
+    offsets, requests, starts, sizes, final = greedy
+    remaining = lengths - computed
+    num = offsets.size - 1
+    if num <= lower_bound(remaining, config):
+        return greedy
+    # Before each dispatch: the tokens left, and the most any unfinished request had.
+    tokens = np.add.reduceat(sizes.astype(np.int64), offsets[:-1])
+    left = int(remaining.sum()) - np.concatenate(([0], np.cumsum(tokens)[:-1]))
+    dispatch_of = np.repeat(np.arange(num), np.diff(offsets))
+    finishing = np.zeros(num, dtype=np.int64)
+    np.maximum.at(finishing, dispatch_of[final], remaining[requests[final]])
+    longest = np.maximum.accumulate(finishing[::-1])[::-1]
+    sure = surely_keeps_to_the_bound(tokens == config.max_num_batched_tokens, left, longest, config)
+    first = int(np.argmin(sure))  # one is not sure, since the greedy rows miss the bound
+    done = int(offsets[first])
+    position = computed.copy()
+    np.add.at(position, requests[:done], sizes[:done])
+    started: list[_Request] = []
+    queued: list[_Request] = []
+    for r in np.flatnonzero(position < lengths).tolist():
+        at = int(position[r])
+        record = _Request(r, int(lengths[r]), at, at > computed[r])
+        (started if record.started else queued).append(record)
+    state: PrefillState[int] = _restore(tuple(started), tuple(queued), int(left[first]), "packed")
+    rows: list[tuple[int, int, int, bool]] = []
+    ends = list(offsets[: first + 1].tolist())
+    while len(state):
+        plan = plan_step(state, config)
+        rows.extend((r, c.start, c.length, c.is_final) for r, c in plan.rows.items())
+        ends.append(done + len(rows))
+        state = plan.state
+    tail = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    return (
+        np.array(ends, dtype=np.int64),
+        np.concatenate((requests[:done], tail[:, 0].astype(np.int32))),
+        np.concatenate((starts[:done], tail[:, 1].astype(np.int32))),
+        np.concatenate((sizes[:done], tail[:, 2].astype(np.int32))),
+        np.concatenate((final[:done], tail[:, 3].astype(np.bool_))),
     )

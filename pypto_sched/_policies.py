@@ -226,8 +226,9 @@ the floor of copying the schedule's arrays once.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -385,6 +386,130 @@ def admits(size: int, remaining: int, num_partial: int, max_partial: int | None)
     if size <= 0:
         return False
     return size == remaining or max_partial is None or num_partial < max_partial
+
+
+def dispatch_bound(total: int, first: int, second: int, count: int, config: PlannerConfig) -> int:
+    """The fewest dispatches any schedule within ``config``'s limits could take for ``count``
+    requests with ``total`` tokens to prefill, the two most left to one request being
+    ``first >= second`` (``second`` is 0 for one request): :attr:`Schedule.lower_bound`.
+
+    The largest of: the requests over ``max_num_seqs``; the tokens over what a dispatch holds
+    (the budget, and each row at most the cap); the dispatches the longest request needs
+    under its cap. Under ``packed`` only the longest request may run alone, with the whole
+    budget, and it runs at most ``chunk_cap`` a dispatch while the second longest is
+    unfinished.
+    """
+    budget, cap, rows = config.max_num_batched_tokens, config.chunk_cap, config.max_num_seqs
+    lone = request_cap(config, 1, 0, 0)
+    # The most tokens a dispatch holds while a request is not alone.
+    shared = budget if rows is None else min(budget, rows * cap)
+    if lone == cap:
+        tokens = -(-total // shared)
+    else:  # only the longest may run alone, the others' tokens run shared
+        tokens = -(-((total - first) * lone + first * shared) // (shared * lone))
+    if count == 1:
+        longest = -(-first // lone)
+    elif lone == cap:
+        longest = -(-first // cap)
+    else:  # capped while the second longest is unfinished, alone after
+        together = -(-second // cap)
+        longest = together + -(-max(first - together * cap, 0) // lone)
+    bound = tokens if tokens > longest else longest
+    if rows is not None:
+        bound = max(bound, -(-count // rows))
+    return bound
+
+
+def bound_of(remaining: Sequence[int], config: PlannerConfig) -> int:
+    """:func:`dispatch_bound` of requests with ``remaining`` tokens each (0: finished, not
+    counted); 0 when nothing is left."""
+    left = [r for r in remaining if r > 0]
+    if not left:
+        return 0
+    first, second = heapq.nlargest(2, left) if len(left) > 1 else (left[0], 0)
+    return dispatch_bound(sum(left), first, second, len(left), config)
+
+
+def plans_to_the_bound(config: PlannerConfig) -> bool:
+    """Whether ``packed`` keeps its dispatches to the lower bound (*Keeping to the bound* in
+    the header): without ``page_size``, ``max_num_seqs`` and ``max_num_partial_prefills``,
+    where every request may run any amount up to its cap in any dispatch."""
+    return (
+        config.policy == "packed"
+        and config.page_size is None
+        and config.max_num_seqs is None
+        and config.max_num_partial_prefills is None
+    )
+
+
+def surely_keeps_to_the_bound(filled: Any, total: Any, longest: Any, config: PlannerConfig) -> Any:
+    """A quick sufficient test that a greedy dispatch keeps to the bound: it ``filled`` the
+    whole budget, from a state with ``total`` tokens left of which no request has more than
+    ``longest``, and ``longest`` is at most ``(ceil(total / budget) - 1) * chunk_cap``.
+
+    (The bound was at least ``ceil(total / budget)``; after a full dispatch the tokens need
+    one dispatch fewer, and no request needs more under its cap.) Elementwise on arrays.
+    """
+    budget = config.max_num_batched_tokens
+    return filled & (longest <= (-(-total // budget) - 1) * config.chunk_cap)
+
+
+def deadline_minimums(
+    remaining: Sequence[int], num_started: int, dispatches: int, config: PlannerConfig
+) -> list[int] | None:
+    """The fewest tokens each request must run in this dispatch so that the ones after it
+    can finish in ``dispatches - 1``, for requests with ``remaining`` tokens each in fill
+    order (the ``num_started`` started ones first), ``dispatches`` being their bound;
+    ``None`` if no dispatch that starts requests in order can (see *Keeping to the bound*).
+
+    The longest request (the youngest of equals) is the one that may be left alone; for
+    ``k`` dispatches after this one it shares them, then runs with the whole budget, and
+    every other request must be done within those ``k``. Of the two ``k`` that matter -- the
+    fewest dispatches the second longest needs capped, and one fewer -- the one needing the
+    fewest tokens now is taken; a waiting request before one that must start runs a token.
+    """
+    budget, cap = config.max_num_batched_tokens, config.chunk_cap
+    after = dispatches - 1
+    longest = max(range(len(remaining)), key=lambda j: (remaining[j], j))
+    second = max((r for j, r in enumerate(remaining) if j != longest), default=0)
+    best: list[int] | None = None
+    best_total = 0
+    shared = min(-(-second // cap), after)
+    for k in (shared, shared - 1):
+        if k < 0:
+            continue
+        minimums = [r - k * cap if r > k * cap else 0 for r in remaining]
+        alone = remaining[longest] - k * cap - (after - k) * budget
+        minimums[longest] = alone if alone > 0 else 0
+        if any(m > cap or m > r for m, r in zip(minimums, remaining, strict=True)):
+            continue
+        last = max((j for j in range(num_started, len(remaining)) if minimums[j]), default=0)
+        for j in range(num_started, last):
+            if not minimums[j]:
+                minimums[j] = 1
+        total = sum(minimums)
+        if total <= budget and (best is None or total < best_total):
+            best, best_total = minimums, total
+    return best
+
+
+def fill_sizes(
+    remaining: Sequence[int], minimums: Sequence[int], cap: int, budget: int
+) -> list[int]:
+    """The chunk of each request, in fill order, when each runs at least its minimum and the
+    budget those leave goes first come, first served: each request up to ``min(remaining,
+    cap)``. (All minimums zero: ``packed``'s greedy fill without limits.)"""
+    free = budget - sum(minimums)
+    sizes = list(minimums)
+    for j, r in enumerate(remaining):
+        most = r if r < cap else cap
+        extra = most - sizes[j]
+        if extra > free:
+            extra = free
+        if extra > 0:
+            sizes[j] += extra
+            free -= extra
+    return sizes
 
 
 def fits_one_dispatch(

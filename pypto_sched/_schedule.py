@@ -26,7 +26,7 @@ from ._check import check_schedule
 from ._config import PlannerConfig
 from ._errors import InvalidConfigError, InvalidScheduleError
 from ._json import load_json
-from ._policies import request_cap
+from ._policies import dispatch_bound
 from ._stats import ScheduleStats
 from ._validate import MAX_TOKENS, read_only
 
@@ -398,28 +398,10 @@ class Schedule:
 def lower_bound(remaining: IntArray, config: PlannerConfig) -> int:
     """Fewest dispatches for requests with ``remaining`` tokens each under ``config`` (see
     :attr:`Schedule.lower_bound`)."""
-    total, first = int(remaining.sum()), int(remaining.max())
-    budget, cap, rows = config.max_num_batched_tokens, config.chunk_cap, config.max_num_seqs
-    lone = request_cap(config, 1, 0, 0)
-    # The most tokens a dispatch holds while a request is not alone: the budget, and each row
-    # at most the cap.
-    shared = budget if rows is None else min(budget, rows * cap)
-    if lone == cap:
-        tokens = -(-total // shared)
-    else:  # only the longest may run alone, the others' tokens run shared
-        tokens = -(-((total - first) * lone + first * shared) // (shared * lone))
-    if remaining.size == 1:
-        longest = -(-first // lone)
-    elif lone == cap:
-        longest = -(-first // cap)
-    else:  # capped while the second longest is unfinished, alone after
-        second = int(np.partition(remaining, -2)[-2])
-        together = -(-second // cap)
-        longest = together + -(-max(first - together * cap, 0) // lone)
-    bound = max(tokens, longest)
-    if rows is not None:
-        bound = max(bound, -(-remaining.size // rows))
-    return bound
+    second = int(np.partition(remaining, -2)[-2]) if remaining.size > 1 else 0
+    return dispatch_bound(
+        int(remaining.sum()), int(remaining.max()), second, remaining.size, config
+    )
 
 
 def _int_list(name: str, values: object, *, min_value: int) -> list[int]:

@@ -13,11 +13,24 @@ Row = tuple[int, int, int, bool]
 
 
 def oracle_plan(
-    lengths: list[int], config: PlannerConfig, computed: list[int] | None = None
+    lengths: list[int],
+    config: PlannerConfig,
+    computed: list[int] | None = None,
+    *,
+    greedy: bool = False,
 ) -> list[list[Row]]:
+    """The plan of ``config``'s policy; with ``greedy``, ``packed`` only ever fills greedily
+    (vLLM V1's rule), never keeping to the bound."""
     position = list(computed) if computed is not None else [0] * len(lengths)
     if config.policy == "round_robin":
         return _round_robin(lengths, position, config)
+    if (
+        not greedy
+        and config.page_size is None
+        and config.max_num_seqs is None
+        and (config.max_num_partial_prefills is None)
+    ):
+        return _packed_to_the_bound(lengths, position, config)
     return _packed(lengths, position, config)
 
 
@@ -88,3 +101,87 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
                 started.append(r)
         dispatches.append(rows)
     return dispatches
+
+
+def _packed_to_the_bound(
+    lengths: list[int], position: list[int], config: PlannerConfig
+) -> list[list[Row]]:
+    """``packed`` without pages or row and partial limits: the greedy fill, unless it would
+    leave more than the bound less one dispatch; then each request first gets the least it
+    must run now (the docs' deadline minimums), the rest of the budget first come, first
+    served."""
+    budget = config.max_num_batched_tokens
+    cap = min(budget, config.long_prefill_token_threshold or budget)
+    started: list[int] = []
+    dispatches: list[list[Row]] = []
+    while any(p < n for p, n in zip(position, lengths, strict=True)):
+        started = [r for r in started if position[r] < lengths[r]]
+        waiting = [r for r in range(len(lengths)) if position[r] < lengths[r] and r not in started]
+        order = started + waiting
+        left = [lengths[r] - position[r] for r in order]
+        own_cap = budget if len(order) == 1 else cap
+        sizes = _fill(left, [0] * len(order), own_cap, budget)
+        if len(order) > 1:
+            bound = _bound(left, budget, cap)
+            if _bound(_minus(left, sizes), budget, cap) > bound - 1:
+                least = _least(left, len(started), bound, budget, cap)
+                if least is not None:
+                    kept = _fill(left, least, own_cap, budget)
+                    if _bound(_minus(left, kept), budget, cap) <= bound - 1:
+                        sizes = kept
+        rows: list[Row] = []
+        for r, size in zip(order, sizes, strict=True):
+            if size:
+                rows.append((r, position[r], size, position[r] + size == lengths[r]))
+                position[r] += size
+                if r not in started:
+                    started.append(r)
+        dispatches.append(rows)
+    return dispatches
+
+
+def _minus(left: list[int], sizes: list[int]) -> list[int]:
+    return [a - b for a, b in zip(left, sizes, strict=True)]
+
+
+def _fill(left: list[int], least: list[int], cap: int, budget: int) -> list[int]:
+    free = budget - sum(least)
+    sizes = list(least)
+    for j, tokens in enumerate(left):
+        more = min(min(tokens, cap) - sizes[j], free)
+        if more > 0:
+            sizes[j] += more
+            free -= more
+    return sizes
+
+
+def _bound(left: list[int], budget: int, cap: int) -> int:
+    """The docs' lower bound under ``packed`` without row limits (0: nothing left)."""
+    rest = sorted((t for t in left if t > 0), reverse=True)
+    if not rest:
+        return 0
+    tokens = -(-sum(rest) // budget)
+    if len(rest) == 1:
+        return max(tokens, -(-rest[0] // budget))
+    k = -(-rest[1] // cap)
+    return max(tokens, k + -(-max(rest[0] - k * cap, 0) // budget))
+
+
+def _least(
+    left: list[int], num_started: int, bound: int, budget: int, cap: int
+) -> list[int] | None:
+    """The docs' deadline minimums, trying every ``k``: the fewest tokens in all (of equals,
+    the largest ``k``)."""
+    longest = max(range(len(left)), key=lambda j: (left[j], j))
+    best: list[int] | None = None
+    for k in range(bound - 1, -1, -1):
+        least = [max(t - k * cap, 0) for t in left]
+        least[longest] = max(left[longest] - k * cap - (bound - 1 - k) * budget, 0)
+        if any(m > min(t, cap) for m, t in zip(least, left, strict=True)):
+            continue
+        must = [j for j in range(num_started, len(left)) if least[j]]
+        for j in range(num_started, max(must, default=0)):
+            least[j] = max(least[j], 1)
+        if sum(least) <= budget and (best is None or sum(least) < sum(best)):
+            best = least
+    return best

@@ -11,6 +11,7 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from optimum import optimum
+from oracle import oracle_plan
 
 from pypto_sched import POLICIES, PlannerConfig, Policy, plan_prefill
 
@@ -64,3 +65,32 @@ def test_without_pages_or_row_limits_the_packed_bound_is_reached_by_some_schedul
     # the slack of a plan over it is the policy's, not the bound's.
     lengths, config = case
     assert optimum(lengths, config) == plan_prefill(lengths, config).lower_bound
+
+
+@settings(max_examples=150, deadline=None)
+@given(small_cases(limits=False, policies=("packed",)))
+@example(([8, 10], PlannerConfig(max_num_batched_tokens=9, long_prefill_token_threshold=6)))
+def test_without_limits_packed_takes_the_fewest_dispatches_of_any_in_order_schedule(
+    case: tuple[list[int], PlannerConfig],
+) -> None:
+    # Keeping to the bound: where an in-order schedule reaches the bound, packed does; and
+    # where none does, packed still takes the fewest of those schedules.
+    lengths, config = case
+    config = PlannerConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        policy="packed",
+    )
+    assert plan_prefill(lengths, config).num_dispatches == optimum(lengths, config, in_order=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_cases(policies=("packed",)))
+def test_packed_never_takes_more_dispatches_than_the_greedy_fill(
+    case: tuple[list[int], PlannerConfig],
+) -> None:
+    # The greedy fill is vLLM V1's schedule; keeping to the bound only ever saves dispatches.
+    lengths, config = case
+    assert plan_prefill(lengths, config).num_dispatches <= len(
+        oracle_plan(lengths, config, greedy=True)
+    )

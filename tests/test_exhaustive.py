@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+from optimum import optimum
 from oracle import oracle_plan
 from test_planner import tiny_configs
 
@@ -52,3 +53,20 @@ def test_stepping_with_a_pool_that_holds_everything_matches_the_oracle() -> None
                 lengths,
                 config,
             )
+
+
+def test_without_limits_packed_takes_the_in_order_optimum_on_every_tiny_input() -> None:
+    # Every batch of up to 3 prompts of up to 5 tokens, every budget up to 6 and threshold.
+    for budget in range(1, 7):
+        for threshold in (None, *range(1, budget)):
+            config = PlannerConfig(
+                max_num_batched_tokens=budget,
+                long_prefill_token_threshold=threshold,
+                policy="packed",
+            )
+            for lengths in BATCHES:
+                taken = len(drain(lengths, config, pool=None))
+                greedy = len(oracle_plan(lengths, config, greedy=True))
+                assert taken <= greedy, (lengths, config)
+                best = optimum(lengths, config, in_order=True)
+                assert taken == best, (lengths, config, taken, best)

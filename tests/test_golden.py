@@ -164,8 +164,10 @@ def test_round_robin_page_rounding_from_an_unaligned_prefix_hit() -> None:
 
 
 def test_packed_started_requests_go_first_and_newcomers_fill_the_rest() -> None:
+    # (With a row limit packed fills greedily; see the next test for the same prompts
+    # without one.)
     config = PlannerConfig(
-        max_num_batched_tokens=10, long_prefill_token_threshold=6, policy="packed"
+        max_num_batched_tokens=10, long_prefill_token_threshold=6, max_num_seqs=3, policy="packed"
     )
     schedule = plan_prefill([8, 3, 9], config)
     assert rows_of(schedule) == [
@@ -173,6 +175,21 @@ def test_packed_started_requests_go_first_and_newcomers_fill_the_rest() -> None:
         [(0, 6, 2, True), (2, 1, 6, False)],
         [(2, 7, 2, True)],
     ]
+    assert schedule.lower_bound == 2
+
+
+def test_packed_keeps_to_the_bound_where_the_greedy_fill_would_not() -> None:
+    # Greedy, request 2 would start with 1 token and need 6 + 2 more: 3 dispatches. Its
+    # deadline minimum makes it start with 3, and the bound, 2, is met.
+    config = PlannerConfig(
+        max_num_batched_tokens=10, long_prefill_token_threshold=6, policy="packed"
+    )
+    schedule = plan_prefill([8, 3, 9], config)
+    assert rows_of(schedule) == [
+        [(0, 0, 6, False), (1, 0, 1, False), (2, 0, 3, False)],
+        [(0, 6, 2, True), (1, 1, 2, True), (2, 3, 6, True)],
+    ]
+    assert schedule.num_dispatches == schedule.lower_bound == 2
 
 
 def test_packed_partial_limit_holds_a_newcomer_back_until_a_slot_frees() -> None:

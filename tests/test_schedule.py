@@ -79,12 +79,12 @@ def test_a_dispatch_is_a_read_only_view_of_its_rows() -> None:
     first = schedule.dispatch(0)
     assert first.rows == (
         Chunk(request=0, start=0, length=6, is_final=False),
-        Chunk(request=1, start=0, length=3, is_final=True),
-        Chunk(request=2, start=0, length=1, is_final=False),
+        Chunk(request=1, start=0, length=1, is_final=False),
+        Chunk(request=2, start=0, length=3, is_final=False),
     )
     assert first.num_rows == 3
     assert first.num_tokens == 10
-    assert [c.end for c in first.rows] == [6, 3, 1]
+    assert [c.end for c in first.rows] == [6, 1, 3]
     for array in (first.requests, first.starts, first.lengths, first.is_final):
         assert not array.flags.writeable
 

@@ -38,6 +38,8 @@ def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
                 raise UsageError(f"{flag} applies only with --workload, not with a lengths list")
         if args.lengths_file is not None:
             return read_lengths("@" + args.lengths_file, name="--lengths-file"), "--lengths-file"
+        if not isinstance(args.lengths, str):  # CPython 3.11's argparse reads "--lengths=--" as []
+            raise UsageError("--lengths: must be a list of prompt lengths, e.g. '3338x16': '--'")
         return read_lengths(args.lengths, name="--lengths"), "--lengths"
     params = {
         key: default if getattr(args, key) is None else getattr(args, key)
