@@ -689,7 +689,7 @@ def _plan_packed(
     """``packed``'s step: the started requests in order, each a chunk if one fits, then
     waiting requests from the head of the queue while :func:`admits` takes them."""
     state, holds = step.state, step.holds
-    tokens_left = tokens
+    tokens_left, room_rows = tokens, rows_left
     rows: dict[RequestId, StepChunk] = {}
     started: list[_Request] = []
     for record in state._started:
@@ -720,24 +720,30 @@ def _plan_packed(
         rows_left -= 1
     config = step.to_bound
     if config is not None and not surely_keeps_to_the_bound(
-        tokens_left == 0,
+        tokens - tokens_left,
         state._num_tokens,
         max(state._longest, max((r.prompt_length - r.position for r in state._started), default=0)),
+        len(state),
         config,
     ):
-        kept = _keep_to_the_bound(step, config, rows, tokens)
+        kept = _keep_to_the_bound(step, config, rows, tokens, room_rows)
         if kept is not None:
             return kept
     return step.plan(rows, requests, queue, tuple(started), tokens - tokens_left, "packed")
 
 
 def _keep_to_the_bound(
-    step: _Step[RequestId], config: PlannerConfig, greedy: dict[RequestId, StepChunk], tokens: int
+    step: _Step[RequestId],
+    config: PlannerConfig,
+    greedy: dict[RequestId, StepChunk],
+    tokens: int,
+    rows_room: int,
 ) -> StepPlan[RequestId] | None:
     """The step's plan when the ``greedy`` rows would leave more than the bound less one
     dispatch: every request runs at least its :func:`deadline_minimums`, the rest of the
     budget first come, first served (:func:`fill_sizes`). ``None``: the greedy rows stand
-    (they keep to the bound, no in-order dispatch does, or a pool lacks the pages)."""
+    (they keep to the bound, no in-order dispatch does, or the rows or a pool's pages do
+    not hold it)."""
     state = step.state
     records = list(state._in_order())
     remaining = [record.prompt_length - record.position for record in records]
@@ -750,6 +756,8 @@ def _keep_to_the_bound(
     if minimums is None:
         return None
     sizes = fill_sizes(remaining, minimums, step.cap, tokens)
+    if len(sizes) - sizes.count(0) > rows_room:
+        return None
     if bound_of([r - size for r, size in zip(remaining, sizes, strict=True)], config) >= bound:
         return None
     holds = None if step.holds is None else _Holds(step.holds.base)

@@ -98,7 +98,9 @@ def _keep_to_the_bound(
     finishing = np.zeros(num, dtype=np.int64)
     np.maximum.at(finishing, dispatch_of[final], remaining[requests[final]])
     longest = np.maximum.accumulate(finishing[::-1])[::-1]
-    sure = surely_keeps_to_the_bound(tokens == config.max_num_batched_tokens, left, longest, config)
+    finished = np.bincount(dispatch_of[final], minlength=num)
+    count = lengths.size - np.concatenate(([0], np.cumsum(finished)[:-1]))
+    sure = surely_keeps_to_the_bound(tokens, left, longest, count, config)
     first = int(np.argmin(sure))  # one is not sure, since the greedy rows miss the bound
     done = int(offsets[first])
     position = computed.copy()

@@ -52,6 +52,9 @@ The rules, one function each
 * :func:`fits_one_dispatch`: ``round_robin``'s whole-batch rule.
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
   reservations.
+* :func:`dispatch_bound` (and :func:`bound_of`): the lower bound of the dispatches left.
+* :func:`plans_to_the_bound`, :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`,
+  :func:`fill_sizes`: ``packed`` keeping to the bound (below).
 
 Policy ``round_robin`` (the seed's behaviour)
 ---------------------------------------------
@@ -91,6 +94,18 @@ threshold the same way). Without it, a long request that starts last runs alone 
 for it: the longest request runs at most ``chunk_cap`` tokens a dispatch only while the second
 longest is unfinished. The dispatch count is then close to the bound, and equal to it in most
 workloads without ``page_size`` (the seed's case with budget 8192 and 16 rows takes 14).
+
+*Keeping to the bound.* Without ``page_size`` and ``max_num_partial_prefills``, a dispatch
+planned with the whole budget is the greedy fill only if what it leaves has a bound at most
+one below the bound before it; otherwise every request first runs its
+:func:`deadline_minimums` and the rest of the budget goes first come, first served
+(:func:`fill_sizes`), if the rows hold that and it keeps to the bound. A plan whose greedy
+fill meets the bound is therefore exactly the greedy (vLLM's) plan; the others take fewer
+dispatches, and on every tiny batch the fewest of any schedule that starts requests in
+order. Offline, the greedy rows stand up to the first dispatch that fails
+:func:`surely_keeps_to_the_bound`, and the rest is stepped by ``plan_step``
+(``_plan._keep_to_the_bound``), so both make the same choices. ``docs/semantics.md`` has
+the details.
 
 Online: one step at a time
 --------------------------
@@ -432,26 +447,36 @@ def bound_of(remaining: Sequence[int], config: PlannerConfig) -> int:
 
 def plans_to_the_bound(config: PlannerConfig) -> bool:
     """Whether ``packed`` keeps its dispatches to the lower bound (*Keeping to the bound* in
-    the header): without ``page_size``, ``max_num_seqs`` and ``max_num_partial_prefills``,
-    where every request may run any amount up to its cap in any dispatch."""
+    the header): without ``page_size`` and ``max_num_partial_prefills``, where a request may
+    run any amount up to its cap in any dispatch."""
     return (
         config.policy == "packed"
         and config.page_size is None
-        and config.max_num_seqs is None
         and config.max_num_partial_prefills is None
     )
 
 
-def surely_keeps_to_the_bound(filled: Any, total: Any, longest: Any, config: PlannerConfig) -> Any:
-    """A quick sufficient test that a greedy dispatch keeps to the bound: it ``filled`` the
-    whole budget, from a state with ``total`` tokens left of which no request has more than
-    ``longest``, and ``longest`` is at most ``(ceil(total / budget) - 1) * chunk_cap``.
+def surely_keeps_to_the_bound(
+    tokens_run: Any, total: Any, longest: Any, count: Any, config: PlannerConfig
+) -> Any:
+    """A quick sufficient test that a greedy dispatch keeps to the bound: it ran
+    ``tokens_run``, all a dispatch holds while requests share it (the budget, or
+    ``max_num_seqs`` rows of ``chunk_cap``), from ``count`` requests with ``total`` tokens
+    left, none more than ``longest``; and with ``d = ceil(total / that)``, ``longest`` is at
+    most ``(d - 1) * chunk_cap`` and ``count`` at most ``(d - 1) * max_num_seqs``.
 
-    (The bound was at least ``ceil(total / budget)``; after a full dispatch the tokens need
-    one dispatch fewer, and no request needs more under its cap.) Elementwise on arrays.
+    (The bound was at least ``d``; after such a dispatch every term of it is at most
+    ``d - 1``.) Elementwise on arrays.
     """
-    budget = config.max_num_batched_tokens
-    return filled & (longest <= (-(-total // budget) - 1) * config.chunk_cap)
+    cap, rows = config.chunk_cap, config.max_num_seqs
+    shared = (
+        config.max_num_batched_tokens
+        if rows is None
+        else min(config.max_num_batched_tokens, rows * cap)
+    )
+    after = -(-total // shared) - 1
+    sure = (tokens_run >= shared) & (longest <= after * cap)
+    return sure if rows is None else sure & (count <= after * rows)
 
 
 def deadline_minimums(

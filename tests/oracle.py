@@ -24,12 +24,7 @@ def oracle_plan(
     position = list(computed) if computed is not None else [0] * len(lengths)
     if config.policy == "round_robin":
         return _round_robin(lengths, position, config)
-    if (
-        not greedy
-        and config.page_size is None
-        and config.max_num_seqs is None
-        and (config.max_num_partial_prefills is None)
-    ):
+    if not greedy and config.page_size is None and config.max_num_partial_prefills is None:
         return _packed_to_the_bound(lengths, position, config)
     return _packed(lengths, position, config)
 
@@ -106,12 +101,13 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
 def _packed_to_the_bound(
     lengths: list[int], position: list[int], config: PlannerConfig
 ) -> list[list[Row]]:
-    """``packed`` without pages or row and partial limits: the greedy fill, unless it would
-    leave more than the bound less one dispatch; then each request first gets the least it
-    must run now (the docs' deadline minimums), the rest of the budget first come, first
-    served."""
+    """``packed`` without pages or a partial limit: the greedy fill, unless it would leave
+    more than the bound less one dispatch; then each request first gets the least it must
+    run now (the docs' deadline minimums), the rest of the budget first come, first served,
+    if the rows hold it."""
     budget = config.max_num_batched_tokens
     cap = min(budget, config.long_prefill_token_threshold or budget)
+    max_rows = config.max_num_seqs or len(lengths)
     started: list[int] = []
     dispatches: list[list[Row]] = []
     while any(p < n for p, n in zip(position, lengths, strict=True)):
@@ -120,14 +116,18 @@ def _packed_to_the_bound(
         order = started + waiting
         left = [lengths[r] - position[r] for r in order]
         own_cap = budget if len(order) == 1 else cap
-        sizes = _fill(left, [0] * len(order), own_cap, budget)
+        sizes = _fill(left, [0] * len(order), own_cap, budget, max_rows)
         if len(order) > 1:
-            bound = _bound(left, budget, cap)
-            if _bound(_minus(left, sizes), budget, cap) > bound - 1:
+            bound = _bound(left, budget, cap, config.max_num_seqs)
+            if _bound(_minus(left, sizes), budget, cap, config.max_num_seqs) > bound - 1:
                 least = _least(left, len(started), bound, budget, cap)
                 if least is not None:
-                    kept = _fill(left, least, own_cap, budget)
-                    if _bound(_minus(left, kept), budget, cap) <= bound - 1:
+                    kept = _fill(left, least, own_cap, budget, len(left))
+                    if (
+                        sum(1 for size in kept if size) <= max_rows
+                        and _bound(_minus(left, kept), budget, cap, config.max_num_seqs)
+                        <= bound - 1
+                    ):
                         sizes = kept
         rows: list[Row] = []
         for r, size in zip(order, sizes, strict=True):
@@ -144,10 +144,12 @@ def _minus(left: list[int], sizes: list[int]) -> list[int]:
     return [a - b for a, b in zip(left, sizes, strict=True)]
 
 
-def _fill(left: list[int], least: list[int], cap: int, budget: int) -> list[int]:
+def _fill(left: list[int], least: list[int], cap: int, budget: int, rows: int) -> list[int]:
     free = budget - sum(least)
     sizes = list(least)
     for j, tokens in enumerate(left):
+        if not sizes[j] and sum(1 for size in sizes if size) >= rows:
+            break
         more = min(min(tokens, cap) - sizes[j], free)
         if more > 0:
             sizes[j] += more
@@ -155,16 +157,21 @@ def _fill(left: list[int], least: list[int], cap: int, budget: int) -> list[int]
     return sizes
 
 
-def _bound(left: list[int], budget: int, cap: int) -> int:
-    """The docs' lower bound under ``packed`` without row limits (0: nothing left)."""
+def _bound(left: list[int], budget: int, cap: int, rows: int | None) -> int:
+    """The docs' lower bound under ``packed`` (0: nothing left)."""
     rest = sorted((t for t in left if t > 0), reverse=True)
     if not rest:
         return 0
-    tokens = -(-sum(rest) // budget)
+    shared = budget if rows is None else min(budget, rows * cap)
+    if cap == budget:
+        tokens = -(-sum(rest) // shared)
+    else:  # ceil((total - R1) / shared + R1 / budget)
+        tokens = -(-((sum(rest) - rest[0]) * budget + rest[0] * shared) // (shared * budget))
+    least = 0 if rows is None else -(-len(rest) // rows)
     if len(rest) == 1:
-        return max(tokens, -(-rest[0] // budget))
+        return max(tokens, -(-rest[0] // budget), least)
     k = -(-rest[1] // cap)
-    return max(tokens, k + -(-max(rest[0] - k * cap, 0) // budget))
+    return max(tokens, k + -(-max(rest[0] - k * cap, 0) // budget), least)
 
 
 def _least(

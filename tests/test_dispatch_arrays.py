@@ -180,8 +180,11 @@ def test_the_seed_second_dispatch_of_request_9() -> None:
 
 
 def test_packed_dispatch_has_one_logit_per_final_row_at_its_last_token() -> None:
-    config = PlannerConfig(  # (a row limit: the greedy fill, test_golden's first example)
-        max_num_batched_tokens=10, long_prefill_token_threshold=6, max_num_seqs=3, policy="packed"
+    config = PlannerConfig(  # (a partial limit: the greedy fill, test_golden's first example)
+        max_num_batched_tokens=10,
+        long_prefill_token_threshold=6,
+        max_num_partial_prefills=2,
+        policy="packed",
     )
     schedule = plan_prefill([8, 3, 9], config)
     blocks = plan_pages([8, 3, 9], page_size=4, num_pages=8)

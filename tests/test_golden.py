@@ -164,10 +164,13 @@ def test_round_robin_page_rounding_from_an_unaligned_prefix_hit() -> None:
 
 
 def test_packed_started_requests_go_first_and_newcomers_fill_the_rest() -> None:
-    # (With a row limit packed fills greedily; see the next test for the same prompts
+    # (With a partial limit packed fills greedily; see the next test for the same prompts
     # without one.)
     config = PlannerConfig(
-        max_num_batched_tokens=10, long_prefill_token_threshold=6, max_num_seqs=3, policy="packed"
+        max_num_batched_tokens=10,
+        long_prefill_token_threshold=6,
+        max_num_partial_prefills=2,
+        policy="packed",
     )
     schedule = plan_prefill([8, 3, 9], config)
     assert rows_of(schedule) == [
