@@ -49,12 +49,12 @@ from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestErr
 from ._persistent import Frozen, PersistentMap, PersistentQueue
 from ._policies import (
     admits,
-    bound_of,
     check_num_computed_tokens,
     chunk_limit,
     chunk_size,
     computed_tokens_error,
     deadline_minimums,
+    dispatch_bound,
     fill_sizes,
     fits_one_dispatch,
     leaves_tokens_to_prefill,
@@ -141,12 +141,13 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
     mappings, states are not hashable.
     """
 
-    __slots__ = ("_longest", "_num_tokens", "_policy", "_queue", "_requests", "_started")
+    __slots__ = ("_num_tokens", "_policy", "_queue", "_requests", "_started")
 
     #: Every request in the queue, by id. An entry of the queue is live only while this
     #: map holds that very record.
     _requests: PersistentMap[RequestId, _Request]
-    #: Waiting requests (and under ``round_robin`` every request) in turn order.
+    #: Waiting requests (and under ``round_robin`` every request) in turn order, ranked by
+    #: the tokens they have left (``packed`` keeps to the bound with the two most).
     _queue: PersistentQueue[_Request]
     #: ``packed``: the started, unfinished requests in arrival order (not in the queue).
     _started: tuple[_Request, ...]
@@ -154,14 +155,11 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
     _num_tokens: int
     #: The policy of the run in progress (see :attr:`policy`).
     _policy: Policy | None
-    #: At least the tokens left to any request in the queue (the most any had when it was
-    #: queued, until the queue empties): ``packed``'s quick test for keeping to the bound.
-    _longest: int
 
     def __init__(self: PrefillState[Any]) -> None:
         # `self: PrefillState[Any]` types a bare `PrefillState()` as taking any ids; annotate
         # the variable (`state: PrefillState[str] = PrefillState()`) to narrow them.
-        self._init(PersistentMap(), PersistentQueue(), (), 0, None, 0)
+        self._init(PersistentMap(), _NO_QUEUE, (), 0, None)
 
     def _init(
         self,
@@ -170,19 +168,15 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         started: tuple[_Request, ...],
         num_tokens: int,
         policy: Policy | None,
-        longest: int,
     ) -> None:
-        if not requests:  # nobody queued
-            longest = 0
-            if not started:  # drained: the run is over
-                queue, policy = _NO_QUEUE, None
+        if not requests and not started:  # drained: the run is over
+            queue, policy = _NO_QUEUE, None
         # (Through the slots' descriptors: a state is built on every planned step.)
         _set_requests(self, requests)
         _set_queue(self, queue)
         _set_started(self, started)
         _set_num_tokens(self, num_tokens)
         _set_policy(self, policy)
-        _set_longest(self, longest)
 
     def _evolve(
         self,
@@ -191,19 +185,10 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         started: tuple[_Request, ...],
         num_tokens: int,
         policy: Policy | None,
-        longest: int | None = None,
     ) -> PrefillState[RequestId]:
-        """A new state made of these parts (this one is not changed); ``longest`` defaults
-        to this state's (no request joined the queue)."""
+        """A new state made of these parts (this one is not changed)."""
         new: PrefillState[RequestId] = object.__new__(PrefillState)
-        new._init(
-            requests,
-            queue,
-            started,
-            num_tokens,
-            policy,
-            self._longest if longest is None else longest,
-        )
+        new._init(requests, queue, started, num_tokens, policy)
         return new
 
     # -- named constructor -------------------------------------------------------------------
@@ -264,7 +249,6 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             self._started,
             self._num_tokens + length - cached,
             self._policy,
-            max(self._longest, length - cached),
         )
 
     def remove(self, request_id: RequestId) -> PrefillState[RequestId]:
@@ -274,13 +258,16 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         or finished (a request leaves the state with the step that runs its final chunk).
         """
         record = self._record(request_id)
-        requests = self._requests
+        requests, queue = self._requests, self._queue
         started = tuple(r for r in self._started if r is not record)
         if len(started) == len(self._started):  # it is in the queue, whose entry now dies
             requests = requests.delete(request_id)
+            best = queue.best()
+            if best[1] is record or best[3] is record:  # keep the queue's two best live
+                queue = _queue_of(requests, queue)
         return self._evolve(
             requests,
-            self._queue,
+            queue,
             started,
             self._num_tokens - (record.prompt_length - record.position),
             self._policy,
@@ -452,8 +439,14 @@ _set_queue = PrefillState.__dict__["_queue"].__set__
 _set_started = PrefillState.__dict__["_started"].__set__
 _set_num_tokens = PrefillState.__dict__["_num_tokens"].__set__
 _set_policy = PrefillState.__dict__["_policy"].__set__
-_set_longest = PrefillState.__dict__["_longest"].__set__
-_NO_QUEUE: PersistentQueue[Any] = PersistentQueue()
+
+
+def _left(record: _Request) -> int:
+    """A queued request's rank: the tokens it has left to prefill."""
+    return record.prompt_length - record.position
+
+
+_NO_QUEUE: PersistentQueue[Any] = PersistentQueue(_left)
 
 
 def _restore(
@@ -463,12 +456,11 @@ def _restore(
     policy: Policy | None,
 ) -> PrefillState[Any]:
     requests: PersistentMap[Any, _Request] = PersistentMap()
-    queue: PersistentQueue[_Request] = PersistentQueue()
+    queue: PersistentQueue[_Request] = _NO_QUEUE
     for record in queued:
         requests = requests.set(record.id, record)
         queue = queue.push(record)
-    longest = max((record.prompt_length - record.position for record in queued), default=0)
-    return PrefillState()._evolve(requests, queue, started, num_tokens, policy, longest)
+    return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
 
 
 def _check_hashable(request_id: object) -> None:
@@ -670,6 +662,31 @@ def _run(
     return None if end == length else _new_record(_Request, (request_id, length, end, True))
 
 
+def _queue_of(
+    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+) -> PersistentQueue[_Request]:
+    """``queue`` rebuilt of its live entries only."""
+    live = _NO_QUEUE
+    for record in queue:
+        if requests.get(record.id) is record:
+            live = live.push(record)
+    return live
+
+
+def _live_best(
+    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+) -> tuple[int, int]:
+    """The two most tokens left to live entries of ``queue`` (0 where there are fewer).
+    (Read off the queue; only if a dead entry is among its best, by a walk.)"""
+    rank, item, second, other = queue.best()
+    if (item is None or requests.get(item.id) is item) and (
+        other is None or requests.get(other.id) is other
+    ):
+        return max(rank, 0), max(second, 0)
+    best = _queue_of(requests, queue).best()
+    return max(best[0], 0), max(best[2], 0)
+
+
 def _live_head(
     requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
 ) -> tuple[_Request | None, PersistentQueue[_Request]]:
@@ -703,6 +720,7 @@ def _plan_packed(
         tokens_left -= size
         rows_left -= 1
     requests, queue = state._requests, state._queue
+    admitted: list[_Request] = []
     # (With no room left no one is admitted; checking first spares the queue a walk.)
     while rows_left and tokens_left:
         head, queue = _live_head(requests, queue)
@@ -711,6 +729,7 @@ def _plan_packed(
         size = step.size(head, tokens_left, rows_left)
         if not admits(size, head.prompt_length - head.position, len(started), max_partial):
             break
+        admitted.append(head)
         queue = queue.pop()
         requests = requests.delete(head.id)  # it leaves the queue
         after = _run(rows, head, size, holds)
@@ -722,11 +741,11 @@ def _plan_packed(
     if config is not None and not surely_keeps_to_the_bound(
         tokens - tokens_left,
         state._num_tokens,
-        max(state._longest, max((r.prompt_length - r.position for r in state._started), default=0)),
+        max(state._queue.best()[0], max(map(_left, state._started), default=0)),
         len(state),
         config,
     ):
-        kept = _keep_to_the_bound(step, config, rows, tokens, room_rows)
+        kept = _keep_to_the_bound(step, config, rows, admitted, requests, queue, tokens, room_rows)
         if kept is not None:
             return kept
     return step.plan(rows, requests, queue, tuple(started), tokens - tokens_left, "packed")
@@ -736,29 +755,62 @@ def _keep_to_the_bound(
     step: _Step[RequestId],
     config: PlannerConfig,
     greedy: dict[RequestId, StepChunk],
+    admitted: list[_Request],
+    waiting: PersistentMap[RequestId, _Request],
+    queue: PersistentQueue[_Request],
     tokens: int,
     rows_room: int,
 ) -> StepPlan[RequestId] | None:
-    """The step's plan when the ``greedy`` rows would leave more than the bound less one
-    dispatch: every request runs at least its :func:`deadline_minimums`, the rest of the
-    budget first come, first served (:func:`fill_sizes`). ``None``: the greedy rows stand
-    (they keep to the bound, no in-order dispatch does, or the rows or a pool's pages do
-    not hold it)."""
+    """The step's plan when the ``greedy`` rows (which admit ``admitted`` and leave
+    ``waiting`` in ``queue``) would
+    leave more than the bound less one dispatch: every request runs at least its
+    :func:`deadline_minimums`, the rest of the budget first come, first served
+    (:func:`fill_sizes`). ``None``: the greedy rows stand (they keep to the bound, no
+    in-order dispatch does, or the rows or a pool's pages do not hold it).
+
+    Its cost does not grow with the queue: the bound needs only the two most tokens left,
+    read off the queue for the requests still waiting, and the minimums only the started
+    requests and the first ``budget + 1`` waiting ones (one behind them could start only if
+    each of those ran a token: more than the budget).
+    """
     state = step.state
-    records = list(state._in_order())
-    remaining = [record.prompt_length - record.position for record in records]
-    bound = bound_of(remaining, config)
+    total, count = state._num_tokens, len(state)
+    records = [*state._started, *admitted]
+    requests, rest = state._requests, queue
+    others = _live_best(waiting, queue)
+    left = [_left(record) for record in records]
     ran = [greedy[record.id].length if record.id in greedy else 0 for record in records]
-    if bound_of([r - size for r, size in zip(remaining, ran, strict=True)], config) < bound:
+    bound = _bound_with(left, others, total, count, config)
+    after = [r - size for r, size in zip(left, ran, strict=True)]
+    if _bound_with(after, others, total - sum(ran), count - after.count(0), config) < bound:
         return None
+    # The deadline fill, over the started requests and the waiting ones the greedy rows
+    # admitted and one more; then, while a request behind them would have to start, twice
+    # as many (up to budget + 1 waiting ones: none behind those can start).
     num_started = len(state._started)
-    minimums = deadline_minimums(remaining, num_started, bound, config)
+    most = num_started + tokens + 1
+    grow = 1
+    while True:
+        while len(records) < most and grow:
+            head, rest = _live_head(requests, rest)
+            if head is None:
+                break
+            records.append(head)
+            rest = rest.pop()
+            grow -= 1
+        left = [_left(record) for record in records]
+        others = _live_best(requests, rest)
+        minimums, blocked = deadline_minimums(left, num_started, others, bound, config)
+        if not blocked or not rest or len(records) >= most:
+            break
+        grow = len(records)
     if minimums is None:
         return None
-    sizes = fill_sizes(remaining, minimums, step.cap, tokens)
+    sizes = fill_sizes(left, minimums, step.cap, tokens)
     if len(sizes) - sizes.count(0) > rows_room:
         return None
-    if bound_of([r - size for r, size in zip(remaining, sizes, strict=True)], config) >= bound:
+    after = [r - size for r, size in zip(left, sizes, strict=True)]
+    if _bound_with(after, others, total - sum(sizes), count - after.count(0), config) >= bound:
         return None
     holds = None if step.holds is None else _Holds(step.holds.base)
     step = step._replace(holds=holds)
@@ -767,12 +819,12 @@ def _keep_to_the_bound(
     for record, size in zip(records[:num_started], sizes, strict=False):
         if holds is not None and size > holds.room(record.id, record.position):
             return None
-        after = _run(rows, record, size, holds) if size else record
-        if after is not None:
-            started.append(after)
+        after_record = _run(rows, record, size, holds) if size else record
+        if after_record is not None:
+            started.append(after_record)
     # The waiting requests that run are the first ones in the queue: one that must start
     # has a run before it (deadline_minimums), and the budget is handed out in order.
-    requests, queue = state._requests, state._queue
+    queue = state._queue
     for size in sizes[num_started:]:
         if not size:
             break
@@ -780,14 +832,28 @@ def _keep_to_the_bound(
         assert head is not None  # (a record of the walk above)
         if holds is not None and size > holds.room(head.id, head.position):
             return None
-        if not admits(size, head.prompt_length - head.position, len(started), None):
+        if not admits(size, _left(head), len(started), None):
             return None
         queue = queue.pop()
         requests = requests.delete(head.id)
-        after = _run(rows, head, size, holds)
-        if after is not None:
-            started.append(after)
+        after_record = _run(rows, head, size, holds)
+        if after_record is not None:
+            started.append(after_record)
     return step.plan(rows, requests, queue, tuple(started), sum(sizes), "packed")
+
+
+def _bound_with(
+    left: list[int], others: tuple[int, int], total: int, count: int, config: PlannerConfig
+) -> int:
+    """:func:`dispatch_bound` of ``count`` requests with ``total`` tokens left: some with
+    ``left`` each (0: finished), the others' two most being ``others``."""
+    first, second = others
+    for tokens in left:
+        if tokens > first:
+            first, second = tokens, first
+        elif tokens > second:
+            second = tokens
+    return dispatch_bound(total, first, second, count, config) if count else 0
 
 
 def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> StepPlan[RequestId]:

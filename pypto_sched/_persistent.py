@@ -27,7 +27,7 @@ levels and inserting always terminates.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 # No ``__all__``: these containers are internal to ``PrefillState``, not public API.
@@ -52,8 +52,20 @@ class Frozen:
         raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
 
 
-# A linked list: ``(first item, rest of the list)``, or ``None`` when empty.
-_Link = tuple[Any, Any] | None
+# A linked list: ``(first item, rest of the list, best)``, or ``None`` when empty; ``best`` is
+# the two highest-ranked items of the node and the rest (see PersistentQueue), or ``None``.
+_Link = tuple[Any, Any, Any] | None
+# The two highest ranks and their items, highest first: ``(rank, item, rank, item)``; a rank
+# of -1 (and item None) where there are fewer than two items.
+Best = tuple[int, Any, int, Any]
+NO_BEST: Best = (-1, None, -1, None)
+
+
+def merge_best(a: Best, b: Best) -> Best:
+    """The two highest of two ``Best`` (of equal ranks, either)."""
+    if a[0] >= b[0]:
+        return a if a[2] >= b[0] else (a[0], a[1], b[0], b[1])
+    return b if b[2] > a[0] else (b[0], b[1], a[0], a[1])
 
 
 class PersistentQueue(Generic[T]):
@@ -62,23 +74,38 @@ class PersistentQueue(Generic[T]):
     Invariant: the front list is empty only when the whole queue is, so :meth:`peek` never
     has to reverse anything; the reversal happens in the :meth:`pop` that takes the last item
     of the front, and the queue it returns keeps the result.
+
+    Built with a ``rank`` (an int >= 0 per item), it also keeps the two highest-ranked items
+    (:meth:`best`): each front node holds those of itself and the nodes after it, each back
+    node those of itself and the older back nodes (a max-queue), at O(1) amortized a push or
+    pop still.
     """
 
-    __slots__ = ("_back", "_front")
+    __slots__ = ("_back", "_front", "_rank")
 
     _front: _Link  # oldest item first
     _back: _Link  # newest item first
+    _rank: Callable[[T], int] | None
 
-    def __init__(self) -> None:
+    def __init__(self, rank: Callable[[T], int] | None = None) -> None:
         self._front = None
         self._back = None
+        self._rank = rank
 
-    @staticmethod
-    def _make(front: _Link, back: _Link) -> PersistentQueue[T]:
+    def _make(self, front: _Link, back: _Link) -> PersistentQueue[T]:
         new: PersistentQueue[T] = object.__new__(PersistentQueue)
         new._front = front
         new._back = back
+        new._rank = self._rank
         return new
+
+    def _link(self, item: T, rest: _Link) -> _Link:
+        """A node of ``item`` before ``rest``, with the best of both."""
+        rank = self._rank
+        if rank is None:
+            return (item, rest, None)
+        own: Best = (rank(item), item, -1, None)
+        return (item, rest, own if rest is None else merge_best(own, rest[2]))
 
     def __bool__(self) -> bool:
         return self._front is not None
@@ -86,12 +113,12 @@ class PersistentQueue(Generic[T]):
     def push(self, item: T) -> PersistentQueue[T]:
         """A queue with ``item`` added at the back."""
         if self._front is None:
-            return self._make((item, None), None)
-        return self._make(self._front, (item, self._back))
+            return self._make(self._link(item, None), None)
+        return self._make(self._front, self._link(item, self._back))
 
     def push_front(self, item: T) -> PersistentQueue[T]:
         """A queue with ``item`` added at the front (it is the next :meth:`peek`)."""
-        return self._make((item, self._front), self._back)
+        return self._make(self._link(item, self._front), self._back)
 
     def peek(self) -> T:
         """The item at the front; ``IndexError`` if the queue is empty."""
@@ -106,21 +133,30 @@ class PersistentQueue(Generic[T]):
         front, back = self._front[1], self._back
         if front is None:  # the front ran out: the back list, reversed, becomes the front
             while back is not None:
-                item, back = back
-                front = (item, front)
+                front = self._link(back[0], front)
+                back = back[1]
         return self._make(front, back)
+
+    def best(self) -> Best:
+        """The two highest-ranked items (of equal ranks, any), as ``(rank, item, rank,
+        item)``; ``NO_BEST``'s entries where there are fewer. Only for a queue built with a
+        ``rank``."""
+        front, back = self._front, self._back
+        if front is None:
+            return NO_BEST
+        return front[2] if back is None else merge_best(front[2], back[2])
 
     def __iter__(self) -> Iterator[T]:
         """The items, oldest first."""
         link = self._front
         while link is not None:
-            item, link = link
-            yield item
+            yield link[0]
+            link = link[1]
         newest_first = []
         link = self._back
         while link is not None:
-            item, link = link
-            newest_first.append(item)
+            newest_first.append(link[0])
+            link = link[1]
         yield from reversed(newest_first)
 
 

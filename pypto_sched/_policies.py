@@ -52,7 +52,7 @@ The rules, one function each
 * :func:`fits_one_dispatch`: ``round_robin``'s whole-batch rule.
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
   reservations.
-* :func:`dispatch_bound` (and :func:`bound_of`): the lower bound of the dispatches left.
+* :func:`dispatch_bound`: the lower bound of the dispatches left.
 * :func:`plans_to_the_bound`, :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`,
   :func:`fill_sizes`: ``packed`` keeping to the bound (below).
 
@@ -241,7 +241,6 @@ the floor of copying the schedule's arrays once.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, overload
@@ -435,16 +434,6 @@ def dispatch_bound(total: int, first: int, second: int, count: int, config: Plan
     return bound
 
 
-def bound_of(remaining: Sequence[int], config: PlannerConfig) -> int:
-    """:func:`dispatch_bound` of requests with ``remaining`` tokens each (0: finished, not
-    counted); 0 when nothing is left."""
-    left = [r for r in remaining if r > 0]
-    if not left:
-        return 0
-    first, second = heapq.nlargest(2, left) if len(left) > 1 else (left[0], 0)
-    return dispatch_bound(sum(left), first, second, len(left), config)
-
-
 def plans_to_the_bound(config: PlannerConfig) -> bool:
     """Whether ``packed`` keeps its dispatches to the lower bound (*Keeping to the bound* in
     the header): without ``page_size`` and ``max_num_partial_prefills``, where a request may
@@ -480,32 +469,53 @@ def surely_keeps_to_the_bound(
 
 
 def deadline_minimums(
-    remaining: Sequence[int], num_started: int, dispatches: int, config: PlannerConfig
-) -> list[int] | None:
-    """The fewest tokens each request must run in this dispatch so that the ones after it
-    can finish in ``dispatches - 1``, for requests with ``remaining`` tokens each in fill
-    order (the ``num_started`` started ones first), ``dispatches`` being their bound;
-    ``None`` if no dispatch that starts requests in order can (see *Keeping to the bound*).
+    remaining: Sequence[int],
+    num_started: int,
+    others: tuple[int, int],
+    dispatches: int,
+    config: PlannerConfig,
+) -> tuple[list[int] | None, bool]:
+    """The fewest tokens each request must run in this dispatch so that all can finish in
+    ``dispatches - 1`` more, ``dispatches`` being their bound; ``None`` if no dispatch that
+    starts requests in order can do it (see *Keeping to the bound* in the header).
 
-    The longest request (the youngest of equals) is the one that may be left alone; for
-    ``k`` dispatches after this one it shares them, then runs with the whole budget, and
-    every other request must be done within those ``k``. Of the two ``k`` that matter -- the
+    ``remaining`` holds the tokens left to the requests in fill order, the ``num_started``
+    started ones first; ``others`` the two most left to waiting requests behind them, if any
+    (``(0, 0)``: none). Those are taken not to start in this dispatch: the second value
+    returned says whether one of them would have to (list it in ``remaining`` to know).
+
+    The longest request (the oldest of equals) is the one that may be left alone; for ``k``
+    dispatches after this one it shares them, then runs with the whole budget, and every
+    other request must be done within those ``k``. Of the two ``k`` that matter -- the
     fewest dispatches the second longest needs capped, and one fewer -- the one needing the
-    fewest tokens now is taken; a waiting request before one that must start runs a token.
+    fewest tokens now is taken (the larger on a tie); a waiting request before one that must
+    start runs a token.
     """
     budget, cap = config.max_num_batched_tokens, config.chunk_cap
     after = dispatches - 1
-    longest = max(range(len(remaining)), key=lambda j: (remaining[j], j))
-    second = max((r for j, r in enumerate(remaining) if j != longest), default=0)
+    ahead = max(range(len(remaining)), key=lambda j: (remaining[j], -j))
+    behind, behind_second = others
+    if behind > remaining[ahead]:  # the longest waits behind
+        longest, first = -1, behind
+        second = max(remaining[ahead], behind_second)
+        behind = behind_second  # the most left to another request behind
+    else:
+        longest, first = ahead, remaining[ahead]
+        second = max(max((r for j, r in enumerate(remaining) if j != ahead), default=0), behind)
     best: list[int] | None = None
     best_total = 0
+    blocked = False
     shared = min(-(-second // cap), after)
     for k in (shared, shared - 1):
+        alone = first - k * cap - (after - k) * budget
         if k < 0:
             continue
+        if behind > k * cap or (longest < 0 and alone > 0):
+            blocked = True  # a request behind would have to start
+            continue
         minimums = [r - k * cap if r > k * cap else 0 for r in remaining]
-        alone = remaining[longest] - k * cap - (after - k) * budget
-        minimums[longest] = alone if alone > 0 else 0
+        if longest >= 0:
+            minimums[longest] = alone if alone > 0 else 0
         if any(m > cap or m > r for m, r in zip(minimums, remaining, strict=True)):
             continue
         last = max((j for j in range(num_started, len(remaining)) if minimums[j]), default=0)
@@ -515,7 +525,7 @@ def deadline_minimums(
         total = sum(minimums)
         if total <= budget and (best is None or total < best_total):
             best, best_total = minimums, total
-    return best
+    return best, blocked
 
 
 def fill_sizes(

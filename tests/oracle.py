@@ -179,7 +179,7 @@ def _least(
 ) -> list[int] | None:
     """The docs' deadline minimums, trying every ``k``: the fewest tokens in all (of equals,
     the largest ``k``)."""
-    longest = max(range(len(left)), key=lambda j: (left[j], j))
+    longest = max(range(len(left)), key=lambda j: (left[j], -j))  # the oldest of equals
     best: list[int] | None = None
     for k in range(bound - 1, -1, -1):
         least = [max(t - k * cap, 0) for t in left]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import itertools
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from optimum import optimum
 from oracle import oracle_plan
 from test_planner import tiny_configs
 
-from pypto_sched import PagePool, PlannerConfig, PrefillState, plan_step
+from pypto_sched import PagePool, PlannerConfig, PrefillState, plan_prefill, plan_step
 
 BATCHES = [list(lengths) for n in (1, 2, 3) for lengths in itertools.product(range(1, 6), repeat=n)]
 
@@ -70,3 +72,59 @@ def test_without_limits_packed_takes_the_in_order_optimum_on_every_tiny_input() 
                 assert taken <= greedy, (lengths, config)
                 best = optimum(lengths, config, in_order=True)
                 assert taken == best, (lengths, config, taken, best)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 3), min_size=3, max_size=14),
+    st.lists(st.integers(4, 30), min_size=1, max_size=3),
+    st.integers(1, 5),
+    st.data(),
+)
+def test_keeping_to_the_bound_past_the_first_budget_of_waiting_requests_matches_the_oracle(
+    short: list[int], long: list[int], budget: int, data: st.DataObject
+) -> None:
+    # More waiting requests than the budget has tokens, long ones among or behind them: the
+    # planner reads only the first budget + 1 waiting ones and the queue's two longest; the
+    # oracle reads them all.
+    lengths = data.draw(st.permutations(short + long)) if data.draw(st.booleans()) else short + long
+    config = PlannerConfig(
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=data.draw(st.none() | st.integers(1, budget)),
+        policy="packed",
+    )
+    want = oracle_plan(lengths, config)
+    assert drain(lengths, config, pool=None) == want
+    schedule = plan_prefill(lengths, config)
+    offsets = schedule.dispatch_offsets.tolist()
+    rows = list(
+        zip(
+            schedule.requests.tolist(),
+            schedule.starts.tolist(),
+            schedule.lengths.tolist(),
+            schedule.is_final.tolist(),
+            strict=True,
+        )
+    )
+    assert [rows[a:b] for a, b in itertools.pairwise(offsets)] == want
+
+
+def test_removing_a_waiting_request_plans_as_if_it_had_never_come() -> None:
+    # A removed request must not count among the queue's longest (the first two cases kept
+    # the removed request's tokens in the bound when the queue kept dead entries' ranks).
+    cases = [([5, 19, 10], 6, 4), ([2, 9, 22, 22, 19, 23, 25], 5, 2), ([1, 9, 2, 30, 3, 8], 4, 2)]
+    for lengths, budget, threshold in cases:
+        config = PlannerConfig(
+            max_num_batched_tokens=budget, long_prefill_token_threshold=threshold, policy="packed"
+        )
+        for gone in range(len(lengths)):
+            state = PrefillState.from_prompt_lengths(lengths).remove(gone)
+            fresh: PrefillState[int] = PrefillState()
+            for r, n in enumerate(lengths):
+                if r != gone:
+                    fresh = fresh.add(r, n)
+            while fresh:
+                plan, again = plan_step(state, config), plan_step(fresh, config)
+                assert plan.rows == again.rows, (lengths, gone)
+                state, fresh = plan.state, again.state
+            assert not state

@@ -139,3 +139,33 @@ def test_a_map_growing_past_a_flat_dict_and_shrinking_back_agrees_with_a_dict(
         assert dict(old.items()) == expected
         assert all(old.get(key) == value for key, value in expected.items())
         assert old.get(object()) is None
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["push", "push_front", "pop"]), st.integers(0, 20)),
+        max_size=60,
+    )
+)
+def test_a_ranked_queue_knows_its_two_highest_ranks_after_any_pushes_and_pops(
+    operations: list[tuple[str, int]],
+) -> None:
+    queue: PersistentQueue[tuple[int, int]] = PersistentQueue(lambda item: item[0])
+    model: list[tuple[int, int]] = []
+    for serial, (operation, rank) in enumerate(operations):
+        before, saved = queue, list(model)
+        item = (rank, serial)
+        if operation == "push":
+            queue, model = queue.push(item), [*model, item]
+        elif operation == "push_front":
+            queue, model = queue.push_front(item), [item, *model]
+        elif model:
+            queue, model = queue.pop(), model[1:]
+        assert list(queue) == model
+        assert list(before) == saved  # the old queue is unchanged
+        rank1, item1, rank2, item2 = queue.best()
+        ranks = [*sorted((r for r, _ in model), reverse=True), -1, -1]
+        assert (rank1, rank2) == (ranks[0], ranks[1])
+        assert item1 is None or item1[0] == rank1
+        assert item2 is None or item2[0] == rank2
+        assert item1 is None or item1 is not item2
