@@ -832,7 +832,7 @@ def _keep_to_the_bound(
         assert head is not None  # (a record of the walk above)
         if holds is not None and size > holds.room(head.id, head.position):
             return None
-        if not admits(size, _left(head), len(started), None):
+        if not admits(size, _left(head), len(started), config.max_num_partial_prefills):
             return None
         queue = queue.pop()
         requests = requests.delete(head.id)

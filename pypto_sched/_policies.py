@@ -95,11 +95,11 @@ for it: the longest request runs at most ``chunk_cap`` tokens a dispatch only wh
 longest is unfinished. The dispatch count is then close to the bound, and equal to it in most
 workloads without ``page_size`` (the seed's case with budget 8192 and 16 rows takes 14).
 
-*Keeping to the bound.* Without ``page_size`` and ``max_num_partial_prefills``, a dispatch
-planned with the whole budget is the greedy fill only if what it leaves has a bound at most
-one below the bound before it; otherwise every request first runs its
-:func:`deadline_minimums` and the rest of the budget goes first come, first served
-(:func:`fill_sizes`), if the rows hold that and it keeps to the bound. A plan whose greedy
+*Keeping to the bound.* Without ``page_size``, a dispatch planned with the whole budget is
+the greedy fill only if what it leaves has a bound at most one below the bound before it;
+otherwise every request first runs its :func:`deadline_minimums` and the rest of the budget
+goes first come, first served (:func:`fill_sizes`), if the rows and :func:`admits` take
+that and it keeps to the bound. A plan whose greedy
 fill meets the bound is therefore exactly the greedy (vLLM's) plan; the others take fewer
 dispatches, and on every tiny batch the fewest of any schedule that starts requests in
 order. Offline, the greedy rows stand up to the first dispatch that fails
@@ -436,13 +436,9 @@ def dispatch_bound(total: int, first: int, second: int, count: int, config: Plan
 
 def plans_to_the_bound(config: PlannerConfig) -> bool:
     """Whether ``packed`` keeps its dispatches to the lower bound (*Keeping to the bound* in
-    the header): without ``page_size`` and ``max_num_partial_prefills``, where a request may
-    run any amount up to its cap in any dispatch."""
-    return (
-        config.policy == "packed"
-        and config.page_size is None
-        and config.max_num_partial_prefills is None
-    )
+    the header): without ``page_size``, where a request may run any amount up to its cap in
+    any dispatch."""
+    return config.policy == "packed" and config.page_size is None
 
 
 def surely_keeps_to_the_bound(

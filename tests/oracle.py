@@ -24,7 +24,7 @@ def oracle_plan(
     position = list(computed) if computed is not None else [0] * len(lengths)
     if config.policy == "round_robin":
         return _round_robin(lengths, position, config)
-    if not greedy and config.page_size is None and config.max_num_partial_prefills is None:
+    if not greedy and config.page_size is None:
         return _packed_to_the_bound(lengths, position, config)
     return _packed(lengths, position, config)
 
@@ -101,13 +101,14 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
 def _packed_to_the_bound(
     lengths: list[int], position: list[int], config: PlannerConfig
 ) -> list[list[Row]]:
-    """``packed`` without pages or a partial limit: the greedy fill, unless it would leave
-    more than the bound less one dispatch; then each request first gets the least it must
-    run now (the docs' deadline minimums), the rest of the budget first come, first served,
-    if the rows hold it."""
+    """``packed`` without pages: the greedy fill, unless it would leave more than the bound
+    less one dispatch; then each request first gets the least it must run now (the docs'
+    deadline minimums), the rest of the budget first come, first served, if the rows and
+    the partial limit hold it."""
     budget = config.max_num_batched_tokens
     cap = min(budget, config.long_prefill_token_threshold or budget)
     max_rows = config.max_num_seqs or len(lengths)
+    max_partial = config.max_num_partial_prefills or len(lengths)
     started: list[int] = []
     dispatches: list[list[Row]] = []
     while any(p < n for p, n in zip(position, lengths, strict=True)):
@@ -117,6 +118,7 @@ def _packed_to_the_bound(
         left = [lengths[r] - position[r] for r in order]
         own_cap = budget if len(order) == 1 else cap
         sizes = _fill(left, [0] * len(order), own_cap, budget, max_rows)
+        sizes = _admitted(sizes, left, len(started), max_partial)
         if len(order) > 1:
             bound = _bound(left, budget, cap, config.max_num_seqs)
             if _bound(_minus(left, sizes), budget, cap, config.max_num_seqs) > bound - 1:
@@ -125,6 +127,7 @@ def _packed_to_the_bound(
                     kept = _fill(left, least, own_cap, budget, len(left))
                     if (
                         sum(1 for size in kept if size) <= max_rows
+                        and _admitted(kept, left, len(started), max_partial) == kept
                         and _bound(_minus(left, kept), budget, cap, config.max_num_seqs)
                         <= bound - 1
                     ):
@@ -138,6 +141,20 @@ def _packed_to_the_bound(
                     started.append(r)
         dispatches.append(rows)
     return dispatches
+
+
+def _admitted(sizes: list[int], left: list[int], num_started: int, max_partial: int) -> list[int]:
+    """``sizes`` with the waiting requests cut from the first that would be left part-way
+    while ``max_partial`` requests are (counting the started ones still part-way)."""
+    partial = sum(1 for j in range(num_started) if sizes[j] < left[j])
+    kept = list(sizes)
+    for j in range(num_started, len(sizes)):
+        if kept[j] and kept[j] < left[j]:
+            if partial >= max_partial:
+                kept[j:] = [0] * (len(sizes) - j)
+                break
+            partial += 1
+    return kept
 
 
 def _minus(left: list[int], sizes: list[int]) -> list[int]:
