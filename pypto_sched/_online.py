@@ -58,7 +58,6 @@ from ._policies import (
     fill_sizes,
     fits_one_dispatch,
     leaves_tokens_to_prefill,
-    plans_to_the_bound,
     prefill_room,
     request_cap,
     surely_keeps_to_the_bound,
@@ -569,7 +568,7 @@ def plan_step(
     page = config.page_size or 1
     # The dispatch keeps to the bound when it has the whole budget (see _keep_to_the_bound).
     to_bound = (
-        config if num_requests > 1 and reserved_tokens == 0 and plans_to_the_bound(config) else None
+        config if num_requests > 1 and reserved_tokens == 0 and config.policy == "packed" else None
     )
     step = _Step(state, None if pool is None else _Holds(pool), cap, page, to_bound)
     if config.policy == "packed":
@@ -785,8 +784,9 @@ def _keep_to_the_bound(
     if _bound_with(after, others, total - sum(ran), count - after.count(0), config) < bound:
         return None
     # The deadline fill, over the started requests and the waiting ones the greedy rows
-    # admitted and one more; then, while a request behind them would have to start, twice
-    # as many (up to budget + 1 waiting ones: none behind those can start).
+    # admitted and one more; then twice as many while a request behind them would have to
+    # start, or the fill runs every waiting one and has budget left (up to budget + 1
+    # waiting ones: the fill cannot run more).
     num_started = len(state._started)
     most = num_started + tokens + 1
     grow = 1
@@ -801,13 +801,22 @@ def _keep_to_the_bound(
         left = [_left(record) for record in records]
         others = _live_best(requests, rest)
         minimums, blocked = deadline_minimums(left, num_started, others, bound, config)
-        if not blocked or not rest or len(records) >= most:
+        sizes = None
+        if minimums is not None:
+            sizes = fill_sizes(
+                [record.position for record in records],
+                [record.prompt_length for record in records],
+                minimums,
+                num_started,
+                step.cap,
+                tokens,
+                step.page,
+            )
+        short = sizes is not None and sum(sizes) < tokens and all(sizes[num_started:])
+        if not (blocked or short) or not rest or len(records) >= most:
             break
         grow = len(records)
-    if minimums is None:
-        return None
-    sizes = fill_sizes(left, minimums, step.cap, tokens)
-    if len(sizes) - sizes.count(0) > rows_room:
+    if sizes is None or len(sizes) - sizes.count(0) > rows_room:
         return None
     after = [r - size for r, size in zip(left, sizes, strict=True)]
     if _bound_with(after, others, total - sum(sizes), count - after.count(0), config) >= bound:

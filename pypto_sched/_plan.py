@@ -19,7 +19,6 @@ from ._policies import (
     Rows,
     check_num_computed_tokens,
     plan_rows,
-    plans_to_the_bound,
     surely_keeps_to_the_bound,
 )
 from ._schedule import Schedule, lower_bound
@@ -46,7 +45,7 @@ def plan_prefill(
     lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
     computed = check_num_computed_tokens(num_computed_tokens, lengths)
     rows = plan_rows(lengths, computed, config)
-    if plans_to_the_bound(config):
+    if config.policy == "packed":  # kept to the bound
         rows = _keep_to_the_bound(lengths, computed, config, rows)
     offsets, requests, starts, sizes, final = rows
     return Schedule(

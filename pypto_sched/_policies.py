@@ -53,8 +53,8 @@ The rules, one function each
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
   reservations.
 * :func:`dispatch_bound`: the lower bound of the dispatches left.
-* :func:`plans_to_the_bound`, :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`,
-  :func:`fill_sizes`: ``packed`` keeping to the bound (below).
+* :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`, :func:`fill_sizes`,
+  :func:`least_chunk`: ``packed`` keeping to the bound (below).
 
 Policy ``round_robin`` (the seed's behaviour)
 ---------------------------------------------
@@ -95,11 +95,11 @@ for it: the longest request runs at most ``chunk_cap`` tokens a dispatch only wh
 longest is unfinished. The dispatch count is then close to the bound, and equal to it in most
 workloads without ``page_size`` (the seed's case with budget 8192 and 16 rows takes 14).
 
-*Keeping to the bound.* Without ``page_size``, a dispatch planned with the whole budget is
-the greedy fill only if what it leaves has a bound at most one below the bound before it;
-otherwise every request first runs its :func:`deadline_minimums` and the rest of the budget
-goes first come, first served (:func:`fill_sizes`), if the rows and :func:`admits` take
-that and it keeps to the bound. A plan whose greedy
+*Keeping to the bound.* A dispatch planned with the whole budget is the greedy fill only if
+what it leaves has a bound at most one below the bound before it; otherwise every request
+first runs its :func:`deadline_minimums` (raised to whole pages by :func:`least_chunk`) and
+the rest of the budget goes first come, first served (:func:`fill_sizes`), if the rows and
+:func:`admits` take that and it keeps to the bound. A plan whose greedy
 fill meets the bound is therefore exactly the greedy (vLLM's) plan; the others take fewer
 dispatches, and on every tiny batch the fewest of any schedule that starts requests in
 order. Offline, the greedy rows stand up to the first dispatch that fails
@@ -186,6 +186,13 @@ Counted in dispatches that carry rows (an empty step moves no request ahead of a
     over may be less than a page.)
 
   Waiting requests are admitted strictly in arrival order.
+
+  These bounds are for the greedy fill. A dispatch kept to the bound (below) gives every
+  request its deadline minimum first, so there an older started request may run less than
+  the greedy fill would give it, or nothing, while a younger one runs what it must: prompts
+  of 100 tokens with 4 and 5 cached, budget 16, pages of 8, take 12 dispatches instead of
+  13, the older one waiting 5 of them for its last 4 tokens. Arrival order of admission
+  still holds.
 
 Generation: decode rows, a bounded page pool, preemption
 --------------------------------------------------------
@@ -434,13 +441,6 @@ def dispatch_bound(total: int, first: int, second: int, count: int, config: Plan
     return bound
 
 
-def plans_to_the_bound(config: PlannerConfig) -> bool:
-    """Whether ``packed`` keeps its dispatches to the lower bound (*Keeping to the bound* in
-    the header): without ``page_size``, where a request may run any amount up to its cap in
-    any dispatch."""
-    return config.policy == "packed" and config.page_size is None
-
-
 def surely_keeps_to_the_bound(
     tokens_run: Any, total: Any, longest: Any, count: Any, config: PlannerConfig
 ) -> Any:
@@ -525,22 +525,47 @@ def deadline_minimums(
 
 
 def fill_sizes(
-    remaining: Sequence[int], minimums: Sequence[int], cap: int, budget: int
-) -> list[int]:
-    """The chunk of each request, in fill order, when each runs at least its minimum and the
-    budget those leave goes first come, first served: each request up to ``min(remaining,
-    cap)``. (All minimums zero: ``packed``'s greedy fill without limits.)"""
-    free = budget - sum(minimums)
-    sizes = list(minimums)
-    for j, r in enumerate(remaining):
-        most = r if r < cap else cap
-        extra = most - sizes[j]
-        if extra > free:
-            extra = free
-        if extra > 0:
-            sizes[j] += extra
-            free -= extra
+    positions: Sequence[int],
+    lengths: Sequence[int],
+    minimums: Sequence[int],
+    num_started: int,
+    cap: int,
+    budget: int,
+    page: int,
+) -> list[int] | None:
+    """The chunk of each request, in fill order (the ``num_started`` started ones first), at
+    ``positions`` of prompts of ``lengths``, when each runs at least its minimum and the
+    budget those leave goes first come, first served: each as much as :func:`chunk_size`
+    allows it with ``min(cap, its minimum + the budget left)``. A minimum is first raised to
+    the least chunk that holds it (:func:`least_chunk`); ``None`` if one is then above
+    ``cap`` or they exceed the budget. As in the greedy fill, no waiting request runs after
+    one that cannot. (All minimums zero, without pages: ``packed``'s greedy fill.)"""
+    least = [
+        least_chunk(start, length, minimum, page)
+        for start, length, minimum in zip(positions, lengths, minimums, strict=True)
+    ]
+    free = budget - sum(least)
+    if free < 0 or any(size > cap for size in least):
+        return None
+    sizes = least
+    for j, (start, length) in enumerate(zip(positions, lengths, strict=True)):
+        size = chunk_size(start, length, min(cap, sizes[j] + free), page)
+        if size > sizes[j]:
+            free -= size - sizes[j]
+            sizes[j] = size
+        elif not sizes[j] and j >= num_started:  # admission stops here
+            break
     return sizes
+
+
+def least_chunk(start: int, length: int, tokens: int, page: int) -> int:
+    """The smallest chunk from ``start`` of a prompt of ``length`` that runs at least
+    ``tokens`` (0 for none): up to the next page boundary at or past ``start + tokens``, or
+    to the end. (The counterpart of :func:`chunk_size`'s largest.)"""
+    if tokens <= 0:
+        return 0
+    end = -(-(start + tokens) // page) * page
+    return (end if end < length else length) - start
 
 
 def fits_one_dispatch(

@@ -24,7 +24,7 @@ def oracle_plan(
     position = list(computed) if computed is not None else [0] * len(lengths)
     if config.policy == "round_robin":
         return _round_robin(lengths, position, config)
-    if not greedy and config.page_size is None:
+    if not greedy:
         return _packed_to_the_bound(lengths, position, config)
     return _packed(lengths, position, config)
 
@@ -101,12 +101,13 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
 def _packed_to_the_bound(
     lengths: list[int], position: list[int], config: PlannerConfig
 ) -> list[list[Row]]:
-    """``packed`` without pages: the greedy fill, unless it would leave more than the bound
-    less one dispatch; then each request first gets the least it must run now (the docs'
-    deadline minimums), the rest of the budget first come, first served, if the rows and
-    the partial limit hold it."""
+    """``packed``: the greedy fill, unless it would leave more than the bound less one
+    dispatch; then each request first gets the least it must run now (the docs' deadline
+    minimums, raised to a chunk that ends on a page or the prompt), the rest of the budget
+    first come, first served, if the rows and the partial limit hold it."""
     budget = config.max_num_batched_tokens
     cap = min(budget, config.long_prefill_token_threshold or budget)
+    page = config.page_size or 1
     max_rows = config.max_num_seqs or len(lengths)
     max_partial = config.max_num_partial_prefills or len(lengths)
     started: list[int] = []
@@ -117,21 +118,30 @@ def _packed_to_the_bound(
         order = started + waiting
         left = [lengths[r] - position[r] for r in order]
         own_cap = budget if len(order) == 1 else cap
-        sizes = _fill(left, [0] * len(order), own_cap, budget, max_rows)
+        sizes = _page_fill(
+            order, position, lengths, [0] * len(order), len(started), own_cap, budget, page
+        )
+        assert sizes is not None
+        sizes = _within_rows(sizes, len(started), max_rows)
         sizes = _admitted(sizes, left, len(started), max_partial)
         if len(order) > 1:
             bound = _bound(left, budget, cap, config.max_num_seqs)
             if _bound(_minus(left, sizes), budget, cap, config.max_num_seqs) > bound - 1:
                 least = _least(left, len(started), bound, budget, cap)
-                if least is not None:
-                    kept = _fill(left, least, own_cap, budget, len(left))
-                    if (
-                        sum(1 for size in kept if size) <= max_rows
-                        and _admitted(kept, left, len(started), max_partial) == kept
-                        and _bound(_minus(left, kept), budget, cap, config.max_num_seqs)
-                        <= bound - 1
-                    ):
-                        sizes = kept
+                kept = (
+                    None
+                    if least is None
+                    else _page_fill(
+                        order, position, lengths, least, len(started), own_cap, budget, page
+                    )
+                )
+                if (
+                    kept is not None
+                    and sum(1 for size in kept if size) <= max_rows
+                    and _admitted(kept, left, len(started), max_partial) == kept
+                    and _bound(_minus(left, kept), budget, cap, config.max_num_seqs) <= bound - 1
+                ):
+                    sizes = kept
         rows: list[Row] = []
         for r, size in zip(order, sizes, strict=True):
             if size:
@@ -141,6 +151,50 @@ def _packed_to_the_bound(
                     started.append(r)
         dispatches.append(rows)
     return dispatches
+
+
+def _page_fill(
+    order: list[int],
+    position: list[int],
+    lengths: list[int],
+    least: list[int],
+    num_started: int,
+    cap: int,
+    budget: int,
+    page: int,
+) -> list[int] | None:
+    """Each request at least its ``least`` tokens, raised to the end of their page (or the
+    prompt), then the budget in order, each chunk as the chunk rule cuts it; a waiting
+    request that cannot run stops the fill. ``None``: the least do not fit."""
+    sizes = []
+    for r, tokens in zip(order, least, strict=True):
+        if tokens <= 0:
+            sizes.append(0)
+            continue
+        end = min(-(-(position[r] + tokens) // page) * page, lengths[r])
+        if end - position[r] > cap:
+            return None
+        sizes.append(end - position[r])
+    free = budget - sum(sizes)
+    if free < 0:
+        return None
+    for j, r in enumerate(order):
+        size = _chunk(position[r], lengths[r], min(cap, sizes[j] + free), page)
+        if size > sizes[j]:
+            free -= size - sizes[j]
+            sizes[j] = size
+        elif sizes[j] == 0 and j >= num_started:
+            break
+    return sizes
+
+
+def _within_rows(sizes: list[int], num_started: int, rows: int) -> list[int]:
+    """The greedy fill's rows: in order, until ``rows`` have run."""
+    kept, used = [], 0
+    for size in sizes:
+        kept.append(size if used < rows else 0)
+        used += bool(kept[-1])
+    return kept
 
 
 def _admitted(sizes: list[int], left: list[int], num_started: int, max_partial: int) -> list[int]:
@@ -159,19 +213,6 @@ def _admitted(sizes: list[int], left: list[int], num_started: int, max_partial: 
 
 def _minus(left: list[int], sizes: list[int]) -> list[int]:
     return [a - b for a, b in zip(left, sizes, strict=True)]
-
-
-def _fill(left: list[int], least: list[int], cap: int, budget: int, rows: int) -> list[int]:
-    free = budget - sum(least)
-    sizes = list(least)
-    for j, tokens in enumerate(left):
-        if not sizes[j] and sum(1 for size in sizes if size) >= rows:
-            break
-        more = min(min(tokens, cap) - sizes[j], free)
-        if more > 0:
-            sizes[j] += more
-            free -= more
-    return sizes
 
 
 def _bound(left: list[int], budget: int, cap: int, rows: int | None) -> int:

@@ -378,16 +378,33 @@ def test_a_stream_of_arrivals_does_not_starve_a_started_request() -> None:
 def test_packed_skips_a_started_request_only_while_older_ones_fill_the_room() -> None:
     # A's prefix hit gives it a short first chunk, leaving B room to start; from then on A
     # runs a whole 16-token chunk per step and B waits, 5 times, within 84 // (16 - 8 + 1).
+    # (Two dispatches: a bound above them keeps the greedy fill, see the next test.)
     config = PlannerConfig(max_num_batched_tokens=16, page_size=8, policy="packed")
     state = PrefillState().add("A", 100, num_computed_tokens=4)
-    state = state.add("B", 100, num_computed_tokens=5)
+    state = state.add("B", 100, num_computed_tokens=5).add("C", 1000)
     runs = []
     while "A" in state:
-        plan = plan_step(state, config)
+        plan = plan_step(state, config, reserved_tokens=0)
         runs.append("".join(plan.rows))
         state = plan.state
     assert runs == ["AB", "A", "A", "A", "A", "A", "AB"]
     assert packed_skip_bound(config, older_tokens=100 - 16) == 9
+
+
+def test_keeping_to_the_bound_can_hold_back_an_older_request() -> None:
+    # Alone, A and B take 12 dispatches at best: B must then run 16 tokens in each of the
+    # last 6, and A's last 4 wait for the last one (the greedy fill takes 13).
+    config = PlannerConfig(max_num_batched_tokens=16, page_size=8, policy="packed")
+    state = PrefillState().add("A", 100, num_computed_tokens=4)
+    state = state.add("B", 100, num_computed_tokens=5)
+    runs = []
+    while state:
+        plan = plan_step(state, config)
+        runs.append("".join(plan.rows))
+        state = plan.state
+    assert runs == ["AB", *["A"] * 5, *["B"] * 5, "AB"]
+    schedule = plan_prefill([100, 100], config, num_computed_tokens=[4, 5])
+    assert schedule.num_dispatches == schedule.lower_bound == 12
 
 
 def test_packed_serves_started_requests_first_then_admits_in_arrival_order() -> None:
