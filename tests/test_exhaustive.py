@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from optimum import optimum
 from oracle import oracle_plan
-from test_planner import tiny_configs
+from test_planner import rows_of, tiny_configs
 
 from pypto_sched import PagePool, PlannerConfig, PrefillState, plan_prefill, plan_step
 
@@ -95,18 +95,7 @@ def test_keeping_to_the_bound_past_the_first_budget_of_waiting_requests_matches_
     )
     want = oracle_plan(lengths, config)
     assert drain(lengths, config, pool=None) == want
-    schedule = plan_prefill(lengths, config)
-    offsets = schedule.dispatch_offsets.tolist()
-    rows = list(
-        zip(
-            schedule.requests.tolist(),
-            schedule.starts.tolist(),
-            schedule.lengths.tolist(),
-            schedule.is_final.tolist(),
-            strict=True,
-        )
-    )
-    assert [rows[a:b] for a, b in itertools.pairwise(offsets)] == want
+    assert rows_of(plan_prefill(lengths, config)) == want
 
 
 def test_removing_a_waiting_request_plans_as_if_it_had_never_come() -> None:
