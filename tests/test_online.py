@@ -22,6 +22,7 @@ import attrs
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from oracle import _admitted, _bound, _page_fill, _within_rows
 
 from pypto_sched import (
     DuplicateRequestError,
@@ -189,7 +190,12 @@ class History:
         alone = len(before) == 1 and reserved_tokens == reserved_rows == 0
         cap = config.max_num_batched_tokens if alone and config.policy == "packed" else None
         self.check_rows(plan, room_tokens, room_rows, cap or config.chunk_cap)
-        if config.policy == "packed":
+        # A dispatch kept to the bound may hold older requests back (the fairness bounds are
+        # for the greedy fill); it must then lower the bound by one.
+        kept = config.policy == "packed" and self.kept_to_the_bound(
+            before, plan, reserved_tokens, room_rows
+        )
+        if config.policy == "packed" and not kept:
             self.check_packed_skips(plan, room_tokens, room_rows)
         if meanwhile is None:
             self.state = plan.state
@@ -204,9 +210,52 @@ class History:
             if chunk.is_final:
                 del self.model[request_id]
         if plan.rows:
-            self.count_waits(plan)
+            self.count_waits(plan, kept)
         self.check_state()
         return plan
+
+    def kept_to_the_bound(
+        self,
+        before: PrefillState[int],
+        plan: StepPlan[int],
+        reserved_tokens: int,
+        room_rows: int | None,
+    ) -> bool:
+        """Whether ``plan`` is not the greedy fill (the oracle's, from ``before``); if so,
+        check that it lowers the docs' bound by one."""
+        config = self.config
+        order = list(before)
+        if reserved_tokens or len(order) < 2:
+            return False
+        size = max(order) + 1
+        position, lengths = [0] * size, [0] * size
+        for r in order:
+            position[r] = before[r].num_computed_tokens
+            lengths[r] = before[r].prompt_length
+        num_started = sum(before[r].is_started for r in order)
+        budget, cap = config.max_num_batched_tokens, config.chunk_cap
+        sizes = _page_fill(
+            order,
+            position,
+            lengths,
+            [0] * len(order),
+            num_started,
+            cap,
+            budget,
+            config.page_size or 1,
+        )
+        assert sizes is not None
+        left = [lengths[r] - position[r] for r in order]
+        sizes = _within_rows(sizes, num_started, len(order) if room_rows is None else room_rows)
+        sizes = _admitted(sizes, left, num_started, config.max_num_partial_prefills or len(order))
+        greedy = {r: n for r, n in zip(order, sizes, strict=True) if n}
+        if greedy == {r: chunk.length for r, chunk in plan.rows.items()}:
+            return False
+        ran = [plan.rows[r].length if r in plan.rows else 0 for r in order]
+        after = [a - b for a, b in zip(left, ran, strict=True)]
+        rows = config.max_num_seqs
+        assert _bound(after, budget, cap, rows) <= _bound(left, budget, cap, rows) - 1
+        return True
 
     def check_rows(
         self, plan: StepPlan[int], room_tokens: int, room_rows: int | None, cap: int
@@ -244,7 +293,7 @@ class History:
                 or older_tokens > room_tokens - page
             ), f"request {request_id} skipped without older started requests filling the step"
 
-    def count_waits(self, plan: StepPlan[int]) -> None:
+    def count_waits(self, plan: StepPlan[int], kept: bool = False) -> None:
         if self.config.policy == "round_robin":
             for request_id, model in self.model.items():
                 if request_id in plan.rows:
@@ -258,7 +307,7 @@ class History:
             return
         for request_id, model in self.model.items():
             if request_id not in plan.rows:
-                model.skipped += model.started
+                model.skipped += model.started and not kept
                 if model.started and not self.reserve:
                     bound = packed_skip_bound(self.config, model.older_tokens)
                     if self.config.page_size is None:
