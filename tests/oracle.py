@@ -104,29 +104,51 @@ def _packed_to_the_bound(
     """``packed``: the greedy fill, unless it would leave more than the bound less one
     dispatch; then each request first gets the least it must run now (the docs' deadline
     minimums, raised to a chunk that ends on a page or the prompt), the rest of the budget
-    first come, first served, if the rows and the partial limit hold it."""
+    first come, first served, if the rows and the partial limit hold it.
+
+    Requests start in order, so the waiting ones are those from ``next_new`` on, unchanged
+    since the start: the two most they have left, from any index on, are listed once. A
+    fill reaches at most ``budget + 1`` of them (each it runs takes a token)."""
     budget = config.max_num_batched_tokens
     cap = min(budget, config.long_prefill_token_threshold or budget)
     page = config.page_size or 1
-    max_rows = config.max_num_seqs or len(lengths)
+    rows_limit = config.max_num_seqs
+    max_rows = rows_limit or len(lengths)
     max_partial = config.max_num_partial_prefills or len(lengths)
+    n = len(lengths)
+    most = [(0, 0)] * (n + 1)  # the two most left to requests i, i + 1, ...
+    for i in range(n - 1, -1, -1):
+        first, second = most[i + 1]
+        tokens = lengths[i] - position[i]
+        most[i] = (tokens, first) if tokens >= first else (first, max(second, tokens))
+    total = sum(lengths[r] - position[r] for r in range(n))
     started: list[int] = []
+    next_new = 0
     dispatches: list[list[Row]] = []
-    while any(p < n for p, n in zip(position, lengths, strict=True)):
-        started = [r for r in started if position[r] < lengths[r]]
-        waiting = [r for r in range(len(lengths)) if position[r] < lengths[r] and r not in started]
-        order = started + waiting
+    while started or next_new < n:
+        reach = min(n, next_new + budget + 1)
+        order = started + list(range(next_new, reach))
         left = [lengths[r] - position[r] for r in order]
-        own_cap = budget if len(order) == 1 else cap
+        count = len(started) + n - next_new
+        own_cap = budget if count == 1 else cap
         sizes = _page_fill(
             order, position, lengths, [0] * len(order), len(started), own_cap, budget, page
         )
         assert sizes is not None
         sizes = _within_rows(sizes, len(started), max_rows)
         sizes = _admitted(sizes, left, len(started), max_partial)
-        if len(order) > 1:
-            bound = _bound(left, budget, cap, config.max_num_seqs)
-            if _bound(_minus(left, sizes), budget, cap, config.max_num_seqs) > bound - 1:
+        if count > 1:
+            rest = most[reach]
+            bound = _bound_with(left, rest, total, count, budget, cap, rows_limit)
+            after = _minus(left, sizes)
+            ran, finished = sum(sizes), after.count(0)
+            if _bound_with(after, rest, total - ran, count - finished, budget, cap, rows_limit) > (
+                bound - 1
+            ):
+                # Every request, plainly.
+                order = started + list(range(next_new, n))
+                left = [lengths[r] - position[r] for r in order]
+                sizes += [0] * (len(order) - len(sizes))
                 least = _least(left, len(started), bound, budget, cap)
                 kept = (
                     None
@@ -139,7 +161,7 @@ def _packed_to_the_bound(
                     kept is not None
                     and sum(1 for size in kept if size) <= max_rows
                     and _admitted(kept, left, len(started), max_partial) == kept
-                    and _bound(_minus(left, kept), budget, cap, config.max_num_seqs) <= bound - 1
+                    and _bound(_minus(left, kept), budget, cap, rows_limit) <= bound - 1
                 ):
                     sizes = kept
         rows: list[Row] = []
@@ -147,8 +169,11 @@ def _packed_to_the_bound(
             if size:
                 rows.append((r, position[r], size, position[r] + size == lengths[r]))
                 position[r] += size
+                total -= size
                 if r not in started:
                     started.append(r)
+                    next_new += 1
+        started = [r for r in started if position[r] < lengths[r]]
         dispatches.append(rows)
     return dispatches
 
@@ -217,29 +242,48 @@ def _minus(left: list[int], sizes: list[int]) -> list[int]:
 
 def _bound(left: list[int], budget: int, cap: int, rows: int | None) -> int:
     """The docs' lower bound under ``packed`` (0: nothing left)."""
-    rest = sorted((t for t in left if t > 0), reverse=True)
-    if not rest:
+    rest = [t for t in left if t > 0]
+    return _bound_with(rest, (0, 0), sum(rest), len(rest), budget, cap, rows)
+
+
+def _bound_with(
+    left: list[int],
+    others: tuple[int, int],
+    total: int,
+    count: int,
+    budget: int,
+    cap: int,
+    rows: int | None,
+) -> int:
+    """The docs' lower bound of ``count`` requests with ``total`` tokens left, some with
+    ``left`` each, the others' two most being ``others`` (0: nothing left)."""
+    if not count:
         return 0
+    first, second = sorted([*left, *others], reverse=True)[:2]
     shared = budget if rows is None else min(budget, rows * cap)
     if cap == budget:
-        tokens = -(-sum(rest) // shared)
+        tokens = -(-total // shared)
     else:  # ceil((total - R1) / shared + R1 / budget)
-        tokens = -(-((sum(rest) - rest[0]) * budget + rest[0] * shared) // (shared * budget))
-    least = 0 if rows is None else -(-len(rest) // rows)
-    if len(rest) == 1:
-        return max(tokens, -(-rest[0] // budget), least)
-    k = -(-rest[1] // cap)
-    return max(tokens, k + -(-max(rest[0] - k * cap, 0) // budget), least)
+        tokens = -(-((total - first) * budget + first * shared) // (shared * budget))
+    least = 0 if rows is None else -(-count // rows)
+    if count == 1:
+        return max(tokens, -(-first // budget), least)
+    k = -(-second // cap)
+    return max(tokens, k + -(-max(first - k * cap, 0) // budget), least)
 
 
 def _least(
     left: list[int], num_started: int, bound: int, budget: int, cap: int
 ) -> list[int] | None:
-    """The docs' deadline minimums, trying every ``k``: the fewest tokens in all (of equals,
-    the largest ``k``)."""
+    """The docs' deadline minimums: the fewest tokens in all over the ``k`` that can give
+    them (of equals, the largest ``k``). A request other than the longest runs at most a
+    cap now, so ``k >= ceil(second / cap) - 1``; above ``ceil(second / cap)`` only the
+    longest's minimum changes, and it grows with ``k``."""
     longest = max(range(len(left)), key=lambda j: (left[j], -j))  # the oldest of equals
+    second = max((t for j, t in enumerate(left) if j != longest), default=0)
+    top = min(bound - 1, -(-second // cap))
     best: list[int] | None = None
-    for k in range(bound - 1, -1, -1):
+    for k in range(top, max(top - 2, -1), -1):
         least = [max(t - k * cap, 0) for t in left]
         least[longest] = max(left[longest] - k * cap - (bound - 1 - k) * budget, 0)
         if any(m > min(t, cap) for m, t in zip(least, left, strict=True)):
