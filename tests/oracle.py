@@ -107,8 +107,8 @@ def _packed_to_the_bound(
     first come, first served, if the rows and the partial limit hold it.
 
     Requests start in order, so the waiting ones are those from ``next_new`` on, unchanged
-    since the start: the two most they have left, from any index on, are listed once. A
-    fill reaches at most ``budget + 1`` of them (each it runs takes a token)."""
+    since the start: the two most they have left, from any index on, are listed once, and
+    the greedy fill reads them only as far as it runs them."""
     budget = config.max_num_batched_tokens
     cap = min(budget, config.long_prefill_token_threshold or budget)
     page = config.page_size or 1
@@ -126,17 +126,24 @@ def _packed_to_the_bound(
     next_new = 0
     dispatches: list[list[Row]] = []
     while started or next_new < n:
-        reach = min(n, next_new + budget + 1)
-        order = started + list(range(next_new, reach))
-        left = [lengths[r] - position[r] for r in order]
         count = len(started) + n - next_new
         own_cap = budget if count == 1 else cap
-        sizes = _page_fill(
-            order, position, lengths, [0] * len(order), len(started), own_cap, budget, page
-        )
-        assert sizes is not None
-        sizes = _within_rows(sizes, len(started), max_rows)
-        sizes = _admitted(sizes, left, len(started), max_partial)
+        # The greedy fill, over the waiting ones up to where it stops (read twice as far
+        # while it runs every one read and has budget left).
+        width = 16
+        while True:
+            reach = min(n, next_new + width)
+            order = started + list(range(next_new, reach))
+            left = [lengths[r] - position[r] for r in order]
+            sizes = _page_fill(
+                order, position, lengths, [0] * len(order), len(started), own_cap, budget, page
+            )
+            assert sizes is not None
+            sizes = _within_rows(sizes, len(started), max_rows)
+            sizes = _admitted(sizes, left, len(started), max_partial)
+            if reach == n or sum(sizes) >= budget or not all(sizes[len(started) :]):
+                break
+            width *= 2
         if count > 1:
             rest = most[reach]
             bound = _bound_with(left, rest, total, count, budget, cap, rows_limit)
