@@ -95,15 +95,17 @@ def _keep_to_the_bound(
     left = int(remaining.sum()) - np.concatenate(([0], np.cumsum(tokens)[:-1]))
     dispatch_of = np.repeat(np.arange(num), np.diff(offsets))
     finishing = np.zeros(num, dtype=np.int64)
-    np.maximum.at(finishing, dispatch_of[final], remaining[requests[final]])
+    finish_at = dispatch_of[final]  # ascending: rows are in dispatch order
+    groups = np.flatnonzero(np.diff(finish_at, prepend=-1))
+    finishing[finish_at[groups]] = np.maximum.reduceat(remaining[requests[final]], groups)
     longest = np.maximum.accumulate(finishing[::-1])[::-1]
     finished = np.bincount(dispatch_of[final], minlength=num)
     count = lengths.size - np.concatenate(([0], np.cumsum(finished)[:-1]))
     sure = surely_keeps_to_the_bound(tokens, left, longest, count, config)
     first = int(np.argmin(sure))  # one is not sure, since the greedy rows miss the bound
     done = int(offsets[first])
-    position = computed.copy()
-    np.add.at(position, requests[:done], sizes[:done])
+    ran = np.bincount(requests[:done], weights=sizes[:done], minlength=lengths.size)
+    position = computed + ran.astype(np.int64)  # float sums of ints below 2**53: exact
     started: list[_Request] = []
     queued: list[_Request] = []
     for r in np.flatnonzero(position < lengths).tolist():
