@@ -456,6 +456,27 @@ def test_keeping_to_the_bound_can_hold_back_an_older_request() -> None:
     assert schedule.num_dispatches == schedule.lower_bound == 12
 
 
+def test_keeping_to_the_bound_can_skip_a_started_request_for_arrivals() -> None:
+    # docs/serving.md, Fairness: the started 27-token prompt "c" can finish alone at the end
+    # with the whole budget, so when "d" and "e" arrive the dispatch kept to the bound runs
+    # them and not "c"; without the arrivals (the greedy fill keeps to the bound) "c" runs.
+    config = PlannerConfig(
+        max_num_batched_tokens=5, long_prefill_token_threshold=2, policy="packed"
+    )
+    started = plan_step(PrefillState().add("a", 2).add("b", 4).add("c", 27), config).state
+    assert started["c"] == PrefillRequest(prompt_length=27, num_computed_tokens=1, is_started=True)
+    assert list(plan_step(started, config).rows) == ["b", "c"]
+    arrived = started.add("d", 4).add("e", 8)
+    plan = plan_step(arrived, config)
+    assert list(plan.rows) == ["b", "d", "e"]
+
+    def bound(state: PrefillState[str]) -> int:
+        left = [state[r].num_remaining_tokens for r in state]
+        return _bound(left, config.max_num_batched_tokens, config.chunk_cap, None)
+
+    assert bound(plan.state) == bound(arrived) - 1
+
+
 def test_packed_serves_started_requests_first_then_admits_in_arrival_order() -> None:
     config = PlannerConfig(max_num_batched_tokens=100, policy="packed")
     state = PrefillState.from_prompt_lengths([150, 30, 30])
