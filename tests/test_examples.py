@@ -98,3 +98,15 @@ def test_the_serving_loop_gives_each_request_the_tokens_of_its_prompt_alone(
     assert [request.generated for request in finished.values()] == [
         sequence.token_ids.tolist() for sequence in alone.sequences
     ]
+
+
+def test_the_serving_loop_runs_the_backend_contract_s_toy_backend() -> None:
+    # The toy backend of writing-a-backend.md follows the contract to the letter: a dispatch
+    # without final rows is asked for nothing. The loop must not ask it for tokens there.
+    serving_loop = load("serving_loop")
+    toy = load("toy_backend").ToyBackend()
+    config = PlannerConfig(
+        max_num_batched_tokens=16, long_prefill_token_threshold=8, policy="packed"
+    )
+    summary = serving_loop.serve(config, backend=toy, num_requests=4, num_pages=64, page_size=8)
+    assert summary.finished + summary.aborted == 4

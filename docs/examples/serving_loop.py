@@ -121,7 +121,7 @@ def serve(
             token_ids=np.array(tokens, dtype=np.int64),
             input_embeddings=None,
             return_logits=False,
-            return_greedy=True,
+            return_greedy=bool(step.sampled),  # a dispatch without final rows asks nothing
         )
         output = backend.run_dispatch(batch, cache)
         # 4. Each final row gives its request one token.
