@@ -289,7 +289,9 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         planned from, it gives ``plan.state``.
         A request whose chunk ran rejoins ``round_robin``'s queue behind the requests that
         arrived while it ran, as if queued when the dispatch ended; ``packed``'s newly
-        started requests follow its started ones, as in ``plan.state``.
+        started requests follow its started ones, as in ``plan.state``. The run is the plan's:
+        one that finished every request ends it, and otherwise it goes on (its policy stays),
+        even if the requests the plan left were all removed while it ran.
 
         Raises :class:`InvalidInputError` if a request of the plan is here at another
         position than its chunk's start (the plan was applied already, or was made from

@@ -919,3 +919,20 @@ def test_discard_removes_a_request_if_present_and_is_a_no_op_otherwise() -> None
     assert state.discard([]) is state  # type: ignore[arg-type]
     finished = plan_step(state, RR).state
     assert finished.discard(0) is finished
+
+
+def test_applying_a_plan_keeps_its_run_when_the_requests_it_left_were_removed() -> None:
+    config = PlannerConfig(max_num_batched_tokens=8)
+    # The plan left "x" part-way; "x" is removed while it runs. The state never drained, so
+    # the round_robin run goes on: b and c run one a dispatch, not as a whole batch.
+    state = PrefillState().add("a", 12).add("x", 12)
+    for _ in range(2):
+        state = plan_step(state, config).state
+    plan = plan_step(state, config)
+    assert plan.rows == {"a": StepChunk(start=8, length=4, is_final=True)}
+    applied = state.discard("x").add("b", 3).add("c", 3).apply(plan)
+    assert applied.policy == "round_robin"
+    assert list(plan_step(applied, config).rows) == ["b"]
+    drained = plan.state.discard("x").add("b", 3).add("c", 3)
+    assert drained.policy is None
+    assert list(plan_step(drained, config).rows) == ["b", "c"]
