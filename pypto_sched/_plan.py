@@ -22,7 +22,7 @@ from ._policies import (
     surely_keeps_to_the_bound,
 )
 from ._schedule import Schedule, lower_bound
-from ._validate import as_count_array, read_only
+from ._validate import MAX_TOKENS, as_count_array, read_only
 
 __all__ = ["plan_one_shot", "plan_prefill"]
 
@@ -73,6 +73,11 @@ def plan_one_shot(
     lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
     computed = check_num_computed_tokens(num_computed_tokens, lengths)
     budget = max(int((lengths - computed).sum()), 1)
+    if budget > MAX_TOKENS:
+        raise InvalidInputError(
+            f"the one-shot dispatch would hold every remaining token, {budget:,}, more than a "
+            f"dispatch can ({MAX_TOKENS:,}): plan these prompts in chunks, or in smaller batches"
+        )
     return plan_prefill(
         lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
     )

@@ -26,6 +26,7 @@ from pypto_sched import (
     Policy,
     PrefillState,
     Schedule,
+    plan_one_shot,
     plan_prefill,
     plan_step,
 )
@@ -901,3 +902,10 @@ def test_plan_prefill_matches_the_oracle_on_every_tiny_input() -> None:
         for lengths in batches:
             schedule = plan_prefill(lengths, config)
             assert rows_of(schedule) == oracle_plan(lengths, config), (lengths, config)
+
+
+def test_a_one_shot_plan_that_no_dispatch_can_hold_says_so() -> None:
+    assert plan_one_shot([2**30, 2**30 - 1]).num_dispatches == 1
+    with pytest.raises(InvalidInputError, match=r"one-shot dispatch would hold .* 2,147,483,648"):
+        plan_one_shot([2**30, 2**30])
+    assert plan_prefill([2**30, 2**30], PlannerConfig(max_num_batched_tokens=2**20)).lower_bound
