@@ -31,6 +31,7 @@ from transformers.generation.continuous_batching.scheduler import (  # noqa: E40
 
 from pypto_sched import POLICIES, InvalidConfigError, PlannerConfig  # noqa: E402
 from pypto_sched.integrations.transformers import (  # noqa: E402
+    ORDERS,
     PyptoScheduler,
     ScheduledBatch,
     ScheduledRow,
@@ -410,6 +411,7 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
     threshold = draw(st.one_of(st.none(), st.integers(PAGE, 40)))
     partial = draw(st.one_of(st.none(), st.integers(1, 3))) if policy == "packed" else None
     max_batch_tokens = draw(st.integers(PAGE, 64))
+    order = draw(st.sampled_from(ORDERS))
     # no alignment, the server's pages, or any page size that fits the server's batch
     page_size = draw(
         st.one_of(
@@ -433,6 +435,7 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
         "config": config,
         "num_blocks": draw(st.integers(largest + 1, 64)),
         "max_batch_tokens": max_batch_tokens,
+        "order": order,
     }
 
 
@@ -444,7 +447,7 @@ def test_generated_workloads_give_the_tokens_of_fifo_and_generate_within_the_con
     prompts, new_tokens = workload["prompts"], workload["new_tokens"]
     config = workload["config"]
     batches: list[ScheduledBatch] = []
-    checked_progress(register(config, on_batch=batches.append))
+    checked_progress(register(config, on_batch=batches.append, order=workload["order"]))
     server = ContinuousBatchingConfig(
         page_size=PAGE,
         num_blocks=workload["num_blocks"],
@@ -625,3 +628,80 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
         if any(spans[0] <= after < spans[-1] for spans in prefill_batches.values())
     ]
     assert len(joined_mid_prefill) >= 2, prefill_batches
+
+
+def test_register_rejects_an_unknown_admission_order() -> None:
+    with pytest.raises(InvalidConfigError, match="'order' must be one of"):
+        register(PlannerConfig(max_num_batched_tokens=64), order="longest_first")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_requests_join_the_planner_in_the_admission_order(
+    model: Any, reference: Any, policy: str, order: str
+) -> None:
+    """Requests start in the order they join the planner: by arrival, or, shortest first,
+    each group the server queued between two batches sorted by prompt length and never
+    ahead of an earlier group; the tokens are ``generate()``'s either way."""
+    lengths = [50, 6, 23, 41, 35, 28, 12, 30, 3, 19]
+    prompts = random_prompts(23, lengths)
+    ids = [f"r{i}" for i in range(len(prompts))]
+    # request index -> the batch after which it is submitted (0: before the server starts)
+    arrivals = {0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 2, 8: 3, 9: 3}
+    new_tokens = 3
+    manager: Any = None
+    batches: list[ScheduledBatch] = []
+
+    def submit(after: int) -> None:
+        for i, batch_number in arrivals.items():
+            if batch_number == after:
+                manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=new_tokens)
+
+    def on_batch(batch: ScheduledBatch) -> None:
+        batches.append(batch)
+        submit(len(batches))  # drained by the server before the next batch is scheduled
+
+    config = PlannerConfig(
+        max_num_batched_tokens=32,
+        long_prefill_token_threshold=16,
+        policy=policy,  # type: ignore[arg-type]
+    )
+    checked_progress(register(config, on_batch=on_batch, order=order))  # type: ignore[arg-type]
+    manager = model.init_continuous_batching(
+        generation_config=generation_config(new_tokens),
+        continuous_batching_config=ContinuousBatchingConfig(
+            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
+        ),
+    )
+    submit(0)
+    manager.start()
+    try:
+        results: dict[str, Any] = {}
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=30)
+            assert result is not None, f"no result after {sorted(results)}"
+            assert result.error is None, result.error
+            results[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=30)
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        assert results[request_id].generated_tokens == reference(prompt, new_tokens)
+    check_batches(batches, config, max_batch_tokens=32)
+    started: list[str] = []
+    start_batch: dict[str, int] = {}
+    for number, batch in enumerate(batches, start=1):
+        for row in batch.rows:
+            if row.is_prefill and row.request_id not in started:
+                started.append(row.request_id)
+                start_batch[row.request_id] = number
+    by_length = order == "shortest_first"
+    expected = sorted(
+        range(len(ids)), key=lambda i: (arrivals[i], lengths[i] if by_length else 0, i)
+    )
+    assert started == [ids[i] for i in expected]
+    # the case this test is for: shorter requests arrived while longer, earlier ones waited
+    assert any(
+        arrivals[j] < arrivals[i] < start_batch[ids[j]] and lengths[i] < lengths[j]
+        for i in arrivals
+        for j in arrivals
+    ), start_batch

@@ -15,12 +15,13 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
 
 1. *Reconcile.* The scheduler keeps a :class:`~pypto_sched.PrefillState` of the requests
    whose prefill is not finished (the server's waiting and prefilling requests), keyed by
-   the server's request ids. Requests the server has finished, cancelled or failed leave
-   it; new ones join it in arrival order. A request in it whose progress the server changed
-   on its own (a prefix-cache hit, an offload) joins it again where it now is, at the front
-   of the queue; so does a decoding request the server offloaded to the CPU, which its own
-   schedulers serve first; a decoding request it reset to its start joins at the back, as
-   the server queues it.
+   the server's request ids. Requests the server has finished, cancelled or failed leave it;
+   new ones join it in arrival order, or, with ``order="shortest_first"``, the ones found
+   together by fewest prompt tokens left first (see *Admission order*). A request in it
+   whose progress the server changed on its own (a prefix-cache hit, an offload) joins it
+   again where it now is, at the front of the queue; so does a decoding request the server
+   offloaded to the CPU, which its own schedulers serve first; a decoding request it reset
+   to its start joins at the back, as the server queues it.
 2. *Decode first.* Decoding requests run one token each, in the server's order, within the
    dispatch's tokens and rows (below).
 3. *Prefill.* :func:`~pypto_sched.plan_step` plans the prefill rows with the decode tokens
@@ -36,6 +37,19 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    that a started request that cannot get blocks is reported in ``starved_requests``; when
    nothing runs because the cache is full the batch is ``None``, and the server offloads
    requests and asks again.
+
+Admission order
+===============
+The planner starts requests in the order they joined its state. ``order="arrival"`` (the
+default) is the server's order, as its own schedulers keep it. ``order="shortest_first"``
+sorts the requests that join in one reconciliation by the prompt tokens they have left,
+fewest first (equal ones in arrival order): those the server queued since the last batch,
+all of them when ``generate_batch`` queues a whole batch before the first one. It never
+moves a request ahead of one that joined at an earlier batch, so no request waits for
+requests that arrived after it, and with requests arriving one at a time it is the arrival
+order. Serving the short prompts of a batch first gives more requests their first token
+early (the mean time to first token falls by about half on long-tailed batches, with the
+same tokens and about the same work), and the longest prompts get theirs last.
 
 Not covered: parallel sampling (``num_return_sequences > 1``). The server stops a forked
 request's prefill one token short of the planned chunk, so that chunk may end off the
@@ -53,7 +67,7 @@ say) makes every non-final chunk end on a multiple of it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import attrs
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
@@ -66,10 +80,14 @@ from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPP
 
 from .. import InvalidConfigError, PlannerConfig, PrefillState, StepChunk, plan_step
 
-__all__ = ["PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
+__all__ = ["ORDERS", "Order", "PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
 
 #: The default ``scheduler_type`` :func:`register` uses.
 DEFAULT_NAME = "pypto_sched"
+
+#: The order in which requests found together join the planner (see *Admission order*).
+Order = Literal["arrival", "shortest_first"]
+ORDERS: tuple[Order, ...] = get_args(Order)
 
 
 @attrs.frozen(kw_only=True)
@@ -112,23 +130,28 @@ def register(
     *,
     name: str = DEFAULT_NAME,
     on_batch: BatchObserver | None = None,
+    order: Order = "arrival",
 ) -> type[PyptoScheduler]:
     """Offer pypto_sched to transformers' continuous batching as ``scheduler_type=name``.
 
-    Puts a :class:`PyptoScheduler` subclass configured with ``config`` (and ``on_batch``,
-    called with every batch it schedules) into the server's ``SCHEDULER_MAPPING`` under
-    ``name``, replacing what was there, and returns it. The server picks it up for every
+    Puts a :class:`PyptoScheduler` subclass configured with ``config``, ``on_batch``
+    (called with every batch it schedules) and the admission ``order`` (see *Admission
+    order*) into the server's ``SCHEDULER_MAPPING`` under ``name``, replacing what was
+    there, and returns it. The server picks it up for every
     continuous-batching run whose config says ``scheduler_type=name``.
     """
     if not isinstance(config, PlannerConfig):
         raise InvalidConfigError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     if not isinstance(name, str) or not name:
         raise InvalidConfigError(f"'name' must be a non-empty string: {name!r}")
+    if order not in ORDERS:
+        raise InvalidConfigError(f"'order' must be one of {ORDERS}: {order!r}")
     observers = () if on_batch is None else (on_batch,)
 
     class Registered(PyptoScheduler):
         planner_config = config
         batch_observers = observers
+        admission_order = order
 
     Registered.__qualname__ = Registered.__name__ = f"PyptoScheduler[{name}]"
     SCHEDULER_MAPPING[name] = Registered
@@ -165,6 +188,8 @@ class PyptoScheduler(Scheduler):
     planner_config: ClassVar[PlannerConfig]
     #: Called with every batch (set by :func:`register`).
     batch_observers: ClassVar[tuple[BatchObserver, ...]] = ()
+    #: The order in which requests found together join the planner (set by :func:`register`).
+    admission_order: ClassVar[Order] = "arrival"
 
     def __init__(
         self, cache: PagedAttentionCache, safety_margin: float | None, max_requests_per_batch: int
@@ -243,7 +268,8 @@ class PyptoScheduler(Scheduler):
 
         A request whose progress the server changed keeps its place at the front of the
         queue, as do the requests the server offloaded to the CPU (its own schedulers serve
-        those first); a request reset by the server comes back as a new one, last.
+        those first); a request reset by the server comes back as a new one, last. New
+        requests join in :attr:`admission_order`.
 
         ``self.progress`` mirrors the state's progress in a plain dict (the state's own
         lookups cost microseconds each, and this runs over every request before every batch).
@@ -273,6 +299,8 @@ class PyptoScheduler(Scheduler):
             state = state.add(
                 server.request_id, length, num_computed_tokens=computed, at_front=True
             )
+        if self.admission_order == "shortest_first":
+            back.sort(key=lambda server: len(server.remaining_prefill_tokens))  # stable
         for server in back:
             length, computed = progress[server.request_id] = _progress(server)
             state = state.add(server.request_id, length, num_computed_tokens=computed)
