@@ -28,7 +28,7 @@ from ._errors import InvalidConfigError, InvalidScheduleError
 from ._json import load_json
 from ._policies import dispatch_bound
 from ._stats import ScheduleStats
-from ._validate import MAX_TOKENS, read_only
+from ._validate import MAX_TOKENS, is_int, read_only
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Chunk", "Dispatch", "Schedule"]
 
@@ -281,10 +281,10 @@ class Schedule:
     def from_dispatches(
         cls,
         config: PlannerConfig,
-        prompt_lengths: Sequence[int],
+        prompt_lengths: Sequence[int | np.integer[Any]],
         dispatches: Sequence[Sequence[Chunk | Sequence[object]]],
         *,
-        num_computed_tokens: Sequence[int] | None = None,
+        num_computed_tokens: Sequence[int | np.integer[Any]] | None = None,
     ) -> Schedule:
         """Build and validate a schedule from explicit rows.
 
@@ -408,24 +408,30 @@ def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
     if not isinstance(values, Sequence) or isinstance(values, str | bytes):
         raise InvalidScheduleError(f"{name!r} must be a list of ints: {type(values).__name__}")
     for index, value in enumerate(values):
-        if type(value) is not int or not min_value <= value <= MAX_TOKENS:
+        if not is_int(value) or not min_value <= value <= MAX_TOKENS:
             raise InvalidScheduleError(
                 f"{name!r} must hold ints in [{min_value}, {MAX_TOKENS}]: item {index} is {value!r}"
             )
-    return list(values)
+    return [int(value) for value in values]
 
 
 def _row(row: object, where: str) -> tuple[int, int, int, bool]:
+    """A row's fields as Python values; a :class:`Chunk` and a list obey the same rules
+    (NumPy ints and bools count as ints and bools, as they do everywhere else)."""
     if isinstance(row, Chunk):
-        return (row.request, row.start, row.length, row.is_final)
+        row = (row.request, row.start, row.length, row.is_final)
     if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
         raise InvalidScheduleError(f"{where} must be [request, start, length, is_final]: {row!r}")
     request, start, length, final = row
     for name, value in (("request", request), ("start", start), ("length", length)):
-        if type(value) is not int or not 0 <= value <= MAX_TOKENS:
+        if not is_int(value) or not 0 <= value <= MAX_TOKENS:
             raise InvalidScheduleError(
                 f"{where}: {name} must be an int in [0, {MAX_TOKENS}]: {value!r}"
             )
-    if type(final) is not bool:
-        raise InvalidScheduleError(f"{where}: is_final must be a bool: {final!r}")
-    return (request, start, length, final)
+    # An int is not a bool here, as a bool is not an int above: 0 and 1 are refused, not guessed.
+    if not isinstance(final, bool | np.bool_):
+        raise InvalidScheduleError(
+            f"{where}: is_final must be a bool (True or False, a NumPy bool too; convert 0/1 "
+            f"with bool()): {final!r} ({type(final).__name__})"
+        )
+    return (int(request), int(start), int(length), bool(final))

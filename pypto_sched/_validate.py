@@ -14,14 +14,15 @@ import numpy.typing as npt
 
 from ._errors import InvalidInputError, PyptoSchedError
 
-__all__ = ["MAX_TOKENS", "as_count_array", "check_int", "read_only"]
+__all__ = ["MAX_TOKENS", "as_count_array", "check_int", "is_int", "read_only"]
 
 #: The largest token count (prompt length, budget, threshold, position) the planner accepts.
 #: Kernels index positions and slots with 32-bit integers; so does the schedule.
 MAX_TOKENS = 2**31 - 1
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int: a Python or NumPy integer, not a bool."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
@@ -34,7 +35,7 @@ def check_int(
     error: type[PyptoSchedError] = InvalidInputError,
 ) -> int:
     """Return ``value`` as an ``int`` or raise ``error`` naming ``name``."""
-    if not _is_int(value):
+    if not is_int(value):
         raise error(f"{name!r} must be an int: {value!r} ({type(value).__name__})")
     number: int = int(value)  # type: ignore[call-overload]
     if number < min_value:
@@ -108,7 +109,7 @@ def _from_sequence(
     # Anything else (numpy ints, bools, floats, values out of range, an empty sequence) goes
     # item by item, so that the error names the first bad item.
     for index, value in enumerate(values):
-        if not _is_int(value):
+        if not is_int(value):
             raise InvalidInputError(
                 f"{name!r} must hold ints: item {index} is {value!r} ({type(value).__name__})"
             )

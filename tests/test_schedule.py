@@ -171,6 +171,35 @@ def test_from_dispatches_takes_chunks_or_lists_and_validates() -> None:
     assert from_lists == from_chunks == plan_prefill([5, 3], config)
 
 
+def test_from_dispatches_takes_numpy_ints_and_bools_as_ints_and_bools() -> None:
+    config = PlannerConfig(max_num_batched_tokens=4)
+    rows = np.array([[0, 0, 4, 0], [1, 0, 3, 1], [0, 4, 1, 1]])
+    as_numpy = [[[r, s, n, np.bool_(f)]] for r, s, n, f in rows]  # numpy ints and bools
+    schedule = Schedule.from_dispatches(config, [5, 3], as_numpy)
+    chunks = [
+        [Chunk(request=r, start=s, length=n, is_final=np.bool_(f))]  # type: ignore[arg-type]
+        for r, s, n, f in rows
+    ]
+    assert Schedule.from_dispatches(config, [np.int64(5), np.int64(3)], chunks) == schedule
+    assert schedule == plan_prefill([5, 3], config)
+    assert schedule.to_json() == plan_prefill([5, 3], config).to_json()
+
+
+@pytest.mark.parametrize(
+    "row",
+    [[1, 0, 3, 1], Chunk(request=1, start=0, length=3, is_final=1)],  # type: ignore[arg-type]
+    ids=["list", "Chunk"],
+)
+def test_from_dispatches_refuses_an_int_is_final_and_says_a_bool_is_expected(row: Any) -> None:
+    config = PlannerConfig(max_num_batched_tokens=4)
+    with pytest.raises(
+        InvalidScheduleError,
+        match=r"^dispatch 1 row 0: is_final must be a bool \(True or False, a NumPy bool too; "
+        r"convert 0/1 with bool\(\)\): 1 \(int\)$",
+    ):
+        Schedule.from_dispatches(config, [5, 3], [[[0, 0, 4, False]], [row], [[0, 4, 1, True]]])
+
+
 def test_validate_rejects_a_schedule_built_directly_from_bad_arrays() -> None:
     good = plan_prefill([5, 3], PlannerConfig(max_num_batched_tokens=4))
     starts = good.starts.copy()
