@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
@@ -24,7 +25,7 @@ import numpy.typing as npt
 
 from ._check import check_schedule
 from ._config import PlannerConfig
-from ._errors import InvalidConfigError, InvalidScheduleError
+from ._errors import InvalidConfigError, InvalidInputError, InvalidScheduleError
 from ._json import load_json
 from ._policies import dispatch_bound
 from ._stats import ScheduleStats
@@ -170,8 +171,16 @@ class Schedule:
 
     # -- dispatches --------------------------------------------------------------------------
 
-    def dispatch(self, index: int) -> Dispatch:
-        """Dispatch ``index`` (negative indices count from the end)."""
+    def dispatch(self, index: int | np.integer[Any]) -> Dispatch:
+        """Dispatch ``index`` (negative indices count from the end; NumPy ints too)."""
+        if isinstance(index, bool | np.bool_):  # operator.index would read True as 1
+            raise InvalidInputError(f"'index' must be an int, not a bool: {index!r}")
+        try:
+            index = operator.index(index)
+        except TypeError:
+            raise InvalidInputError(
+                f"'index' must be an int: {index!r} ({type(index).__name__})"
+            ) from None
         count = self.num_dispatches
         if not -count <= index < count:
             raise IndexError(f"'index' must be in [{-count}, {count}): {index}")

@@ -21,6 +21,7 @@ from pypto_sched import (
     FORMAT_VERSION,
     Chunk,
     Dispatch,
+    InvalidInputError,
     InvalidScheduleError,
     PlannerConfig,
     Schedule,
@@ -59,6 +60,31 @@ def test_dispatch_indexing_counts_negative_indices_from_the_end(seed: Schedule) 
     for index in (224, -225, 10**6):
         with pytest.raises(IndexError, match=rf"^'index' must be in \[-224, 224\): {index}$"):
             seed.dispatch(index)
+
+
+def test_dispatch_takes_numpy_ints_and_gives_a_python_int_index(seed: Schedule) -> None:
+    for index in (np.int64(3), np.int32(3), np.uint8(3), np.int64(-221)):
+        dispatch = seed.dispatch(index)
+        assert type(dispatch.index) is int
+        assert dispatch.index == 3
+        assert json.dumps({"index": dispatch.index}) == '{"index": 3}'
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        (True, r"^'index' must be an int, not a bool: True$"),
+        (np.bool_(False), r"^'index' must be an int, not a bool: np.False_$"),
+        (1.0, r"^'index' must be an int: 1.0 \(float\)$"),
+        ("1", r"^'index' must be an int: '1' \(str\)$"),
+        (None, r"^'index' must be an int: None \(NoneType\)$"),
+    ],
+)
+def test_dispatch_refuses_an_index_that_is_not_an_int(
+    seed: Schedule, index: Any, message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        seed.dispatch(index)
 
 
 def test_dispatches_is_a_sequence_of_every_dispatch_in_order(seed: Schedule) -> None:
