@@ -406,7 +406,14 @@ def _array_problem(
         if isinstance(value, np.ndarray)
         else type(value).__name__
     )
-    return f"{name} must be a host array of shape {shape}, one row per final row: {got}"
+    return (
+        f"{name} must be a host {_KIND_NAMES[kinds]} array of shape {shape}, one row per final "
+        f"row: {got}"
+    )
+
+
+#: What the dtype kinds an output may have are called, for messages.
+_KIND_NAMES = {"f": "float", "iu": "integer"}
 
 
 def _describe(dispatch: Dispatch, *, limit: int = 3) -> str:

@@ -333,7 +333,7 @@ class UnaskedGreedyBackend(CountingBackend):
 @pytest.mark.parametrize(
     ("backend", "problem"),
     [
-        (AllRowsBackend(), "logits must be a host array of shape"),
+        (AllRowsBackend(), "logits must be a host float array of shape"),
         (UnaskedGreedyBackend(), "greedy_token_ids must be None when not asked for"),
     ],
 )
@@ -343,6 +343,48 @@ def test_an_output_breaking_the_contract_is_an_execution_error(
     # Packed rows mix final and intermediate chunks in one dispatch.
     with pytest.raises(ExecutionError, match=problem):
         execute_schedule(plan_prefill(LENGTHS, PACKED), backend, prompts_of(LENGTHS))
+
+
+class WrongDtypeBackend(CountingBackend):
+    """Breaks the contract: float greedy ids, or integer logits."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if self.what == "greedy" and output.greedy_token_ids is not None:
+            greedy: Any = output.greedy_token_ids.astype(np.float64)
+            return DispatchOutput(logits=output.logits, greedy_token_ids=greedy)
+        if self.what == "logits" and output.logits is not None:
+            return DispatchOutput(logits=output.logits.astype(np.int64))
+        return output
+
+
+@pytest.mark.parametrize(
+    ("what", "problem"),
+    [
+        (
+            "greedy",
+            r"greedy_token_ids must be a host integer array of shape \(1,\), one row per final "
+            r"row: shape \(1,\), dtype float64$",
+        ),
+        (
+            "logits",
+            rf"logits must be a host float array of shape \(1, {VOCAB}\), one row per final "
+            rf"row: shape \(1, {VOCAB}\), dtype int64$",
+        ),
+    ],
+)
+def test_an_output_of_the_wrong_dtype_names_the_dtype_expected(what: str, problem: str) -> None:
+    with pytest.raises(ExecutionError, match=problem):
+        execute_schedule(
+            plan_prefill([5], CHUNKED),
+            WrongDtypeBackend(what),
+            prompts_of([5]),
+            return_greedy=what == "greedy",
+        )
 
 
 class SpoiledRowBackend(CountingBackend):
