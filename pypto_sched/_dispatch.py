@@ -6,6 +6,7 @@ backends call :func:`dispatch_arrays` instead of re-deriving positions and slots
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -140,6 +141,14 @@ class DispatchArrays:
 
 def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchArrays:
     """Derive the kernel arrays of ``dispatch`` given every request's block table."""
+    return _dispatch_arrays(dispatch, block_tables)
+
+
+def _dispatch_arrays(
+    dispatch: Dispatch, block_tables: BlockTables, *, request_ids: Sequence[object] | None = None
+) -> DispatchArrays:
+    """:func:`dispatch_arrays`, whose messages name request ``r`` as ``request_ids[r]`` (its
+    repr) when given: a server's step names its rows by the server's ids, not by index."""
     if not isinstance(dispatch, Dispatch):
         raise InvalidInputError(f"'dispatch' must be a Dispatch: {type(dispatch).__name__}")
     if not isinstance(block_tables, BlockTables):
@@ -161,8 +170,10 @@ def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchAr
     short = pages_needed > pages_held
     if short.any():
         row = int(np.flatnonzero(short)[0])
+        request = int(requests[row])
+        name = request if request_ids is None else repr(request_ids[request])
         raise CacheTooSmallError(
-            f"'block_tables' must cover every row's context: request {int(requests[row])} "
+            f"'block_tables' must cover every row's context: request {name} "
             f"needs {int(pages_needed[row])} pages for context {int(ends[row])} at page_size "
             f"{page}, its table has {int(pages_held[row])}"
         )

@@ -50,7 +50,7 @@ import attrs
 import numpy as np
 
 from ._config import PlannerConfig
-from ._dispatch import DispatchArrays, dispatch_arrays
+from ._dispatch import DispatchArrays, _dispatch_arrays
 from ._errors import (
     DuplicateRequestError,
     InvalidConfigError,
@@ -341,7 +341,7 @@ def step_arrays(
         lengths=read_only(np.array([c.length for c in chunks], dtype=np.int32)),
         is_final=read_only(np.array([c.is_final for c in chunks], dtype=np.bool_)),
     )
-    return dispatch_arrays(dispatch, pool.block_tables(ids))
+    return _dispatch_arrays(dispatch, pool.block_tables(ids), request_ids=ids)
 
 
 def plan_generation_step(

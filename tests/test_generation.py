@@ -11,18 +11,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pypto_sched import (
+    CacheTooSmallError,
     DuplicateRequestError,
     GenerationState,
     GenerationStep,
     InvalidConfigError,
     InvalidInputError,
+    PagePool,
     PlannerConfig,
     Policy,
     PrefillState,
+    StepChunk,
     UnknownRequestError,
     plan_generation_step,
     plan_prefill,
     plan_step,
+    step_arrays,
 )
 from pypto_sched._policies import preemption_victim
 
@@ -201,6 +205,16 @@ def test_state_reading_finishing_and_errors() -> None:
         )
     assert pickle.loads(pickle.dumps(step.rows)) == dict(step.rows)
     assert list(np.asarray(step.arrays().positions)) == [0, 1, 2]
+
+
+def test_step_arrays_name_a_request_short_of_pages_by_its_id() -> None:
+    pool = PagePool[str](num_pages=4, page_size=4).hold("decode-7", 8)
+    with pytest.raises(
+        CacheTooSmallError,
+        match=r"^'block_tables' must cover every row's context: request 'decode-7' needs 3 "
+        r"pages for context 9 at page_size 4, its table has 2$",
+    ):
+        step_arrays({"decode-7": StepChunk(start=8, length=1, is_final=True)}, pool)
 
 
 @given(generations())
