@@ -6,8 +6,10 @@ Reproducibility is the rule that shapes this module. The random stream that pick
 the token budget, the pool size, preemptions or how the batch is split across devices: only on
 the logits, which a batch-invariant backend computes the same way in every case.
 
-Sampling, for ``temperature > 0``: logits are divided by the temperature and turned into
-probabilities in float64; tokens are ranked by probability (ties: lower id first); ``top_k``
+Sampling, for ``temperature > 0``: logits less their maximum are divided by the temperature
+and turned into probabilities in float64 (subtracting first keeps a tiny temperature or huge
+logits from overflowing: the scaled values are at most 0, and an overflow is a -inf, a
+probability of 0); tokens are ranked by probability (ties: lower id first); ``top_k``
 keeps the ``k`` first, then ``top_p`` keeps the shortest prefix of the ranking whose
 probability reaches ``p``; one uniform draw ``u`` in ``[0, 1)`` picks the first kept token
 whose cumulative (renormalised) probability exceeds ``u``. ``temperature == 0`` is greedy: the
@@ -94,11 +96,13 @@ def sample_token(
         return int(np.argmax(row))
     request = check_int("request_index", request_index, min_value=0, max_value=2**63 - 1)
     token = check_int("token_index", token_index, min_value=0, max_value=2**63 - 1)
-    scaled = row.astype(np.float64) / params.temperature
+    row = row.astype(np.float64)
+    with np.errstate(over="ignore"):  # an overflow is a -inf: a probability of 0
+        scaled = (row - row.max()) / params.temperature
     ranking = np.argsort(-scaled, kind="stable")  # most likely first, lower id on ties
     if params.top_k is not None:
         ranking = ranking[: params.top_k]
-    weights = np.exp(scaled[ranking] - scaled[ranking[0]])
+    weights = np.exp(scaled[ranking])
     probabilities = weights / weights.sum()
     if params.top_p is not None:
         reach = np.cumsum(probabilities)

@@ -25,7 +25,7 @@ sampled_params = st.builds(
 
 def plain_sample(logits: list[float], params: SamplingParams, request: int, token: int) -> int:
     """The module docstring's rule, written as a loop over Python floats."""
-    scaled = [x / params.temperature for x in logits]
+    scaled = [(x - max(logits)) / params.temperature for x in logits]
     ranking = sorted(range(len(scaled)), key=lambda i: (-scaled[i], i))
     if params.top_k is not None:
         ranking = ranking[: params.top_k]
@@ -88,6 +88,24 @@ def test_top_k_and_top_p_keep_only_the_most_likely() -> None:
     for params in (top_k, top_p):
         drawn = {sample_token(logits, params, request_index=1, token_index=t) for t in range(300)}
         assert drawn == {1, 2}
+
+
+@pytest.mark.parametrize(
+    ("logits", "temperature"),
+    [
+        ([1.0, 3.0, 2.0], 1e-310),  # 3 / 1e-310 overflows
+        ([1.0, 3.0, 2.0], 5e-324),
+        ([1e308, 1.7e308, -1.7e308], 0.5),  # 1.7e308 / 0.5 and 1.7e308 + 1.7e308 overflow
+    ],
+)
+@pytest.mark.filterwarnings("error")
+def test_a_tiny_temperature_or_huge_logits_pick_the_highest_logit_without_warnings(
+    logits: list[float], temperature: float
+) -> None:
+    params = SamplingParams(temperature=temperature, seed=3)
+    for token in range(20):
+        chosen = sample_token(np.array(logits), params, request_index=0, token_index=token)
+        assert chosen == 1
 
 
 def test_streams_of_different_requests_differ() -> None:
