@@ -126,6 +126,18 @@ def test_planner_configs_use_the_strategies_passed(config: PlannerConfig) -> Non
     assert (config.policy, config.max_num_batched_tokens, config.page_size) == ("packed", 64, 16)
 
 
+@given(planner_configs(max_num_partial_prefills=st.none() | st.integers(1, 4)))
+def test_planner_configs_default_policy_is_packed_when_a_partial_limit_is_drawn(
+    config: PlannerConfig,
+) -> None:
+    assert config.max_num_partial_prefills is None or config.policy == "packed"
+
+
+def test_planner_configs_default_policy_still_reaches_round_robin_beside_a_partial_limit() -> None:
+    strategy = planner_configs(max_num_partial_prefills=st.none() | st.integers(1, 4))
+    reaches(strategy, lambda config: config.policy == "round_robin")
+
+
 @given(planner_configs(page_size=st.integers(min_value=1, max_value=4096)))
 def test_planner_configs_default_budget_and_threshold_follow_the_page_drawn(
     config: PlannerConfig,
@@ -359,6 +371,15 @@ def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps
         (
             lambda: planner_configs(policy=st.just("packed"), max_num_partial_prefills=st.just(-1)),
             "max_num_partial_prefills drew -1 (int), but it must be None or an int",
+        ),
+        (
+            lambda: planner_configs(
+                policy=st.just("round_robin"), max_num_partial_prefills=st.just(2)
+            ),
+            "planner_configs() drew a combination PlannerConfig rejects (policy='round_robin', "
+            "max_num_batched_tokens=1, long_prefill_token_threshold=None, max_num_seqs=None, "
+            "page_size=None, max_num_partial_prefills=2): 'max_num_partial_prefills' applies "
+            "only to policy 'packed'",
         ),
         (
             lambda: planner_configs(max_num_batched_tokens=st.just(8), page_size=st.just(16)),

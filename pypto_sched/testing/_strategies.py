@@ -138,13 +138,14 @@ def planner_configs(
     (``None``) or on: the threshold up to twice the budget, the page size up to the chunk
     cap, up to 16 rows and up to 8 partial prefills. Defaults adapt to what you pass so the
     config stays valid: with a ``page_size`` strategy, the default budget and threshold are
-    at least the page drawn (the budget in ``[page, page + 511]``).
-    ``max_num_partial_prefills`` is drawn for ``packed`` configs only.
+    at least the page drawn (the budget in ``[page, page + 511]``), and with a
+    ``max_num_partial_prefills`` strategy, the default policy is ``packed`` when it draws a
+    limit. The default ``max_num_partial_prefills`` is drawn for ``packed`` configs only.
 
     Raises ``InvalidArgument`` when drawn if an argument is not a strategy, if a strategy
     draws a value the field cannot take (``max_num_batched_tokens=st.just(0)``), or if the
     strategies you pass draw a combination ``PlannerConfig`` rejects (a page larger than the
-    budget, say).
+    budget, say, or a partial-prefill limit under ``round_robin``).
     """
     given = _FieldStrategies(
         policy=policy,
@@ -161,7 +162,13 @@ def planner_configs(
 def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int) -> PlannerConfig:
     """A config from ``given`` whose defaults leave a chunk cap of at least
     ``min_chunk_cap`` (strategies you pass are drawn as they are)."""
-    policy = _draw_policy(draw, given.policy)
+    limit = None
+    if given.max_num_partial_prefills is not None:  # drawn first: the default policy follows it
+        limit = _draw_limit(draw, "max_num_partial_prefills", given.max_num_partial_prefills)
+    if limit is not None and given.policy is None:
+        policy: Policy = "packed"  # the one policy a partial-prefill limit applies to
+    else:
+        policy = _draw_policy(draw, given.policy)
     page = None
     if given.page_size is not None:  # drawn first: the default budget and threshold follow it
         page = _draw_limit(draw, "page_size", given.page_size)
@@ -183,11 +190,11 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
         seqs = draw(_optional_counts(1, _MAX_NUM_SEQS))
     else:
         seqs = _draw_limit(draw, "max_num_seqs", given.max_num_seqs)
-    partial = None
+    # A limit you pass is kept under any policy, so that PlannerConfig refuses it under
+    # round_robin (InvalidArgument below) rather than it being dropped quietly.
+    partial = limit
     if policy == "packed" and given.max_num_partial_prefills is None:
         partial = draw(_optional_counts(1, _MAX_NUM_PARTIAL_PREFILLS))
-    elif policy == "packed" and given.max_num_partial_prefills is not None:
-        partial = _draw_limit(draw, "max_num_partial_prefills", given.max_num_partial_prefills)
     try:
         return PlannerConfig(
             policy=policy,
