@@ -185,8 +185,8 @@ def compare_results(
         raise InvalidInputError(f"'actual' must be an ExecutionResult: {type(actual).__name__}")
     if actual.logits is None and actual.greedy_token_ids is None:
         raise InvalidInputError("'actual' must hold logits or greedy ids: it holds neither")
-    if not (isinstance(tolerance, float | int) and tolerance >= 0):
-        raise InvalidInputError(f"'tolerance' must be a number >= 0: {tolerance!r}")
+    if not is_tolerance(tolerance):
+        raise InvalidInputError(f"'tolerance' must be a real number >= 0: {tolerance!r}")
     num_requests = reference_logits.shape[0]
     positions = _last_positions(prompt_lengths, num_requests)
     difference = columns = None
@@ -219,6 +219,13 @@ def compare_results(
         greedy_agrees=agrees,
         greedy_consistent=consistent,
     )
+
+
+def is_tolerance(value: object) -> bool:
+    """Whether ``value`` can be a tolerance: a real number >= 0, an int too (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return False
+    return bool(value >= 0)  # a NaN is not
 
 
 def verify_against_one_shot(

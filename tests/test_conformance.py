@@ -139,6 +139,84 @@ def test_something_that_is_not_a_backend_is_refused() -> None:
         check_backend(object(), max_examples=1)  # type: ignore[arg-type]
 
 
+class IntTolerance(Wrapped):
+    """Promises a tolerance of 1, an int."""
+
+    @property
+    def tolerance(self) -> float:
+        return 1
+
+
+def test_a_tolerance_may_be_an_int() -> None:
+    check_backend(IntTolerance(), max_examples=2, generation_examples=1)
+
+
+class BadMetadata(Wrapped):
+    """Declares metadata it cannot have: each keyword replaces that attribute."""
+
+    def __init__(self, **bad: object) -> None:
+        super().__init__()
+        self.bad = bad
+
+    @property
+    def tolerance(self) -> Any:
+        return self.bad.get("tolerance", super().tolerance)
+
+    @property
+    def vocab_size(self) -> Any:
+        return self.bad.get("vocab_size", super().vocab_size)
+
+    @property
+    def hidden_size(self) -> Any:
+        return self.bad.get("hidden_size", super().hidden_size)
+
+
+class Unnamed(Wrapped):
+    name: ClassVar[str] = ""
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        (BadMetadata(tolerance=-1), r"^backend.tolerance must be a real number >= 0 \(an int "
+         r"too\): -1 \(int\)$"),
+        (BadMetadata(tolerance=True), r"^backend.tolerance must be .*: True \(bool\)$"),
+        (BadMetadata(tolerance="0"), r"^backend.tolerance must be .*: '0' \(str\)$"),
+        (BadMetadata(vocab_size=0), r"^backend.vocab_size must be an int >= 1: 0 \(int\)$"),
+        (BadMetadata(hidden_size=2.0), r"^backend.hidden_size must be an int >= 1: 2.0 "
+         r"\(float\)$"),
+        (Unnamed(), r"^backend.name must be a non-empty str: '' \(str\)$"),
+    ],
+)  # fmt: skip
+def test_bad_metadata_says_what_is_expected(backend: Wrapped, message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        check_backend(backend, max_examples=1)
+
+
+@pytest.mark.parametrize(
+    ("oracle", "got"),
+    [
+        (lambda prompts: None, r"None \(NoneType\)"),
+        (lambda prompts: np.zeros((len(prompts), 3)), r"shape \(\d, 3\), dtype float64"),
+        (lambda prompts: np.zeros((len(prompts), 64), int), r"shape \(\d, 64\), dtype int64"),
+        (lambda prompts: [[0.0]] * len(prompts) + [[0.0, 1.0]], r"\[\[0.0\].*\(list\)"),
+    ],
+    ids=["None", "wrong-width", "int", "ragged"],
+)
+def test_a_bad_oracle_output_is_blamed_on_the_oracle_and_names_the_example(
+    oracle: Any, got: str
+) -> None:
+    backend = Wrapped()
+    shape = rf"\(\d, {backend.vocab_size}\)"
+    with pytest.raises(
+        AssertionError,
+        match=rf"^backend 'wrapped', seed 0, example 0 \(.*\): the oracle's output is wrong, "
+        rf"not the backend's: it must be float logits of shape {shape}, one row per prompt and "
+        rf"backend.vocab_size columns: {got}$",
+    ):
+        check_backend(backend, max_examples=1, generation_examples=0, oracle=oracle)
+
+
 def test_importing_the_check_does_not_import_hypothesis() -> None:
     # The strategies (and Hypothesis) load only when one of them is used.
     code = (
@@ -270,7 +348,7 @@ def test_the_registered_name_must_be_the_declared_one() -> None:
         ({"max_examples": 0, "generation_examples": 0}, "must not both be 0"),
         ({"name": 3}, "'name' must be a str or None"),
         ({"oracle": 3}, "'oracle' must be callable or None"),
-        ({"oracle_tolerance": -1.0}, "'oracle_tolerance' must be a number >= 0"),
+        ({"oracle_tolerance": -1.0}, "'oracle_tolerance' must be a real number >= 0 or None"),
     ],
 )
 def test_bad_options_are_rejected(options: dict[str, Any], message: str) -> None:

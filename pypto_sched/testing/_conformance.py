@@ -72,8 +72,8 @@ from .._generate import generate
 from .._generation import GenerationState, plan_generation_step
 from .._pages import BlockTables
 from .._plan import plan_one_shot, plan_prefill
-from .._validate import read_only
-from .._verify import compare_results
+from .._validate import is_int, read_only
+from .._verify import compare_results, is_tolerance
 from ..backends import Backend, DispatchInput, DispatchOutput
 from ..execute import ExecutionResult, execute_schedule, write_prefixes
 
@@ -195,8 +195,10 @@ def check_backend(
         raise InvalidInputError(f"'oracle' must be callable or None: {oracle!r}")
     _check_metadata(backend, name)
     tolerance = backend.tolerance if oracle_tolerance is None else oracle_tolerance
-    if not (isinstance(tolerance, float | int) and tolerance >= 0):
-        raise InvalidInputError(f"'oracle_tolerance' must be a number >= 0: {tolerance!r}")
+    if oracle_tolerance is not None and not is_tolerance(oracle_tolerance):
+        raise InvalidInputError(
+            f"'oracle_tolerance' must be a real number >= 0 or None: {oracle_tolerance!r}"
+        )
     # The proxy's name is an instance property, not the ClassVar the protocol declares.
     watched = cast(Backend, _Watched(backend))
     rng = np.random.default_rng(seed)
@@ -238,15 +240,12 @@ def check_backend(
 def _check_metadata(backend: Backend, name: str | None) -> None:
     if not isinstance(backend, Backend):
         raise AssertionError(f"{type(backend).__name__} does not implement the Backend protocol")
-    problems = {
-        "name": not (isinstance(backend.name, str) and backend.name),
-        "tolerance": not (isinstance(backend.tolerance, float) and backend.tolerance >= 0),
-        "vocab_size": not (isinstance(backend.vocab_size, int) and backend.vocab_size >= 1),
-        "hidden_size": not (isinstance(backend.hidden_size, int) and backend.hidden_size >= 1),
-    }
-    for attribute, bad in problems.items():
-        if bad:
-            raise AssertionError(f"bad {attribute}: {getattr(backend, attribute)!r}")
+    for attribute, expected, valid in _METADATA:
+        value = getattr(backend, attribute)
+        if not valid(value):
+            raise AssertionError(
+                f"backend.{attribute} must be {expected}: {value!r} ({type(value).__name__})"
+            )
     if name is not None and backend.name != name:
         raise AssertionError(
             f"backend registered as {name!r} declares name {backend.name!r}: the two must "
@@ -261,6 +260,15 @@ def _check_metadata(backend: Backend, name: str | None) -> None:
             f"embed() of {ids.size} ids must have shape ({ids.size}, {backend.hidden_size}): "
             f"{embedded.shape}"
         )
+
+
+#: Each metadata attribute, what it must be, and the test.
+_METADATA: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
+    ("name", "a non-empty str", lambda value: isinstance(value, str) and bool(value)),
+    ("tolerance", "a real number >= 0 (an int too)", is_tolerance),
+    ("vocab_size", "an int >= 1", lambda value: is_int(value) and value >= 1),
+    ("hidden_size", "an int >= 1", lambda value: is_int(value) and value >= 1),
+)
 
 
 # -- drawing examples -----------------------------------------------------------------------
@@ -467,7 +475,22 @@ def _check_oracle(
     backend: Backend, example: _Example, oracle: Oracle, tolerance: float, where: str
 ) -> None:
     one_shot = _one_shot(backend, example.prompts, example.page_size)
-    expected = np.asarray(oracle(list(example.prompts)))
+    output = oracle(list(example.prompts))
+    try:
+        expected = np.asarray(output)
+    except ValueError:  # ragged rows
+        expected = np.asarray(None)
+    shape = (len(example.prompts), backend.vocab_size)
+    if expected.shape != shape or expected.dtype.kind != "f":
+        got = (
+            f"shape {expected.shape}, dtype {expected.dtype}"
+            if expected.dtype != object
+            else f"{output!r:.80} ({type(output).__name__})"
+        )
+        raise AssertionError(
+            f"{where}: the oracle's output is wrong, not the backend's: it must be float "
+            f"logits of shape {shape}, one row per prompt and backend.vocab_size columns: {got}"
+        )
     verification = compare_results(
         one_shot,
         expected,
