@@ -26,7 +26,7 @@ from ._config import PlannerConfig
 from ._errors import InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
 from ._sampling import SamplingParams, sample_token
-from ._validate import check_int, read_only
+from ._validate import check_callback, check_int, read_only
 from .backends import Backend, DispatchInput
 from .execute import DEFAULT_PAGE_SIZE, _run, token_array
 
@@ -147,6 +147,7 @@ def generate(
         if not prompt:
             raise InvalidInputError(f"'prompts[{r}]' must hold at least one token: it is empty")
     stops = _stop_sets(stop_token_ids, request_stop_token_ids, len(tokens))
+    check_callback("on_step", on_step)
     seeds = (
         list(range(len(tokens)))
         if request_indices is None
@@ -178,18 +179,32 @@ def _per_request_counts(
 def _stop_sets(
     common: Collection[int], per_request: Sequence[Collection[int]] | None, count: int
 ) -> list[frozenset[int]]:
-    shared = frozenset(check_int("stop_token_ids", t, min_value=0) for t in common)
+    shared = _token_set("stop_token_ids", common)
     if per_request is None:
         return [shared] * count
+    if not isinstance(per_request, Sequence) or isinstance(per_request, str | bytes):
+        raise InvalidInputError(
+            f"'request_stop_token_ids' must be None or one collection of token ids per prompt: "
+            f"{per_request!r} ({type(per_request).__name__})"
+        )
     if len(per_request) != count:
         raise InvalidInputError(
             f"'request_stop_token_ids' must have one entry per prompt ({count}): "
             f"{len(per_request)} entries"
         )
     return [
-        shared | {check_int(f"request_stop_token_ids[{r}]", t, min_value=0) for t in ids}
+        shared | _token_set(f"request_stop_token_ids[{r}]", ids)
         for r, ids in enumerate(per_request)
     ]
+
+
+def _token_set(name: str, ids: object) -> frozenset[int]:
+    if not isinstance(ids, Collection) or isinstance(ids, str | bytes):
+        raise InvalidInputError(
+            f"{name!r} must be a collection of token ids (ints >= 0): {ids!r} "
+            f"({type(ids).__name__})"
+        )
+    return frozenset(check_int(name, t, min_value=0) for t in ids)
 
 
 class _Run:

@@ -57,7 +57,7 @@ from ._errors import (
     InvalidInputError,
     UnknownRequestError,
 )
-from ._online import PrefillState, StepChunk, _Rows, _step_chunk, plan_step
+from ._online import PrefillState, StepChunk, _check_hashable, _Rows, _step_chunk, plan_step
 from ._persistent import Frozen, PersistentMap
 from ._policies import preemption_victim
 from ._pool import PagePool, _Holds
@@ -171,6 +171,7 @@ class GenerationState(Frozen, Generic[RequestId]):
         self, request_id: RequestId, prompt_length: int, *, max_new_tokens: int
     ) -> GenerationState[RequestId]:
         """A state that also holds ``request_id``, arrived after every request here."""
+        _check_hashable(request_id)  # PrefillState.add's check, before the pool is consulted
         length = check_int("prompt_length", prompt_length, min_value=1)
         new = check_int("max_new_tokens", max_new_tokens, min_value=1)
         if length + new - 1 > MAX_TOKENS:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from ._errors import InvalidInputError, PyptoSchedError
 
-__all__ = ["MAX_TOKENS", "as_count_array", "check_int", "is_int", "read_only"]
+__all__ = ["MAX_TOKENS", "as_count_array", "check_callback", "check_int", "is_int", "read_only"]
 
 #: The largest token count (prompt length, budget, threshold, position) the planner accepts.
 #: Kernels index positions and slots with 32-bit integers; so does the schedule.
@@ -43,6 +43,15 @@ def check_int(
     if number > max_value:
         raise error(f"{name!r} must be <= {max_value}: {number}")
     return number
+
+
+def check_callback(name: str, value: object) -> None:
+    """Raise :class:`InvalidInputError` naming ``name`` unless ``value`` is callable or
+    ``None`` (checked before anything runs, not when it is first called)."""
+    if value is not None and not callable(value):
+        raise InvalidInputError(
+            f"{name!r} must be callable or None: {value!r} ({type(value).__name__})"
+        )
 
 
 def read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -27,7 +27,7 @@ from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Dispatch, Schedule
-from ._validate import check_int, read_only
+from ._validate import check_callback, check_int, read_only
 from .backends import Backend, DispatchInput, DispatchOutput
 
 __all__ = [
@@ -124,6 +124,7 @@ def execute_schedule(
             f"'backend' must implement the Backend protocol: {type(backend).__name__}"
         )
     schedule.validate()
+    check_callback("on_dispatch", on_dispatch)
     prompts = _token_ids(token_ids, schedule, vocab_size=backend.vocab_size)
     embeddings = (
         None

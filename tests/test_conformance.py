@@ -348,6 +348,9 @@ def test_the_registered_name_must_be_the_declared_one() -> None:
         ({"max_examples": 0, "generation_examples": 0}, "must not both be 0"),
         ({"name": 3}, "'name' must be a str or None"),
         ({"oracle": 3}, "'oracle' must be callable or None"),
+        ({"seed": -1}, "'seed' must be >= 0: -1"),
+        ({"seed": 1.5}, r"'seed' must be an int: 1.5 \(float\)"),
+        ({"seed": "x"}, r"'seed' must be an int: 'x' \(str\)"),
         ({"oracle_tolerance": -1.0}, "'oracle_tolerance' must be a real number >= 0 or None"),
     ],
 )

@@ -19,6 +19,7 @@ from pypto_sched import (
     ExecutionError,
     InvalidInputError,
     PlannerConfig,
+    generate,
     plan_pages,
     plan_prefill,
 )
@@ -507,3 +508,47 @@ def test_the_schedule_and_backend_are_checked() -> None:
         execute_schedule(schedule.to_dict(), CountingBackend(), prompts_of(LENGTHS))  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="'backend' must implement the Backend"):
         execute_schedule(schedule, object(), prompts_of(LENGTHS))  # type: ignore[arg-type]
+
+
+def test_an_on_dispatch_that_is_not_callable_is_refused_before_anything_runs() -> None:
+    backend = CountingBackend()
+    with pytest.raises(InvalidInputError, match=r"^'on_dispatch' must be callable or None: 5 "):
+        execute_schedule(
+            plan_prefill(LENGTHS, CHUNKED),
+            backend,
+            prompts_of(LENGTHS),
+            on_dispatch=5,  # type: ignore[arg-type]
+        )
+    assert backend.batches == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"stop_token_ids": 5},
+            r"^'stop_token_ids' must be a collection of token ids \(ints >= 0\): 5 \(int\)$",
+        ),
+        (
+            {"stop_token_ids": "5"},
+            r"^'stop_token_ids' must be a collection of token ids .*: '5' \(str\)$",
+        ),
+        (
+            {"request_stop_token_ids": [5]},
+            r"^'request_stop_token_ids\[0\]' must be a collection of token ids .*: 5 \(int\)$",
+        ),
+        (
+            {"request_stop_token_ids": 5},
+            r"^'request_stop_token_ids' must be None or one collection of token ids per "
+            r"prompt: 5 \(int\)$",
+        ),
+        ({"on_step": 5}, r"^'on_step' must be callable or None: 5 \(int\)$"),
+    ],
+)
+def test_bad_generate_options_are_refused_before_anything_runs(
+    options: dict[str, Any], message: str
+) -> None:
+    backend = CountingBackend()
+    with pytest.raises(InvalidInputError, match=message):
+        generate(backend, [[1, 2]], config=CHUNKED, max_new_tokens=2, **options)
+    assert backend.batches == []

@@ -4,6 +4,7 @@ with preemption by recomputation. Each step is simulated to the end of the batch
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -205,6 +206,14 @@ def test_state_reading_finishing_and_errors() -> None:
         )
     assert pickle.loads(pickle.dumps(step.rows)) == dict(step.rows)
     assert list(np.asarray(step.arrays().positions)) == [0, 1, 2]
+
+
+def test_an_unhashable_id_is_refused_as_prefill_state_refuses_it() -> None:
+    message = r"^'request_id' must be hashable: \['x'\] \(list\)$"
+    with pytest.raises(InvalidInputError, match=message):
+        PrefillState[Any]().add(["x"], 3)
+    with pytest.raises(InvalidInputError, match=message):
+        GenerationState[Any](num_pages=4, page_size=4).add(["x"], 3, max_new_tokens=2)
 
 
 def test_step_arrays_name_a_request_short_of_pages_by_its_id() -> None:

@@ -72,7 +72,7 @@ from .._generate import generate
 from .._generation import GenerationState, plan_generation_step
 from .._pages import BlockTables
 from .._plan import plan_one_shot, plan_prefill
-from .._validate import is_int, read_only
+from .._validate import check_callback, check_int, is_int, read_only
 from .._verify import compare_results, is_tolerance
 from ..backends import Backend, DispatchInput, DispatchOutput
 from ..execute import ExecutionResult, execute_schedule, write_prefixes
@@ -191,8 +191,8 @@ def check_backend(
         )
     if name is not None and not isinstance(name, str):
         raise InvalidInputError(f"'name' must be a str or None: {name!r}")
-    if oracle is not None and not callable(oracle):
-        raise InvalidInputError(f"'oracle' must be callable or None: {oracle!r}")
+    check_callback("oracle", oracle)
+    seed = check_int("seed", seed, min_value=0, max_value=2**63 - 1)
     _check_metadata(backend, name)
     tolerance = backend.tolerance if oracle_tolerance is None else oracle_tolerance
     if oracle_tolerance is not None and not is_tolerance(oracle_tolerance):
