@@ -26,8 +26,8 @@ from ._config import PlannerConfig
 from ._errors import InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
 from ._sampling import SamplingParams, sample_token
-from ._validate import check_callback, check_int, read_only
-from .backends import Backend, DispatchInput
+from ._validate import check_callback, check_int, check_positions, read_only
+from .backends import Backend, DispatchInput, max_positions
 from .execute import DEFAULT_PAGE_SIZE, _run, token_array
 
 __all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone", "generate"]
@@ -156,6 +156,9 @@ def generate(
     page_size = check_int("page_size", page_size, min_value=1)
     lengths = [len(prompt) for prompt in tokens]
     news = _per_request_counts(max_new_tokens, len(tokens))
+    longest = max_positions(backend)
+    for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
+        check_positions(f"'prompts[{r}]'", length, longest, max_new_tokens=new)
     if num_pages is None:
         num_pages = sum(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
     state = GenerationState.from_prompt_lengths(

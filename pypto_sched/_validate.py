@@ -14,7 +14,15 @@ import numpy.typing as npt
 
 from ._errors import InvalidInputError, PyptoSchedError
 
-__all__ = ["MAX_TOKENS", "as_count_array", "check_callback", "check_int", "is_int", "read_only"]
+__all__ = [
+    "MAX_TOKENS",
+    "as_count_array",
+    "check_callback",
+    "check_int",
+    "check_positions",
+    "is_int",
+    "read_only",
+]
 
 #: The largest token count (prompt length, budget, threshold, position) the planner accepts.
 #: Kernels index positions and slots with 32-bit integers; so does the schedule.
@@ -51,6 +59,31 @@ def check_callback(name: str, value: object) -> None:
     if value is not None and not callable(value):
         raise InvalidInputError(
             f"{name!r} must be callable or None: {value!r} ({type(value).__name__})"
+        )
+
+
+def check_positions(
+    where: str,
+    prompt_length: int,
+    max_positions: int | None,
+    *,
+    max_new_tokens: int | None = None,
+) -> None:
+    """Raise :class:`InvalidInputError` when a request runs more positions than the model's
+    ``max_positions`` (its ``max_position_embeddings``; ``None``: not said). A prefill runs
+    its prompt's ``P`` positions; generating ``N`` tokens runs ``P + N - 1`` (the last
+    generated token is never run)."""
+    if max_positions is None:
+        return
+    new = 1 if max_new_tokens is None else max_new_tokens
+    positions = prompt_length + new - 1
+    if positions > max_positions:
+        request = f"a prompt of {prompt_length} tokens"
+        if max_new_tokens is not None:
+            request += f" and {max_new_tokens} new tokens"
+        raise InvalidInputError(
+            f"{where}: {request} runs {positions} positions, more than the model's "
+            f"{max_positions} (max_position_embeddings)"
         )
 
 

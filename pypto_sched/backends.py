@@ -16,9 +16,10 @@ each row's whole context through its block table, and returns (:class:`DispatchO
 NumPy arrays for the final rows only: their logits when asked, their greedy token ids when
 asked. Intermediate chunks produce no output at all, and nothing else leaves the device.
 
-One attribute is optional, read with ``getattr``: ``max_position_embeddings``, the most
-positions the model takes; a caller that knows it (``pypto-sched generate``) refuses a
-request too long for the model before running anything.
+One attribute is optional, read with :func:`max_positions`: ``max_position_embeddings``, the
+most positions the model takes; :func:`~pypto_sched.execute_schedule`,
+:func:`~pypto_sched.generate` and ``pypto-sched generate`` refuse a request too long for the
+model before running anything.
 
 Nothing here imports torch or any device library.
 
@@ -420,3 +421,10 @@ def backend_status(name: str) -> BackendStatus:
     Raises :class:`BackendNotFoundError` (listing the installed names) for an unknown name.
     """
     return _status(_entry_point(name))
+
+
+def max_positions(backend: object) -> int | None:
+    """The most positions ``backend``'s model takes, its optional ``max_position_embeddings``
+    (``None`` when it does not say)."""
+    longest = getattr(backend, "max_position_embeddings", None)
+    return None if longest is None else int(longest)

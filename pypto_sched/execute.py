@@ -27,8 +27,8 @@ from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Dispatch, Schedule
-from ._validate import check_callback, check_int, read_only
-from .backends import Backend, DispatchInput, DispatchOutput
+from ._validate import check_callback, check_int, check_positions, read_only
+from .backends import Backend, DispatchInput, DispatchOutput, max_positions
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -125,7 +125,7 @@ def execute_schedule(
         )
     schedule.validate()
     check_callback("on_dispatch", on_dispatch)
-    prompts = _token_ids(token_ids, schedule, vocab_size=backend.vocab_size)
+    prompts = _token_ids(token_ids, schedule, backend)
     embeddings = (
         None
         if input_embeddings is None
@@ -213,13 +213,15 @@ def write_prefixes(
 
 
 def _token_ids(
-    token_ids: object, schedule: Schedule, *, vocab_size: int
+    token_ids: object, schedule: Schedule, backend: Backend
 ) -> list[npt.NDArray[np.int64]]:
     prompts = _per_request("token_ids", token_ids, schedule)
+    longest = max_positions(backend)
     checked = []
     for r, prompt in enumerate(prompts):
-        array = token_array(f"token_ids[{r}]", prompt, vocab_size=vocab_size)
+        array = token_array(f"token_ids[{r}]", prompt, vocab_size=backend.vocab_size)
         _check_length(f"token_ids[{r}]", array, int(schedule.prompt_lengths[r]))
+        check_positions(f"'token_ids[{r}]'", array.size, longest)
         checked.append(array)
     return checked
 

@@ -36,7 +36,7 @@ import attrs
 
 from ._errors import InvalidInputError, PyptoSchedError
 from ._json import load_json
-from ._validate import MAX_TOKENS
+from ._validate import MAX_TOKENS, check_positions
 
 if TYPE_CHECKING:
     from ._generate import GenerationResult
@@ -204,7 +204,12 @@ def read_prompts(
             where = f"{what} line {number}"
             fields = load_json(line, what=where, max_bytes=MAX_LINE_BYTES, max_depth=4)
             request = _request(fields, where, max_new_tokens, vocab_size, tokenizer)
-            _check_positions(request, where, max_positions)
+            check_positions(
+                where,
+                len(request.token_ids),
+                max_positions,
+                max_new_tokens=request.max_new_tokens,
+            )
             requests.append(request)
     if not requests:
         raise InvalidInputError(f"{what} holds no request: one JSON object per line expected")
@@ -279,15 +284,6 @@ def _token_ids(values: object, name: str, vocab_size: int) -> tuple[int, ...]:
                 f"{name}[{i}] must be in [0, {vocab_size}), the model's vocabulary: {value}"
             )
     return tuple(values)
-
-
-def _check_positions(request: PromptRequest, where: str, max_positions: int | None) -> None:
-    length, new = len(request.token_ids), request.max_new_tokens
-    if max_positions is not None and length + new - 1 > max_positions:
-        raise InvalidInputError(
-            f"{where}: a prompt of {length} tokens and {new} new tokens runs {length + new - 1} "
-            f"positions, more than the model's {max_positions} (max_position_embeddings)"
-        )
 
 
 def _is_int(value: object) -> bool:

@@ -456,3 +456,19 @@ def test_run_refuses_more_tokens_than_it_draws_ids_for(capsys: pytest.CaptureFix
     assert err == (
         "pypto-sched: error: run draws token ids for at most 100,000,000 tokens: 102,000,000\n"
     )
+
+
+def test_run_refuses_a_prompt_longer_than_the_model_as_generate_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("pypto_sched_reference")
+    code, out, err = run(
+        capsys, "run", "--backend", "reference", "--backend-option", "max_position_embeddings=16",
+        "--lengths", "40", "--max-num-batched-tokens", "64", "--verify",
+    )  # fmt: skip
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err.count("\n") == 1
+    assert (
+        "'token_ids[0]': a prompt of 40 tokens runs 40 positions, more than the model's 16 "
+        "(max_position_embeddings)" in err
+    )

@@ -552,3 +552,33 @@ def test_bad_generate_options_are_refused_before_anything_runs(
     with pytest.raises(InvalidInputError, match=message):
         generate(backend, [[1, 2]], config=CHUNKED, max_new_tokens=2, **options)
     assert backend.batches == []
+
+
+class ShortModelBackend(CountingBackend):
+    """A model of 8 positions."""
+
+    max_position_embeddings = 8
+
+
+def test_a_prompt_longer_than_the_model_is_refused_before_anything_runs() -> None:
+    backend = ShortModelBackend()
+    with pytest.raises(
+        InvalidInputError,
+        match=r"^'token_ids\[2\]': a prompt of 14 tokens runs 14 positions, more than the "
+        r"model's 8 \(max_position_embeddings\)$",
+    ):
+        execute_schedule(plan_prefill([8, 3, 14], CHUNKED), backend, prompts_of([8, 3, 14]))
+    assert backend.batches == []
+    execute_schedule(plan_prefill([8, 3], CHUNKED), backend, prompts_of([8, 3]))  # they fit
+
+
+def test_generate_refuses_a_prompt_and_new_tokens_longer_than_the_model() -> None:
+    backend = ShortModelBackend()
+    with pytest.raises(
+        InvalidInputError,
+        match=r"^'prompts\[1\]': a prompt of 6 tokens and 4 new tokens runs 9 positions, more "
+        r"than the model's 8 \(max_position_embeddings\)$",
+    ):
+        generate(backend, [[1] * 4, [1] * 6], config=CHUNKED, max_new_tokens=[5, 4])
+    assert backend.batches == []
+    generate(backend, [[1] * 4, [1] * 6], config=CHUNKED, max_new_tokens=[5, 3])  # 8 fit

@@ -20,7 +20,7 @@ from .._config import PlannerConfig
 from .._errors import InvalidConfigError
 from .._generate import GenerationResult, StepDone, generate
 from .._sampling import SamplingParams
-from ..backends import Backend
+from ..backends import Backend, max_positions
 from ..execute import DEFAULT_PAGE_SIZE
 from ..integrations.hf_verify import (
     transformers_missing,
@@ -190,7 +190,7 @@ def _generate(
         read_text(args.prompts, name="--prompts"),
         max_new_tokens=args.max_new_tokens,
         vocab_size=backend.vocab_size,
-        max_positions=getattr(backend, "max_position_embeddings", None),
+        max_positions=max_positions(backend),
         tokenizer=tokenizer,
         what=f"--prompts {args.prompts!r}",
     )

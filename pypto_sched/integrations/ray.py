@@ -66,7 +66,7 @@ from .._partition import Partition, partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int, read_only
-from ..backends import Backend, BackendFactory, load_backend
+from ..backends import Backend, BackendFactory, load_backend, max_positions
 from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, execute_schedule
 
 __all__ = [
@@ -265,8 +265,7 @@ class _Replica:
         """The backend's name, vocabulary size and longest sequence (``None``: not said),
         once it is built."""
         backend = self._get()
-        longest = getattr(backend, "max_position_embeddings", None)
-        return backend.name, backend.vocab_size, None if longest is None else int(longest)
+        return backend.name, backend.vocab_size, max_positions(backend)
 
     def progress(self) -> tuple[int, int, int]:
         return self._done
