@@ -219,6 +219,33 @@ def checked_progress(scheduler: type[PyptoScheduler], name: str = "pypto_sched")
     SCHEDULER_MAPPING[name] = Checked
 
 
+def live_server(model: Any, new_tokens: int) -> Any:
+    """A continuous-batching server of 32-token batches run by the registered
+    ``"pypto_sched"``, not started: requests may be added before and while it runs."""
+    return model.init_continuous_batching(
+        generation_config=generation_config(new_tokens),
+        continuous_batching_config=ContinuousBatchingConfig(
+            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
+        ),
+    )
+
+
+def collect(manager: Any, count: int) -> dict[str, Any]:
+    """Start ``manager`` and return the first ``count`` results by request id, each without
+    an error; the server is stopped whatever happens."""
+    manager.start()
+    try:
+        results: dict[str, Any] = {}
+        while len(results) < count:
+            result = manager.get_result(timeout=30)
+            assert result is not None, f"no result after {sorted(results)}"
+            assert result.error is None, result.error
+            results[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=30)
+    return results
+
+
 def blocks_needed(prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
     return sum(-(-(len(prompt) + new_tokens) // PAGE) for prompt in prompts)
 
@@ -516,23 +543,10 @@ def test_cancelling_a_request_mid_prefill_frees_its_blocks_and_keeps_the_others_
         max_num_batched_tokens=32, long_prefill_token_threshold=16, policy="packed"
     )
     register(config, on_batch=on_batch)
-    manager = model.init_continuous_batching(
-        generation_config=generation_config(new_tokens),
-        continuous_batching_config=ContinuousBatchingConfig(
-            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
-        ),
-    )
+    manager = live_server(model, new_tokens)
     for request_id, prompt in zip(ids, prompts, strict=True):
         manager.add_request(prompt, request_id=request_id, max_new_tokens=new_tokens)
-    manager.start()
-    try:
-        results: dict[str, Any] = {}
-        while len(results) < len(ids) - 1:
-            result = manager.get_result(timeout=30)
-            assert result is not None, f"no result after {sorted(results)}"
-            results[result.request_id] = result
-    finally:
-        manager.stop(block=True, timeout=30)
+    results = collect(manager, len(ids) - 1)
     assert cancelled.is_set()
     assert after_cancel, "no batch ran after the cancellation"
     assert set(after_cancel) == {(False, False, False, False)}
@@ -580,23 +594,9 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
         policy=policy,  # type: ignore[arg-type]
     )
     checked_progress(register(config, on_batch=on_batch))
-    manager = model.init_continuous_batching(
-        generation_config=generation_config(new_tokens),
-        continuous_batching_config=ContinuousBatchingConfig(
-            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
-        ),
-    )
+    manager = live_server(model, new_tokens)
     submit(0)
-    manager.start()
-    try:
-        results: dict[str, Any] = {}
-        while len(results) < len(ids):
-            result = manager.get_result(timeout=30)
-            assert result is not None, f"no result after {sorted(results)}"
-            assert result.error is None, result.error
-            results[result.request_id] = result
-    finally:
-        manager.stop(block=True, timeout=30)
+    results = collect(manager, len(ids))
     for request_id, prompt in zip(ids, prompts, strict=True):
         assert results[request_id].generated_tokens == reference(prompt, new_tokens)
     assert victim not in results
@@ -667,23 +667,9 @@ def test_requests_join_the_planner_in_the_admission_order(
         policy=policy,  # type: ignore[arg-type]
     )
     checked_progress(register(config, on_batch=on_batch, order=order))  # type: ignore[arg-type]
-    manager = model.init_continuous_batching(
-        generation_config=generation_config(new_tokens),
-        continuous_batching_config=ContinuousBatchingConfig(
-            page_size=PAGE, num_blocks=64, max_batch_tokens=32, scheduler_type="pypto_sched"
-        ),
-    )
+    manager = live_server(model, new_tokens)
     submit(0)
-    manager.start()
-    try:
-        results: dict[str, Any] = {}
-        while len(results) < len(ids):
-            result = manager.get_result(timeout=30)
-            assert result is not None, f"no result after {sorted(results)}"
-            assert result.error is None, result.error
-            results[result.request_id] = result
-    finally:
-        manager.stop(block=True, timeout=30)
+    results = collect(manager, len(ids))
     for request_id, prompt in zip(ids, prompts, strict=True):
         assert results[request_id].generated_tokens == reference(prompt, new_tokens)
     check_batches(batches, config, max_batch_tokens=32)
