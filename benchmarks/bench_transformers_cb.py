@@ -17,12 +17,13 @@ noise floor of that run.
 The schedulers: the server's ``"fifo"`` and ``"prefill_first"``; pypto_sched
 (:func:`pypto_sched.integrations.transformers.register`) as ``packed`` without a threshold,
 ``packed`` with a threshold of half the batch (and at most 4 partial prefills) -- with
-arrivals also of a quarter of the batch -- and ``round_robin`` without a threshold; and,
-with every request queued at once, a control: ``"fifo"`` on a server of 4 rows a batch. For
-each: the batches run, the keys a batch reads on average, the time to first token (mean,
-median and p99, in batches and in CPU seconds), the throughput (prompt and generated tokens
-a CPU second) and the scheduler's own milliseconds a batch. Every run must return the
-tokens of ``"fifo"``.
+arrivals also of a quarter of the batch -- ``round_robin`` without a threshold, and
+``packed`` without a threshold admitting the requests queued together shortest first
+(``order="shortest_first"``); and, with every request queued at once, a control: ``"fifo"``
+on a server of 4 rows a batch. For each: the batches run, the keys a batch reads on average,
+the time to first token (mean, median and p99, in batches and in CPU seconds), the
+throughput (prompt and generated tokens a CPU second) and the scheduler's own milliseconds a
+batch. Every run must return the tokens of ``"fifo"``.
 
 The workloads (``--workloads``, default all three; ``--requests`` prompts each, default 128,
 32 new tokens each):
@@ -58,7 +59,10 @@ What the figures show (each printed):
    first, then prompts in arrival order, each taking all the budget it can), so its p99 is
    the floor plus the decode tokens it ran meanwhile and the room it left unused (printed).
    ``packed`` without a threshold plans exactly ``"fifo"``'s batches (started prompts first,
-   then new ones in arrival order, each as much as fits), in both modes.
+   then new ones in arrival order, each as much as fits), in both modes. Shortest first
+   halves the mean time to first token and lowers the p99 a little (the p99 of 128 is
+   near the end of the prefills, which the order moves by the longest prompts' tokens at
+   most), for a few more batches at the end, where the longest prompts prefill last.
 2. *With arrivals, a threshold trades the long prompts' first token for the others'.* A
    short prompt arriving while a long one prefills no longer waits for the whole long
    prefill: the others' p99 and the mean fall (printed apart, the long prompts from the
@@ -82,11 +86,14 @@ What the figures show (each printed):
    with variable-length attention (no dense mask over the batch) a batch's cost follows its
    own tokens and the weights, and the batches are the measure to trust.
 
-The target, checked at the end when ``arrivals`` runs (``--no-check`` only reports):
-on the ``arrivals`` workload, a pypto_sched side with at least ``"fifo"``'s throughput and a
-p99 time to first token below ``"fifo"``'s, both in batches (throughput: the batches to
-serve every request) and in CPU seconds. It is not met at the default share of long
-prompts, for the reason of point 2 (``docs/transformers.md`` has the figures).
+The target, checked on ``long-tail`` and on ``arrivals`` when they run (exit status 1 if
+missed on either; ``--no-check`` only reports): a pypto_sched side with at least
+``"fifo"``'s throughput and a p99 time to first token below ``"fifo"``'s, both in batches
+(throughput: the batches to serve every request) and in CPU seconds. It is not met: with
+every request queued, ``packed`` shortest first has the lower p99 on the default draw but
+takes more batches, and a higher p99 on other draws (``--requests 256``, ``--long-share
+8``); with arrivals no side beats ``"fifo"``'s p99 at the default share of long prompts, for
+the reason of point 2 (``docs/transformers.md`` has the figures).
 """
 
 from __future__ import annotations
@@ -128,6 +135,8 @@ LONG_SHARE = 16
 CONTROL_ROWS = 4
 #: ``arrivals``: the arrival rate, a share of the server's capacity (see the module doc).
 DEFAULT_LOAD = 0.75
+#: ``packed`` without a threshold, the requests queued together admitted shortest first.
+SHORTEST_FIRST = "pypto_sched packed, sf"
 
 
 @attrs.frozen(kw_only=True)
@@ -547,6 +556,10 @@ def schedulers(*, arrivals: bool) -> dict[str, tuple[type[Scheduler], int]]:
             register(config, name=f"pypto_sched {name}"),
             MAX_REQUESTS_PER_BATCH,
         )
+    named[SHORTEST_FIRST] = (
+        register(ours["packed"], name=SHORTEST_FIRST, order="shortest_first"),
+        MAX_REQUESTS_PER_BATCH,
+    )
     if not arrivals:
         named[f"control: fifo, {CONTROL_ROWS} rows"] = (FIFOScheduler, CONTROL_ROWS)
     return named
@@ -606,11 +619,11 @@ def bench_workload(
     return sides
 
 
-def target(sides: Sequence[Side]) -> bool:
-    """The issue's target on the ``long-tail`` workload arriving over time: a pypto_sched
-    side with at least ``"fifo"``'s throughput and a lower p99 time to first token, both
-    in batches (the clock the arrivals run on: the figures that repeat exactly) and in
-    CPU seconds (medians over the rounds)."""
+def target(sides: Sequence[Side], workload: str) -> bool:
+    """The issue's target on ``workload``: a pypto_sched side with at least ``"fifo"``'s
+    throughput and a lower p99 time to first token, both in batches (the figures that
+    repeat exactly; throughput: the batches to serve every request) and in CPU seconds
+    (medians over the rounds)."""
     fifo = sides[0]
     met = False
     for side in sides:
@@ -620,17 +633,18 @@ def target(sides: Sequence[Side]) -> bool:
         p99_batches = side.ttft_batches(99) / fifo.ttft_batches(99)
         throughput = side.throughput("cpu") / fifo.throughput("cpu")
         p99_cpu = side.ttft_seconds("cpu", 99) / fifo.ttft_seconds("cpu", 99)
-        side_met = batches >= 1 and p99_batches < 1 and throughput >= 1 and p99_cpu < 1
+        side_met = batches >= 1 and throughput >= 1 and p99_batches < 1 and p99_cpu < 1
         met |= side_met
         print(
             f"target, {side.name}: throughput vs fifo's {batches:.2f}x in batches, "
             f"{throughput:.2f}x in CPU s; p99 TTFT {p99_batches:.2f}x in batches, "
             f"{p99_cpu:.2f}x in CPU s: {'met' if side_met else 'not met'}"
         )
-    print(f"target (long-tail, arrivals): {'met' if met else 'NOT met'}")
+    print(f"target ({workload}): {'met' if met else 'NOT met'}")
     return met
 
 
+ARRIVALS = "long-tail, arriving over time"
 WORKLOADS = ("lognormal", "long-tail", "arrivals")
 
 
@@ -681,14 +695,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "lognormal" in workloads:
         bench_workload(model, "lognormal", lognormal_lengths(num_requests), new_tokens, rounds)
     long_tail = long_tail_lengths(num_requests, args.long_share)
+    met = True
     if "long-tail" in workloads:
-        bench_workload(model, "long-tail", long_tail, new_tokens, rounds)
-    if "arrivals" not in workloads:
-        return 0
-    sides = bench_workload(
-        model, "long-tail, arriving over time", long_tail, new_tokens, rounds, args.load
-    )
-    met = target(sides)
+        sides = bench_workload(model, "long-tail", long_tail, new_tokens, rounds)
+        met &= target(sides, "long-tail")
+    if "arrivals" in workloads:
+        sides = bench_workload(model, ARRIVALS, long_tail, new_tokens, rounds, args.load)
+        met &= target(sides, ARRIVALS)
     return 0 if met or args.no_check else 1
 
 

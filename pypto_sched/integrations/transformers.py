@@ -49,7 +49,9 @@ moves a request ahead of one that joined at an earlier batch, so no request wait
 requests that arrived after it, and with requests arriving one at a time it is the arrival
 order. Serving the short prompts of a batch first gives more requests their first token
 early (the mean time to first token falls by about half on long-tailed batches, with the
-same tokens and about the same work), and the longest prompts get theirs last.
+same tokens), and the longest prompts get theirs last: where the KV cache cannot hold the
+long prompts left for the end at once, they prefill a few at a time and the batch takes
+longer (``docs/transformers.md`` has the figures).
 
 Not covered: parallel sampling (``num_return_sequences > 1``). The server stops a forked
 request's prefill one token short of the planned chunk, so that chunk may end off the
