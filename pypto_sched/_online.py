@@ -57,6 +57,7 @@ from ._policies import (
     dispatch_bound,
     fill_sizes,
     fits_one_dispatch,
+    keeps_to_the_bound,
     leaves_tokens_to_prefill,
     prefill_room,
     request_cap,
@@ -568,10 +569,10 @@ def plan_step(
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     cap = request_cap(config, num_requests, reserved_tokens, reserved_rows)
     page = config.page_size or 1
-    # The dispatch keeps to the bound when it has the whole budget (see _keep_to_the_bound).
-    to_bound = (
-        config if num_requests > 1 and reserved_tokens == 0 and config.policy == "packed" else None
-    )
+    # The dispatch keeps to the bound when it has the whole budget and rows and no limit can
+    # bind (see _keep_to_the_bound).
+    whole = reserved_tokens == 0 and reserved_rows == 0
+    to_bound = config if whole and keeps_to_the_bound(config, num_requests) else None
     step = _Step(state, None if pool is None else _Holds(pool), cap, page, to_bound)
     if config.policy == "packed":
         return _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)

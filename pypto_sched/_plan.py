@@ -18,6 +18,7 @@ from ._policies import (
     IntArray,
     Rows,
     check_num_computed_tokens,
+    keeps_to_the_bound,
     plan_rows,
     surely_keeps_to_the_bound,
 )
@@ -87,14 +88,15 @@ def _keep_to_the_bound(
     lengths: IntArray, computed: IntArray, config: PlannerConfig, greedy: Rows
 ) -> Rows:
     """``packed``'s rows kept to the bound (``_policies.py``, *Keeping to the bound*), from
-    its ``greedy`` rows: they stand up to the first dispatch that does not surely keep to the
-    bound (:func:`surely_keeps_to_the_bound`), and the rest is planned step by step, as
+    its ``greedy`` rows: they stand up to the first dispatch that is kept to the bound
+    (:func:`keeps_to_the_bound`) and does not surely keep to it
+    (:func:`surely_keeps_to_the_bound`), and the rest is planned step by step, as
     :func:`plan_step` plans it, from the state before that dispatch."""
     offsets, requests, starts, sizes, final = greedy
     remaining = lengths - computed
     num = offsets.size - 1
-    if num <= lower_bound(remaining, config):
-        return greedy
+    if num <= lower_bound(remaining, config) or not keeps_to_the_bound(config, 2):
+        return greedy  # (no dispatch is kept to the bound: pages, or a limit of 1)
     # Before each dispatch: the tokens left, and the most any unfinished request had.
     tokens = np.add.reduceat(sizes.astype(np.int64), offsets[:-1])
     left = int(remaining.sum()) - np.concatenate(([0], np.cumsum(tokens)[:-1]))
@@ -107,7 +109,10 @@ def _keep_to_the_bound(
     finished = np.bincount(dispatch_of[final], minlength=num)
     count = lengths.size - np.concatenate(([0], np.cumsum(finished)[:-1]))
     sure = surely_keeps_to_the_bound(tokens, left, longest, count, config)
-    first = int(np.argmin(sure))  # one is not sure, since the greedy rows miss the bound
+    sure |= ~keeps_to_the_bound(config, count)
+    if sure.all():
+        return greedy
+    first = int(np.argmin(sure))
     done = int(offsets[first])
     ran = np.bincount(requests[:done], weights=sizes[:done], minlength=lengths.size)
     position = computed + ran.astype(np.int64)  # float sums of ints below 2**53: exact

@@ -102,7 +102,8 @@ def _packed_to_the_bound(
     lengths: list[int], position: list[int], config: PlannerConfig
 ) -> list[list[Row]]:
     """``packed``: the greedy fill, unless it would leave more than the bound less one
-    dispatch; then each request first gets the least it must run now (the docs' deadline
+    dispatch where no limit can bind (no pages, no more requests than rows or than the
+    partial limit); then each request first gets the least it must run now (the docs' deadline
     minimums, raised to a chunk that ends on a page or the prompt), the rest of the budget
     first come, first served, if the rows and the partial limit hold it.
 
@@ -144,7 +145,12 @@ def _packed_to_the_bound(
             if reach == n or sum(sizes) >= budget or not all(sizes[len(started) :]):
                 break
             width *= 2
-        if count > 1:
+        unlimited = (
+            page == 1
+            and (rows_limit is None or count <= rows_limit)
+            and count <= (config.max_num_partial_prefills or count)
+        )
+        if count > 1 and unlimited:
             rest = most[reach]
             bound = _bound_with(left, rest, total, count, budget, cap, rows_limit)
             after = _minus(left, sizes)

@@ -8,12 +8,26 @@ Where the bound is reached, and how often ``packed`` reaches it, is measured by
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from optimum import optimum
 from oracle import oracle_plan
+from test_planner import rows_of
 
 from pypto_sched import POLICIES, PlannerConfig, Policy, plan_prefill
+from pypto_sched._policies import surely_keeps_to_the_bound
+from pypto_sched._schedule import lower_bound
+
+
+def packed(budget: int, threshold: int, **limits: int) -> PlannerConfig:
+    return PlannerConfig(
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        policy="packed",
+        **limits,
+    )
 
 
 @st.composite
@@ -94,3 +108,52 @@ def test_packed_never_takes_more_dispatches_than_the_greedy_fill(
     assert plan_prefill(lengths, config).num_dispatches <= len(
         oracle_plan(lengths, config, greedy=True)
     )
+
+
+@pytest.mark.parametrize(
+    ("lengths", "computed", "config"),
+    [
+        # Found by an adversarial search: with a limit the bound does not count (rows against
+        # requests, pages, the partial limit), correcting by the bound took one more dispatch
+        # than the greedy fill. Where a limit can bind, the greedy fill stands.
+        ([35, 35, 51, 26], None, packed(6, 2, max_num_seqs=3)),
+        ([8, 40, 74], None, packed(11, 5, page_size=2)),
+        ([10, 25, 78, 2, 55], [0, 9, 0, 0, 0], packed(9, 4, max_num_partial_prefills=2)),
+        ([51, 50, 57, 78, 69], [0, 5, 9, 0, 17], packed(12, 4, page_size=4)),
+        ([11, 4], None, packed(5, 3, max_num_seqs=1, page_size=3)),
+    ],
+)
+def test_packed_takes_no_more_dispatches_than_the_greedy_fill_where_limits_bind(
+    lengths: list[int], computed: list[int] | None, config: PlannerConfig
+) -> None:
+    schedule = plan_prefill(lengths, config, num_computed_tokens=computed)
+    assert schedule.num_dispatches <= len(oracle_plan(lengths, config, computed, greedy=True))
+    assert rows_of(schedule) == oracle_plan(lengths, config, computed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    small_cases(policies=("packed",)),
+    st.lists(st.integers(0, 9), min_size=3, max_size=3),
+)
+@example(  # a row of 3 holds less than a request alone runs: the bound can drop below d
+    ([9, 4], packed(5, 3, max_num_seqs=1)), [1, 0, 0]
+)
+def test_the_quick_test_is_sure_only_of_greedy_dispatches_that_keep_to_the_bound(
+    case: tuple[list[int], PlannerConfig], cached: list[int]
+) -> None:
+    # surely_keeps_to_the_bound spares a dispatch the bound check: it must never be sure of
+    # a greedy dispatch that leaves more than the bound less one.
+    lengths, config = case
+    computed = [min(c, n - 1) for c, n in zip(cached, lengths, strict=False)]
+    (first, *_) = oracle_plan(lengths, config, computed, greedy=True)
+    left = [n - c for n, c in zip(lengths, computed, strict=True)]
+    after = list(left)
+    for request, _, size, _ in first:
+        after[request] -= size
+    sure = surely_keeps_to_the_bound(
+        sum(size for *_, size, _ in first), sum(left), max(left), len(left), config
+    )
+    before = lower_bound(np.array(left), config)
+    if sure and any(after):
+        assert lower_bound(np.array([n for n in after if n]), config) <= before - 1
