@@ -191,12 +191,12 @@ Counted in dispatches that carry rows (an empty step moves no request ahead of a
 
   Waiting requests are admitted strictly in arrival order.
 
-  These bounds are for the greedy fill. A dispatch kept to the bound (below) gives every
-  request its deadline minimum first, so there an older started request may run less than
-  the greedy fill would give it, or nothing, while a younger one runs what it must: prompts
-  of 100 tokens with 4 and 5 cached, budget 16, pages of 8, take 12 dispatches instead of
-  13, the older one waiting 5 of them for its last 4 tokens. Arrival order of admission
-  still holds.
+  These bounds are for the greedy fill (every dispatch, with pages). A dispatch kept to
+  the bound (below) gives every request its deadline minimum first, so there an older
+  started request may run less than the greedy fill would give it, or nothing, while a
+  younger one runs what it must: with budget 5 and threshold 2, a started 27-token prompt
+  behind a 4-token one is skipped when prompts of 4 and 8 tokens arrive, since it can
+  finish alone at the end. Arrival order of admission still holds.
 
 Generation: decode rows, a bounded page pool, preemption
 --------------------------------------------------------
