@@ -60,9 +60,10 @@ What the figures show (each printed):
    the floor plus the decode tokens it ran meanwhile and the room it left unused (printed).
    ``packed`` without a threshold plans exactly ``"fifo"``'s batches (started prompts first,
    then new ones in arrival order, each as much as fits), in both modes. Shortest first
-   halves the mean time to first token and lowers the p99 a little (the p99 of 128 is
-   near the end of the prefills, which the order moves by the longest prompts' tokens at
-   most), for a few more batches at the end, where the longest prompts prefill last.
+   halves the mean time to first token; the p99 of 128 is near the end of the prefills,
+   which the order moves by the longest prompts' tokens at most, and it moves either way:
+   where the cache cannot hold the long prompts left for the end, they prefill a few at a
+   time and the batch takes more batches (1.09x the p99 at ``--requests 256``).
 2. *With arrivals, a threshold trades the long prompts' first token for the others'.* A
    short prompt arriving while a long one prefills no longer waits for the whole long
    prefill: the others' p99 and the mean fall (printed apart, the long prompts from the

@@ -49,6 +49,7 @@ from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestErr
 from ._persistent import Frozen, PersistentMap, PersistentQueue
 from ._policies import (
     admits,
+    bound_rule_applies,
     check_num_computed_tokens,
     chunk_limit,
     chunk_size,
@@ -57,7 +58,6 @@ from ._policies import (
     dispatch_bound,
     fill_sizes,
     fits_one_dispatch,
-    keeps_to_the_bound,
     leaves_tokens_to_prefill,
     prefill_room,
     request_cap,
@@ -570,9 +570,9 @@ def plan_step(
     cap = request_cap(config, num_requests, reserved_tokens, reserved_rows)
     page = config.page_size or 1
     # The dispatch keeps to the bound when it has the whole budget and rows and no limit can
-    # bind (see _keep_to_the_bound).
+    # bind (see _keep_to_the_bound; a page pool must hold every request whole).
     whole = reserved_tokens == 0 and reserved_rows == 0
-    to_bound = config if whole and keeps_to_the_bound(config, num_requests) else None
+    to_bound = config if whole and bound_rule_applies(config, num_requests) else None
     step = _Step(state, None if pool is None else _Holds(pool), cap, page, to_bound)
     if config.policy == "packed":
         return _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
@@ -740,13 +740,17 @@ def _plan_packed(
         tokens_left -= size
         rows_left -= 1
     config = step.to_bound
-    if config is not None and not surely_keeps_to_the_bound(
-        tokens - tokens_left,
-        state._num_tokens,
-        max(state._queue.best()[0], max(map(_left, state._started), default=0)),
-        len(state),
-        config,
-    ):
+    if (
+        config is not None
+        and not surely_keeps_to_the_bound(
+            tokens - tokens_left,
+            state._num_tokens,
+            max(state._queue.best()[0], max(map(_left, state._started), default=0)),
+            len(state),
+            config,
+        )
+        and _pool_holds_everything(state, step.holds)
+    ):  # (else its free pages can bind)
         kept = _keep_to_the_bound(step, config, rows, admitted, requests, queue, tokens, room_rows)
         if kept is not None:
             return kept

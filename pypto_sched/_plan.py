@@ -17,8 +17,8 @@ from ._online import PrefillState, _Request, _restore, plan_step
 from ._policies import (
     IntArray,
     Rows,
+    bound_rule_applies,
     check_num_computed_tokens,
-    keeps_to_the_bound,
     plan_rows,
     surely_keeps_to_the_bound,
 )
@@ -76,8 +76,9 @@ def plan_one_shot(
     budget = max(int((lengths - computed).sum()), 1)
     if budget > MAX_TOKENS:
         raise InvalidInputError(
-            f"the one-shot dispatch would hold every remaining token, {budget:,}, more than a "
-            f"dispatch can ({MAX_TOKENS:,}): plan these prompts in chunks, or in smaller batches"
+            f"'prompt_lengths' must leave at most {MAX_TOKENS:,} tokens to prefill for a "
+            f"one-shot dispatch, which would hold every remaining token: {budget:,} (plan "
+            f"these prompts in chunks, or in smaller batches)"
         )
     return plan_prefill(
         lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed
@@ -88,28 +89,30 @@ def _keep_to_the_bound(
     lengths: IntArray, computed: IntArray, config: PlannerConfig, greedy: Rows
 ) -> Rows:
     """``packed``'s rows kept to the bound (``_policies.py``, *Keeping to the bound*), from
-    its ``greedy`` rows: they stand up to the first dispatch that is kept to the bound
-    (:func:`keeps_to_the_bound`) and does not surely keep to it
+    its ``greedy`` rows: they stand up to the first dispatch to which the rule applies
+    (:func:`bound_rule_applies`) and that does not surely keep to the bound
     (:func:`surely_keeps_to_the_bound`), and the rest is planned step by step, as
     :func:`plan_step` plans it, from the state before that dispatch."""
     offsets, requests, starts, sizes, final = greedy
     remaining = lengths - computed
     num = offsets.size - 1
-    if num <= lower_bound(remaining, config) or not keeps_to_the_bound(config, 2):
-        return greedy  # (no dispatch is kept to the bound: pages, or a limit of 1)
-    # Before each dispatch: the tokens left, and the most any unfinished request had.
+    if num <= lower_bound(remaining, config):
+        return greedy
+    # Before each dispatch: the requests unfinished, the tokens left, and the most any
+    # unfinished request had.
+    finish_at = np.searchsorted(offsets, np.flatnonzero(final), side="right") - 1  # ascending
+    finished = np.bincount(finish_at, minlength=num)
+    count = lengths.size - np.concatenate(([0], np.cumsum(finished)[:-1]))
+    applies = bound_rule_applies(config, count)
+    if not applies.any():
+        return greedy
     tokens = np.add.reduceat(sizes.astype(np.int64), offsets[:-1])
     left = int(remaining.sum()) - np.concatenate(([0], np.cumsum(tokens)[:-1]))
-    dispatch_of = np.repeat(np.arange(num), np.diff(offsets))
     finishing = np.zeros(num, dtype=np.int64)
-    finish_at = dispatch_of[final]  # ascending: rows are in dispatch order
     groups = np.flatnonzero(np.diff(finish_at, prepend=-1))
     finishing[finish_at[groups]] = np.maximum.reduceat(remaining[requests[final]], groups)
     longest = np.maximum.accumulate(finishing[::-1])[::-1]
-    finished = np.bincount(dispatch_of[final], minlength=num)
-    count = lengths.size - np.concatenate(([0], np.cumsum(finished)[:-1]))
-    sure = surely_keeps_to_the_bound(tokens, left, longest, count, config)
-    sure |= ~keeps_to_the_bound(config, count)
+    sure = ~applies | surely_keeps_to_the_bound(tokens, left, longest, count, config)
     if sure.all():
         return greedy
     first = int(np.argmin(sure))

@@ -95,21 +95,21 @@ for it: the longest request runs at most ``chunk_cap`` tokens a dispatch only wh
 longest is unfinished. The dispatch count is then close to the bound, and equal to it in most
 workloads without ``page_size`` (the seed's case with budget 8192 and 16 rows takes 14).
 
-*Keeping to the bound.* A dispatch planned with the whole budget and rows, where no limit
-can bind on the work left (:func:`keeps_to_the_bound`: no ``page_size`` above 1, and no more
-requests than ``max_num_seqs`` or ``max_num_partial_prefills``), is the greedy fill only if
-what it leaves has a bound at most one below the bound before it; otherwise every request
-first runs its :func:`deadline_minimums` (raised to whole pages by :func:`least_chunk`) and
-the rest of the budget goes first come, first served (:func:`fill_sizes`), if the rows and
-:func:`admits` take that and it keeps to the bound. A plan whose greedy
-fill meets the bound is therefore exactly the greedy (vLLM's) plan; the others take fewer
-dispatches, and on every batch of up to 4 small prompts the fewest of any schedule that
-starts requests in order. (Where a limit can bind, the bound does not count it, and
-correcting by it took more dispatches than the greedy fill on rare batches: there the
-greedy fill stands.) Offline, the greedy rows stand up to the first dispatch that fails
+*Keeping to the bound.* A dispatch planned with the whole budget and rows (and a page pool,
+if any, that holds every request whole), where no limit can bind on the work left
+(:func:`bound_rule_applies`: no ``page_size`` above 1, and no more requests than
+``max_num_seqs`` or ``max_num_partial_prefills``), is the greedy fill only if what it leaves
+has a bound at most one below the bound before it; otherwise every request first runs its
+:func:`deadline_minimums` and the rest of the budget goes first come, first served
+(:func:`fill_sizes`), if that keeps to the bound. A plan whose greedy fill meets the bound
+is therefore exactly the greedy (vLLM's) plan; the others take fewer dispatches, and on
+every batch of up to 4 small prompts the fewest of any schedule that starts requests in
+order. (Where a limit can bind, the bound does not count it, and correcting by it took more
+dispatches than the greedy fill on rare batches: there the greedy fill stands.) Offline, the
+greedy rows stand up to the first dispatch to which the rule applies and that fails
 :func:`surely_keeps_to_the_bound`, and the rest is stepped by ``plan_step``
-(``_plan._keep_to_the_bound``), so both make the same choices. ``docs/semantics.md`` has
-the details.
+(``_plan._keep_to_the_bound``), so both make the same choices. ``docs/semantics.md`` has the
+details.
 
 Online: one step at a time
 --------------------------
@@ -445,15 +445,16 @@ def dispatch_bound(total: int, first: int, second: int, count: int, config: Plan
     return bound
 
 
-def keeps_to_the_bound(config: PlannerConfig, num_requests: Any) -> Any:
-    """Whether a ``packed`` dispatch planned with the whole budget and rows, ``num_requests``
-    requests being unfinished, is kept to the bound (see *Keeping to the bound* in the
-    header): more than one request, and no limit that the bound does not count can bind on
-    the work left -- no ``page_size`` above 1, no more requests than ``max_num_seqs`` rows
-    or than ``max_num_partial_prefills``. Elementwise on arrays."""
+def bound_rule_applies(config: PlannerConfig, num_requests: Any) -> Any:
+    """Whether a ``packed`` dispatch planned with the whole budget and rows (and a page
+    pool, if any, that holds every request whole), ``num_requests`` requests being
+    unfinished, is kept to the bound (see *Keeping to the bound* in the header): more than
+    one request, and no limit that the bound does not count can bind on the work left -- no
+    ``page_size`` above 1, no more requests than ``max_num_seqs`` rows or than
+    ``max_num_partial_prefills``. Elementwise on arrays."""
+    applies = np.greater(num_requests, 1)
     if config.policy != "packed" or (config.page_size or 1) > 1:
-        return num_requests < 0  # False, elementwise
-    applies = num_requests > 1
+        return np.logical_and(applies, False)
     for limit in (config.max_num_seqs, config.max_num_partial_prefills):
         if limit is not None:
             applies = applies & (num_requests <= limit)
@@ -484,7 +485,7 @@ def surely_keeps_to_the_bound(
     after = -(-total // shared) - 1
     sure = (tokens_run >= shared) & (longest <= after * cap)
     if shared < request_cap(config, 1, 0, 0):
-        sure = sure & (tokens_run < 0)  # never
+        sure = np.logical_and(sure, False)
     return sure if rows is None else sure & (count <= after * rows)
 
 

@@ -109,4 +109,4 @@ def test_the_serving_loop_runs_the_backend_contract_s_toy_backend() -> None:
         max_num_batched_tokens=16, long_prefill_token_threshold=8, policy="packed"
     )
     summary = serving_loop.serve(config, backend=toy, num_requests=4, num_pages=64, page_size=8)
-    assert summary.finished + summary.aborted == 4
+    assert summary.finished == 4

@@ -440,7 +440,7 @@ def test_packed_skips_a_started_request_only_while_older_ones_fill_the_room() ->
     assert packed_skip_bound(config, older_tokens=100 - 16) == 9
 
 
-def test_with_pages_the_greedy_fill_stands_below_the_bound() -> None:
+def test_with_pages_the_greedy_fill_stands_though_it_misses_the_bound() -> None:
     # A and B could take 12 dispatches, the bound: B running 16 tokens in each of the last 6
     # while A's last 4 wait. With pages the bound does not count page ends, and correcting by
     # it took more dispatches than the greedy fill on rare batches, so the greedy fill stands.
@@ -938,3 +938,19 @@ def test_applying_a_plan_keeps_its_run_when_the_requests_it_left_were_removed() 
     drained = plan.state.discard("x").add("b", 3).add("c", 3)
     assert drained.policy is None
     assert list(plan_step(drained, config).rows) == ["b", "c"]
+
+
+def test_a_page_pool_that_cannot_hold_every_request_whole_leaves_the_greedy_fill() -> None:
+    # Without a pool, or with one that holds every request whole, the first step keeps to
+    # the bound (6 + 1 + 3, not greedy's 6 + 3 + 1); a pool that cannot is a limit the bound
+    # does not count (its free pages can bind), and the greedy fill stands.
+    config = PlannerConfig(
+        max_num_batched_tokens=10, long_prefill_token_threshold=6, policy="packed"
+    )
+    state = PrefillState.from_prompt_lengths([8, 3, 9])
+
+    def sizes(pool: PagePool[int] | None) -> list[int]:
+        return [chunk.length for chunk in plan_step(state, config, pool=pool).rows.values()]
+
+    assert sizes(None) == sizes(PagePool(num_pages=6, page_size=4)) == [6, 1, 3]
+    assert sizes(PagePool(num_pages=5, page_size=4)) == [6, 3, 1]  # 6 pages whole

@@ -906,6 +906,9 @@ def test_plan_prefill_matches_the_oracle_on_every_tiny_input() -> None:
 
 def test_a_one_shot_plan_that_no_dispatch_can_hold_says_so() -> None:
     assert plan_one_shot([2**30, 2**30 - 1]).num_dispatches == 1
-    with pytest.raises(InvalidInputError, match=r"one-shot dispatch would hold .* 2,147,483,648"):
+    with pytest.raises(
+        InvalidInputError, match=r"'prompt_lengths' must .* one-shot .* 2,147,483,648"
+    ):
         plan_one_shot([2**30, 2**30])
-    assert plan_prefill([2**30, 2**30], PlannerConfig(max_num_batched_tokens=2**20)).lower_bound
+    chunked = plan_prefill([2**30, 2**30], PlannerConfig(max_num_batched_tokens=2**20))
+    assert chunked.lower_bound == chunked.num_dispatches == 2**11
