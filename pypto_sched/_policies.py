@@ -424,10 +424,8 @@ def dispatch_bound(total: int, first: int, second: int, count: int, config: Plan
     budget, and it runs at most ``chunk_cap`` a dispatch while the second longest is
     unfinished.
     """
-    budget, cap, rows = config.max_num_batched_tokens, config.chunk_cap, config.max_num_seqs
-    lone = request_cap(config, 1, 0, 0)
-    # The most tokens a dispatch holds while a request is not alone.
-    shared = budget if rows is None else min(budget, rows * cap)
+    cap, rows = config.chunk_cap, config.max_num_seqs
+    shared, lone = _dispatch_holds(config)
     if lone == cap:
         tokens = -(-total // shared)
     else:  # only the longest may run alone, the others' tokens run shared
@@ -443,6 +441,14 @@ def dispatch_bound(total: int, first: int, second: int, count: int, config: Plan
     if rows is not None:
         bound = max(bound, -(-count // rows))
     return bound
+
+
+def _dispatch_holds(config: PlannerConfig) -> tuple[int, int]:
+    """The most tokens a dispatch holds while requests share it (the budget, and at most
+    ``max_num_seqs`` rows of ``chunk_cap``), and the most a request alone runs."""
+    budget, rows = config.max_num_batched_tokens, config.max_num_seqs
+    shared = budget if rows is None else min(budget, rows * config.chunk_cap)
+    return shared, request_cap(config, 1, 0, 0)
 
 
 def bound_rule_applies(config: PlannerConfig, num_requests: Any) -> Any:
@@ -477,14 +483,10 @@ def surely_keeps_to_the_bound(
     arrays.
     """
     cap, rows = config.chunk_cap, config.max_num_seqs
-    shared = (
-        config.max_num_batched_tokens
-        if rows is None
-        else min(config.max_num_batched_tokens, rows * cap)
-    )
+    shared, lone = _dispatch_holds(config)
     after = -(-total // shared) - 1
     sure = (tokens_run >= shared) & (longest <= after * cap)
-    if shared < request_cap(config, 1, 0, 0):
+    if shared < lone:
         sure = np.logical_and(sure, False)
     return sure if rows is None else sure & (count <= after * rows)
 
