@@ -104,8 +104,9 @@ def _packed_to_the_bound(
     """``packed``: the greedy fill, unless it would leave more than the bound less one
     dispatch where no limit can bind (no pages, no more requests than rows or than the
     partial limit); then each request first gets the least it must run now (the docs' deadline
-    minimums, raised to a chunk that ends on a page or the prompt), the rest of the budget
-    first come, first served, if the rows and the partial limit hold it.
+    minimums), the rest of the budget first come, first served, if that keeps to the bound.
+    (The rows and partial-limit checks of that fill cannot fail where the rule applies; they
+    stay as the library's plain restatement.)
 
     Requests start in order, so the waiting ones are those from ``next_new`` on, unchanged
     since the start: the two most they have left, from any index on, are listed once, and
