@@ -817,7 +817,6 @@ def _keep_to_the_bound(
                 num_started,
                 step.cap,
                 tokens,
-                step.page,
             )
         short = sizes is not None and sum(sizes) < tokens and all(sizes[num_started:])
         if not (blocked or short) or not rest or len(records) >= most:

@@ -53,8 +53,8 @@ The rules, one function each
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
   reservations.
 * :func:`dispatch_bound`: the lower bound of the dispatches left.
-* :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`, :func:`fill_sizes`,
-  :func:`least_chunk`: ``packed`` keeping to the bound (below).
+* :func:`bound_rule_applies`, :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`,
+  :func:`fill_sizes`: ``packed`` keeping to the bound (below).
 
 Policy ``round_robin`` (the seed's behaviour)
 ---------------------------------------------
@@ -558,17 +558,16 @@ def fill_sizes(
     num_started: int,
     cap: int,
     budget: int,
-    page: int,
 ) -> list[int] | None:
     """The chunk of each request, in fill order (the ``num_started`` started ones first), at
-    ``positions`` of prompts of ``lengths``, when each runs at least its minimum and the
-    budget those leave goes first come, first served: each as much as :func:`chunk_size`
-    allows it with ``min(cap, its minimum + the budget left)``. A minimum is first raised to
-    the least chunk that holds it (:func:`least_chunk`); ``None`` if one is then above
-    ``cap`` or they exceed the budget. As in the greedy fill, no waiting request runs after
-    one that cannot. (All minimums zero, without pages: ``packed``'s greedy fill.)"""
+    ``positions`` of prompts of ``lengths``, when each runs at least its minimum (at most
+    what it has left) and the budget those leave goes first come, first served: each as
+    much as :func:`chunk_size` allows it with ``min(cap, its minimum + the budget left)``;
+    ``None`` if a minimum is above ``cap`` or they exceed the budget. As in the greedy fill,
+    no waiting request runs after one that cannot. The rule applies without pages only
+    (:func:`bound_rule_applies`). (All minimums zero: ``packed``'s greedy fill.)"""
     least = [
-        least_chunk(start, length, minimum, page)
+        max(0, min(minimum, length - start))
         for start, length, minimum in zip(positions, lengths, minimums, strict=True)
     ]
     free = budget - sum(least)
@@ -576,23 +575,13 @@ def fill_sizes(
         return None
     sizes = least
     for j, (start, length) in enumerate(zip(positions, lengths, strict=True)):
-        size = chunk_size(start, length, min(cap, sizes[j] + free), page)
+        size = chunk_size(start, length, min(cap, sizes[j] + free), 1)
         if size > sizes[j]:
             free -= size - sizes[j]
             sizes[j] = size
         elif not sizes[j] and j >= num_started:  # admission stops here
             break
     return sizes
-
-
-def least_chunk(start: int, length: int, tokens: int, page: int) -> int:
-    """The smallest chunk from ``start`` of a prompt of ``length`` that runs at least
-    ``tokens`` (0 for none): up to the next page boundary at or past ``start + tokens``, or
-    to the end. (The counterpart of :func:`chunk_size`'s largest.)"""
-    if tokens <= 0:
-        return 0
-    end = -(-(start + tokens) // page) * page
-    return (end if end < length else length) - start
 
 
 def fits_one_dispatch(
