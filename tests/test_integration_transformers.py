@@ -246,6 +246,21 @@ def collect(manager: Any, count: int) -> dict[str, Any]:
     return results
 
 
+def submit_arrivals(
+    manager: Any,
+    after: int,
+    arrivals: dict[int, int],
+    prompts: Sequence[Sequence[int]],
+    ids: Sequence[str],
+    new_tokens: int,
+) -> None:
+    """Add to ``manager`` the requests ``arrivals`` (request index -> the batch after which
+    it is submitted, 0: before the server starts) submits after batch ``after``."""
+    for i, batch_number in arrivals.items():
+        if batch_number == after:
+            manager.add_request(list(prompts[i]), request_id=ids[i], max_new_tokens=new_tokens)
+
+
 def blocks_needed(prompts: Sequence[Sequence[int]], new_tokens: int) -> int:
     return sum(-(-(len(prompt) + new_tokens) // PAGE) for prompt in prompts)
 
@@ -575,9 +590,7 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
     batches: list[ScheduledBatch] = []
 
     def submit(after: int) -> None:
-        for i, batch_number in arrivals.items():
-            if batch_number == after:
-                manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=new_tokens)
+        submit_arrivals(manager, after, arrivals, prompts, ids, new_tokens)
         if after == victim_added:
             manager.add_request(victim_prompt, request_id=victim, max_new_tokens=new_tokens)
 
@@ -653,9 +666,7 @@ def test_requests_join_the_planner_in_the_admission_order(
     batches: list[ScheduledBatch] = []
 
     def submit(after: int) -> None:
-        for i, batch_number in arrivals.items():
-            if batch_number == after:
-                manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=new_tokens)
+        submit_arrivals(manager, after, arrivals, prompts, ids, new_tokens)
 
     def on_batch(batch: ScheduledBatch) -> None:
         batches.append(batch)
