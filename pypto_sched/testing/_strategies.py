@@ -488,8 +488,10 @@ class _History:
     def arrive(self, *, longer_than_a_chunk: bool = False) -> None:
         """Add a request with a free id; ``longer_than_a_chunk`` (default lengths only)
         leaves it more than ``chunk_cap`` tokens to prefill."""
-        index = self.draw(st.integers(min_value=0, max_value=len(self.free) - 1))
-        self.free[index], self.free[-1] = self.free[-1], self.free[index]
+        # (Popping in place keeps the pool's order, so ids shrink towards its first ones.)
+        request_id = self.free.pop(
+            self.draw(st.integers(min_value=0, max_value=len(self.free) - 1))
+        )
         cap = self.config.chunk_cap
         if self.lengths is not None:
             length = self.lengths.pop()
@@ -500,7 +502,7 @@ class _History:
         if self.allow_prefix_hits:
             most = length - cap - 1 if longer_than_a_chunk else length - 1
             cached = self.draw(st.integers(min_value=0, max_value=most))
-        self.state = self.state.add(self.free.pop(), length, num_computed_tokens=cached)
+        self.state = self.state.add(request_id, length, num_computed_tokens=cached)
 
     def step(self, *, reserved_tokens: int = 0, reserved_rows: int = 0) -> bool:
         """Plan and run one step; whether it ran any rows."""
