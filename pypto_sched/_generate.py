@@ -27,7 +27,7 @@ from ._errors import InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
 from ._sampling import SamplingParams, sample_token
 from ._validate import check_callback, check_int, check_positions, read_only
-from .backends import Backend, DispatchInput, max_positions
+from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
 from .execute import DEFAULT_PAGE_SIZE, _run, token_array
 
 __all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone", "generate"]
@@ -126,10 +126,7 @@ def generate(
     (default: ``r``); a part of a larger batch passes its requests' indices in the batch, so
     that sampling does not depend on how the batch was split.
     """
-    if not isinstance(backend, Backend):
-        raise InvalidInputError(
-            f"'backend' must implement the Backend protocol: {type(backend).__name__}"
-        )
+    check_is_backend(backend)
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     sampling = SamplingParams() if sampling is None else sampling
@@ -238,8 +235,8 @@ class _Run:
         self.num_dispatches = self.num_mixed = self.num_computed = self.num_generated = 0
 
     def until_done(self, state: GenerationState[int]) -> GenerationResult:
-        cache = self.backend.new_cache(
-            num_pages=state.pool.num_pages, page_size=state.pool.page_size
+        cache = make_cache(
+            self.backend, num_pages=state.pool.num_pages, page_size=state.pool.page_size
         )
         planning = 0.0
         start = time.perf_counter()

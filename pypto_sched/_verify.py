@@ -32,7 +32,7 @@ from ._pages import plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Schedule
 from ._validate import read_only
-from .backends import Backend
+from .backends import Backend, check_is_backend, make_cache
 from .execute import (
     DEFAULT_PAGE_SIZE,
     DispatchDone,
@@ -186,7 +186,7 @@ def compare_results(
     if actual.logits is None and actual.greedy_token_ids is None:
         raise InvalidInputError("'actual' must hold logits or greedy ids: it holds neither")
     if not is_tolerance(tolerance):
-        raise InvalidInputError(f"'tolerance' must be a real number >= 0: {tolerance!r}")
+        raise InvalidInputError(f"'tolerance' must be a finite real number >= 0: {tolerance!r}")
     num_requests = reference_logits.shape[0]
     positions = _last_positions(prompt_lengths, num_requests)
     difference = columns = None
@@ -222,10 +222,11 @@ def compare_results(
 
 
 def is_tolerance(value: object) -> bool:
-    """Whether ``value`` can be a tolerance: a real number >= 0, an int too (not a bool)."""
+    """Whether ``value`` can be a tolerance: a finite real number >= 0, an int too (not a
+    bool). (An infinite one would pass any logits: no check at all.)"""
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         return False
-    return bool(value >= 0)  # a NaN is not
+    return bool(0 <= value < np.inf)  # a NaN is not
 
 
 def verify_against_one_shot(
@@ -252,10 +253,7 @@ def verify_against_one_shot(
     else :data:`~pypto_sched.execute.DEFAULT_PAGE_SIZE`); the one-shot run uses the chunked
     run's.
     """
-    if not isinstance(backend, Backend):
-        raise InvalidInputError(
-            f"'backend' must implement the Backend protocol: {type(backend).__name__}"
-        )
+    check_is_backend(backend)
     if not isinstance(schedule, Schedule):
         raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
     if chunked is None:
@@ -293,7 +291,7 @@ def _run_chunked(
     size = page_size or schedule.config.page_size or DEFAULT_PAGE_SIZE
     lengths = schedule.prompt_lengths
     tables = plan_pages(lengths, page_size=size, num_pages=int((-(-lengths // size)).sum()))
-    cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
+    cache = make_cache(backend, num_pages=tables.num_pages, page_size=tables.page_size)
     write_prefixes(
         backend, token_ids, schedule.num_computed_tokens, block_tables=tables, cache=cache
     )

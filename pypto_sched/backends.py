@@ -72,7 +72,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._dispatch import DispatchArrays
-from ._errors import BackendError, BackendNotFoundError
+from ._errors import BackendError, BackendNotFoundError, InvalidInputError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -178,6 +178,56 @@ class Backend(Protocol):
         ...
 
 
+#: The protocol's members: its attributes (``name`` and the properties), then its methods.
+_ATTRIBUTES = (
+    *Backend.__annotations__,
+    *(name for name, member in vars(Backend).items() if isinstance(member, property)),
+)
+_METHODS = tuple(
+    name
+    for name, member in vars(Backend).items()
+    if callable(member) and not name.startswith("_") and name not in _ATTRIBUTES
+)
+
+
+def protocol_gaps(value: object) -> str:
+    """What ``value`` lacks of the :class:`Backend` protocol, for a message: the members it
+    does not have, then its methods that are not callable; empty if it implements it."""
+    missing = [name for name in (*_ATTRIBUTES, *_METHODS) if not hasattr(value, name)]
+    uncallable = [
+        name for name in _METHODS if hasattr(value, name) and not callable(getattr(value, name))
+    ]
+    gaps = []
+    if missing:
+        gaps.append(f"it has no {', '.join(missing)}")
+    if uncallable:
+        gaps.append(f"{', '.join(uncallable)} not callable")
+    return "; ".join(gaps)
+
+
+def make_cache(backend: Backend, *, num_pages: int, page_size: int) -> Any:
+    """``backend.new_cache(...)``, refusing ``None`` with a :class:`BackendError`: the cache
+    is the object the backend's dispatches are then handed, and the driver takes ``None``
+    for no cache given."""
+    cache = backend.new_cache(num_pages=num_pages, page_size=page_size)
+    if cache is None:
+        raise BackendError(
+            f"backend {backend.name!r}: new_cache() returned None: it must return the cache "
+            f"object that run_dispatch is then handed (any object but None)"
+        )
+    return cache
+
+
+def check_is_backend(value: object) -> None:
+    """Raise :class:`InvalidInputError` naming what ``value``, given as ``backend``, lacks of
+    the :class:`Backend` protocol."""
+    gaps = protocol_gaps(value)
+    if gaps:
+        raise InvalidInputError(
+            f"'backend' must implement the Backend protocol: {type(value).__name__} ({gaps})"
+        )
+
+
 #: What an entry point names: a callable taking keyword options and returning a backend.
 BackendFactory = Callable[..., Backend]
 
@@ -281,10 +331,11 @@ def load_backend(name: str, **options: Any) -> Backend:
     """
     entry_point = _entry_point(name)
     backend = _factory(entry_point)(**options)
-    if not isinstance(backend, Backend):
+    gaps = protocol_gaps(backend)
+    if gaps:
         raise BackendError(
             f"backend {name!r} returned an object that does not implement the Backend "
-            f"protocol: {type(backend).__name__}"
+            f"protocol: {type(backend).__name__} ({gaps})"
         )
     if backend.name != name:
         raise BackendError(

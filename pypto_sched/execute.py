@@ -28,7 +28,14 @@ from ._pages import BlockTables, plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Dispatch, Schedule
 from ._validate import check_callback, check_int, check_positions, read_only
-from .backends import Backend, DispatchInput, DispatchOutput, max_positions
+from .backends import (
+    Backend,
+    DispatchInput,
+    DispatchOutput,
+    check_is_backend,
+    make_cache,
+    max_positions,
+)
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -119,10 +126,7 @@ def execute_schedule(
     """
     if not isinstance(schedule, Schedule):
         raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
-    if not isinstance(backend, Backend):
-        raise InvalidInputError(
-            f"'backend' must implement the Backend protocol: {type(backend).__name__}"
-        )
+    check_is_backend(backend)
     schedule.validate()
     check_callback("on_dispatch", on_dispatch)
     prompts = _token_ids(token_ids, schedule, backend)
@@ -140,7 +144,7 @@ def execute_schedule(
             f"would be empty; fill one with write_prefixes (or your prefix cache) and pass it"
         )
     if cache is None:
-        cache = backend.new_cache(num_pages=tables.num_pages, page_size=tables.page_size)
+        cache = make_cache(backend, num_pages=tables.num_pages, page_size=tables.page_size)
     logits, greedy = _Collector(schedule.num_requests), _Collector(schedule.num_requests)
     for dispatch in schedule.dispatches:
         arrays = dispatch_arrays(dispatch, tables)

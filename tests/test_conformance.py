@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pypto_sched import (
+    BackendError,
     DispatchInput,
     DispatchOutput,
     GenerationResult,
@@ -139,6 +140,28 @@ def test_something_that_is_not_a_backend_is_refused() -> None:
         check_backend(object(), max_examples=1)  # type: ignore[arg-type]
 
 
+class NoDispatch(Wrapped):
+    """Everything but ``run_dispatch``, and an ``embed`` that is not a method."""
+
+    run_dispatch = None  # type: ignore[assignment]
+    embed = 3  # type: ignore[assignment]
+
+
+def test_a_backend_short_of_the_protocol_is_told_what_it_lacks() -> None:
+    class Half:
+        name = "half"
+        tolerance = 0.0
+
+    with pytest.raises(
+        AssertionError,
+        match=r"^Half does not implement the Backend protocol: "
+        r"it has no vocab_size, hidden_size, new_cache, embed, run_dispatch$",
+    ):
+        check_backend(Half(), max_examples=1)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match=r": embed, run_dispatch not callable$"):
+        check_backend(NoDispatch(), max_examples=1)  # type: ignore[arg-type]
+
+
 class IntTolerance(Wrapped):
     """Promises a tolerance of 1, an int."""
 
@@ -178,9 +201,11 @@ class Unnamed(Wrapped):
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
-        (BadMetadata(tolerance=-1), r"^backend.tolerance must be a real number >= 0 \(an int "
-         r"too\): -1 \(int\)$"),
+        (BadMetadata(tolerance=-1), r"^backend.tolerance must be a finite real number >= 0 "
+         r"\(an int too\): -1 \(int\)$"),
         (BadMetadata(tolerance=True), r"^backend.tolerance must be .*: True \(bool\)$"),
+        # An infinite tolerance would pass any logits: the check would check nothing.
+        (BadMetadata(tolerance=float("inf")), r"^backend.tolerance must be .*: inf \(float\)$"),
         (BadMetadata(tolerance="0"), r"^backend.tolerance must be .*: '0' \(str\)$"),
         (BadMetadata(vocab_size=0), r"^backend.vocab_size must be an int >= 1: 0 \(int\)$"),
         (BadMetadata(hidden_size=2.0), r"^backend.hidden_size must be an int >= 1: 2.0 "
@@ -217,6 +242,91 @@ def test_a_bad_oracle_output_is_blamed_on_the_oracle_and_names_the_example(
         check_backend(backend, max_examples=1, generation_examples=0, oracle=oracle)
 
 
+def dividing_by_zero(prompts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.float64]:
+    return np.zeros(1 // 0)
+
+
+def not_finite(prompts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[np.float64]:
+    logits = np.zeros((len(prompts), Wrapped().vocab_size))
+    logits[-1, 5] = np.nan
+    return logits
+
+
+def test_an_oracle_that_fails_or_gives_non_finite_logits_is_blamed_not_the_backend() -> None:
+    where = r"^backend 'wrapped', seed 0, example 0 \(.*\): "
+    with pytest.raises(
+        AssertionError,
+        match=where + r"the oracle failed, not the backend: ZeroDivisionError: integer division "
+        r"or modulo by zero$",
+    ) as info:
+        check_backend(Wrapped(), max_examples=1, generation_examples=0, oracle=dividing_by_zero)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    with pytest.raises(
+        AssertionError,
+        match=where + r"the oracle's output is wrong, not the backend's: its logits must be "
+        r"finite: row \d+, column 5 is nan$",
+    ):
+        check_backend(Wrapped(), max_examples=1, generation_examples=0, oracle=not_finite)
+
+
+class NoCache(Wrapped):
+    def new_cache(self, *, num_pages: int, page_size: int) -> Any:
+        return None
+
+
+def test_a_cache_of_none_is_refused_by_name() -> None:
+    with pytest.raises(
+        AssertionError,
+        match=r"^backend 'wrapped', seed 0, example 0 .*: backend 'wrapped': new_cache\(\) "
+        r"returned None: it must return the cache object that run_dispatch is then handed",
+    ):
+        check_backend(NoCache(), max_examples=1)
+    with pytest.raises(BackendError, match=r"new_cache\(\) returned None"):
+        execute_schedule(plan_one_shot([3]), NoCache(), [np.arange(3)])
+
+
+class ShortTable(Wrapped):
+    """Its model runs 60 positions and fails beyond them."""
+
+    max_position_embeddings = 60
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        assert batch.arrays.positions.max() < 60, "a position beyond the model's 60"
+        return super().run_dispatch(batch, cache)
+
+
+def test_no_example_runs_more_positions_than_the_model_takes() -> None:
+    # Large pages move prompts past page boundaries, and filling a cache with stale K/V
+    # runs prompts over all its pages: none is longer than the model's positions.
+    check_backend(ShortTable(), max_examples=8, page_sizes=(16, 128))
+
+
+def four_row_writer() -> Any:
+    """The documented toy backend, keeping no K/V of the rows of a dispatch past its fourth
+    (a batch limit of its kernels): the dispatch itself still reads what it wrote."""
+    toy = toy_backend()
+
+    class FourRowWriter(type(toy)):  # type: ignore[misc]
+        def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+            arrays = batch.arrays
+            if arrays.num_rows <= 4:
+                return super().run_dispatch(batch, cache)  # type: ignore[no-any-return]
+            lost = arrays.slot_mapping[arrays.row_tokens(4).start :]
+            keys, values = cache.keys[lost], cache.values[lost]
+            output = super().run_dispatch(batch, cache)
+            cache.keys[lost], cache.values[lost] = keys, values
+            return output  # type: ignore[no-any-return]
+
+    return FourRowWriter()
+
+
+def test_prefill_examples_draw_dispatches_of_more_than_four_rows() -> None:
+    with pytest.raises(
+        AssertionError, match=r"seed 0, example \d+ .*, chunked over \d+ dispatches"
+    ):
+        check_backend(four_row_writer(), max_examples=20, generation_examples=0)
+
+
 def test_importing_the_check_does_not_import_hypothesis() -> None:
     # The strategies (and Hypothesis) load only when one of them is used.
     code = (
@@ -239,6 +349,46 @@ def test_page_sizes_keep_the_examples_within_what_the_backend_accepts() -> None:
     with pytest.raises(AssertionError, match="not a multiple of 128"):
         check_backend(PagesOf128Only(), max_examples=3)
     check_backend(PagesOf128Only(), max_examples=3, page_sizes=(128, 256))
+
+
+class ContiguousReads:
+    """A dispatch's arrays, except that a row's context is read as if its pages followed
+    its first one in the cache: right whenever a request fits in one page."""
+
+    def __init__(self, arrays: Any) -> None:
+        self.arrays = arrays
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.arrays, name)
+
+    def context_slots(self, row: int) -> npt.NDArray[np.int64]:
+        first = int(self.arrays.block_tables[row, 0]) * self.arrays.page_size
+        return np.arange(first, first + int(self.arrays.seq_lens[row]))
+
+
+def contiguous_reader() -> Any:
+    """The documented toy backend, writing K/V where it should and reading it back as if a
+    request's pages were contiguous."""
+    toy = toy_backend()
+
+    class ContiguousReader(type(toy)):  # type: ignore[misc]
+        def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+            read = attrs.evolve(batch, arrays=ContiguousReads(batch.arrays))  # type: ignore[arg-type]
+            return super().run_dispatch(read, cache)  # type: ignore[no-any-return]
+
+    return ContiguousReader()
+
+
+@pytest.mark.parametrize("page_sizes", [(128, 256), (64,), (1, 2, 3, 4, 8, 16)])
+def test_pages_are_crossed_whatever_their_size(page_sizes: tuple[int, ...]) -> None:
+    # Prompts reach past a page boundary at any page size (once every drawn prompt fitted
+    # in a page of 41 or more, and a backend assuming contiguous pages passed).
+    with pytest.raises(AssertionError, match=r"seed 0, example \d"):
+        check_backend(contiguous_reader(), max_examples=6, generation_examples=0,
+                      page_sizes=page_sizes)  # fmt: skip
+    with pytest.raises(AssertionError, match=r"seed 0, generation example \d"):
+        check_backend(contiguous_reader(), max_examples=0, generation_examples=6,
+                      page_sizes=page_sizes)  # fmt: skip
 
 
 @pytest.mark.parametrize("page_sizes", [(), (0,), (16, True), "16", None])
@@ -351,7 +501,11 @@ def test_the_registered_name_must_be_the_declared_one() -> None:
         ({"seed": -1}, "'seed' must be >= 0: -1"),
         ({"seed": 1.5}, r"'seed' must be an int: 1.5 \(float\)"),
         ({"seed": "x"}, r"'seed' must be an int: 'x' \(str\)"),
-        ({"oracle_tolerance": -1.0}, "'oracle_tolerance' must be a real number >= 0 or None"),
+        (
+            {"oracle_tolerance": -1.0},
+            "'oracle_tolerance' must be a finite real number >= 0 or None",
+        ),
+        ({"oracle_tolerance": float("inf")}, "'oracle_tolerance' must be a finite real .*: inf$"),
     ],
 )
 def test_bad_options_are_rejected(options: dict[str, Any], message: str) -> None:

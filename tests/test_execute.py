@@ -506,7 +506,11 @@ def test_the_schedule_and_backend_are_checked() -> None:
     schedule = plan_prefill(LENGTHS, CHUNKED)
     with pytest.raises(InvalidInputError, match="'schedule' must be a Schedule"):
         execute_schedule(schedule.to_dict(), CountingBackend(), prompts_of(LENGTHS))  # type: ignore[arg-type]
-    with pytest.raises(InvalidInputError, match="'backend' must implement the Backend"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"^'backend' must implement the Backend protocol: object \(it has no name, "
+        r"tolerance, vocab_size, hidden_size, new_cache, embed, run_dispatch\)$",
+    ):
         execute_schedule(schedule, object(), prompts_of(LENGTHS))  # type: ignore[arg-type]
 
 

@@ -154,6 +154,13 @@ def test_bad_arguments_are_rejected(actual: Any, expected: Any, message: str) ->
         compare_results(actual, expected, tolerance=0.0)
 
 
+@pytest.mark.parametrize("tolerance", [-1.0, float("nan"), float("inf"), True, "0"])
+def test_a_tolerance_is_a_finite_real_number_at_least_zero(tolerance: Any) -> None:
+    # (An infinite one would let any logits agree.)
+    with pytest.raises(InvalidInputError, match="'tolerance' must be a finite real number >= 0"):
+        compare_results(result(greedy=[0]), np.zeros((1, 2)), tolerance=tolerance)
+
+
 def test_a_verification_is_frozen() -> None:
     verification = compare_results(result(greedy=[0]), np.zeros((1, 2)), tolerance=0.0)
     assert isinstance(verification, Verification)

@@ -11,8 +11,9 @@ and embedded -- the backend contract of :mod:`pypto_sched.backends`:
 * **cache discipline**: K/V written only at ``slot_mapping`` and read only through each row's
   block table up to ``seq_lens``: the tables are scattered and permuted (a request's pages
   are neither contiguous nor ascending), drawn from a pool with spare pages, every page is
-  reused (it holds another prompt's stale K/V before the example runs), page sizes vary,
-  and every third example has prefix-cache hits filled by
+  reused (it holds another prompt's stale K/V before the example runs), page sizes vary
+  and, whatever the size, prompts end near page boundaries and cross them, and every third
+  example has prefix-cache hits filled by
   :func:`~pypto_sched.execute.write_prefixes`;
 * **both embedding paths**: with ``input_embeddings=None`` the backend looks the ids up;
   with host embeddings it must use them and not the ids: the check hands it the embeddings
@@ -58,8 +59,9 @@ names the example (``seed`` and index) to reproduce it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import attrs
@@ -74,7 +76,15 @@ from .._pages import BlockTables
 from .._plan import plan_one_shot, plan_prefill
 from .._validate import check_callback, check_int, is_int, read_only
 from .._verify import compare_results, is_tolerance
-from ..backends import Backend, DispatchInput, DispatchOutput
+from ..backends import (
+    Backend,
+    BackendError,
+    DispatchInput,
+    DispatchOutput,
+    make_cache,
+    max_positions,
+    protocol_gaps,
+)
 from ..execute import ExecutionResult, execute_schedule, write_prefixes
 
 __all__ = ["check_backend"]
@@ -83,8 +93,9 @@ __all__ = ["check_backend"]
 DEFAULT_PAGE_SIZES = (1, 2, 3, 4, 8, 16)
 #: Generation examples run by default, after the prefill ones.
 DEFAULT_GENERATION_EXAMPLES = 6
-_MAX_REQUESTS = 4
+_MAX_REQUESTS = 8
 _MAX_PROMPT = 40
+_MAX_GENERATION_REQUESTS = 4
 _MAX_SPARE_PAGES = 3
 _MAX_GENERATION_PROMPT = 24
 _MAX_NEW_TOKENS = 6
@@ -197,8 +208,9 @@ def check_backend(
     tolerance = backend.tolerance if oracle_tolerance is None else oracle_tolerance
     if oracle_tolerance is not None and not is_tolerance(oracle_tolerance):
         raise InvalidInputError(
-            f"'oracle_tolerance' must be a real number >= 0 or None: {oracle_tolerance!r}"
+            f"'oracle_tolerance' must be a finite real number >= 0 or None: {oracle_tolerance!r}"
         )
+    longest = max_positions(backend)  # no example runs more positions than the model takes
     # The proxy's name is an instance property, not the ClassVar the protocol declares.
     watched = cast(Backend, _Watched(backend))
     rng = np.random.default_rng(seed)
@@ -209,6 +221,7 @@ def check_backend(
             policy=POLICIES[index % len(POLICIES)],
             prefix_hits=index % 3 == 2,
             page_sizes=sizes,
+            longest=longest,
         )
         where = f"backend {backend.name!r}, seed {seed}, example {index} ({example.describe()})"
         try:
@@ -216,7 +229,7 @@ def check_backend(
             _check_example(watched, example, rng, where, greedy_only=index // 2 % 2 == 1)
             if oracle is not None:
                 _check_oracle(watched, example, oracle, float(tolerance), where)
-        except ExecutionError as error:
+        except BackendError as error:  # a dispatch that failed (ExecutionError) among them
             raise AssertionError(f"{where}: {error}") from error
     for index in range(generation_examples):
         generation = _draw_generation(
@@ -226,6 +239,7 @@ def check_backend(
             # Two examples in three look for a pool whose plan preempts.
             tight=index % 3 != 2,
             page_sizes=sizes,
+            longest=longest,
         )
         where = (
             f"backend {backend.name!r}, seed {seed}, generation example {index} "
@@ -233,13 +247,16 @@ def check_backend(
         )
         try:
             _check_generation(watched, generation, rng, where)
-        except ExecutionError as error:
+        except BackendError as error:  # a dispatch that failed (ExecutionError) among them
             raise AssertionError(f"{where}: {error}") from error
 
 
 def _check_metadata(backend: Backend, name: str | None) -> None:
-    if not isinstance(backend, Backend):
-        raise AssertionError(f"{type(backend).__name__} does not implement the Backend protocol")
+    gaps = protocol_gaps(backend)
+    if gaps:
+        raise AssertionError(
+            f"{type(backend).__name__} does not implement the Backend protocol: {gaps}"
+        )
     for attribute, expected, valid in _METADATA:
         value = getattr(backend, attribute)
         if not valid(value):
@@ -265,7 +282,7 @@ def _check_metadata(backend: Backend, name: str | None) -> None:
 #: Each metadata attribute, what it must be, and the test.
 _METADATA: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("name", "a non-empty str", lambda value: isinstance(value, str) and bool(value)),
-    ("tolerance", "a real number >= 0 (an int too)", is_tolerance),
+    ("tolerance", "a finite real number >= 0 (an int too)", is_tolerance),
     ("vocab_size", "an int >= 1", lambda value: is_int(value) and value >= 1),
     ("hidden_size", "an int >= 1", lambda value: is_int(value) and value >= 1),
 )
@@ -281,13 +298,14 @@ def _draw(
     policy: Policy,
     prefix_hits: bool,
     page_sizes: tuple[int, ...],
+    longest: int | None,
 ) -> _Example:
     count = int(rng.integers(1, _MAX_REQUESTS + 1))
-    lengths = rng.integers(1, _MAX_PROMPT + 1, size=count)
+    page_size = int(rng.choice(page_sizes))
+    lengths = _prompt_lengths(rng, count, _MAX_PROMPT, page_size, longest)
     prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     others = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     computed = tuple(int(rng.integers(0, n)) for n in lengths) if prefix_hits else (0,) * count
-    page_size = int(rng.choice(page_sizes))
     return _Example(
         prompts=prompts,
         others=others,
@@ -296,6 +314,21 @@ def _draw(
         page_size=page_size,
         spare_pages=int(rng.integers(0, _MAX_SPARE_PAGES + 1)),
     )
+
+
+def _prompt_lengths(
+    rng: np.random.Generator, count: int, most: int, page_size: int, longest: int | None
+) -> npt.NDArray[np.int64]:
+    """``count`` prompt lengths of 1 to ``most`` tokens, none above ``longest`` (the model's
+    positions, if it says). Where a page holds more than half of ``most``, such prompts would
+    hardly ever cross a page boundary: so each in two is moved on by one or two pages less
+    ``most // 2`` tokens, which puts it within ``most // 2`` tokens of a page boundary, on
+    either side (a chunk, a prefix or a decode then ends near it or crosses it)."""
+    lengths = rng.integers(1, most + 1, size=count)
+    if page_size > most // 2:
+        moved = lengths + rng.integers(1, 3, size=count) * page_size - most // 2
+        lengths = np.where(rng.random(count) < 0.5, moved, lengths)
+    return lengths if longest is None else np.minimum(lengths, longest)
 
 
 def _draw_config(
@@ -345,15 +378,18 @@ def _draw_generation(
     policy: Policy,
     tight: bool,
     page_sizes: tuple[int, ...],
+    longest: int | None,
 ) -> _GenerationExample:
     """A small batch to generate for, with a pool between the smallest that holds every
     request alone and room for all; ``tight``: at least two requests that decode and, among
     a few pool sizes, one whose plan preempts (if any does)."""
-    count = int(rng.integers(2 if tight else 1, _MAX_REQUESTS + 1))
-    lengths = rng.integers(1, _MAX_GENERATION_PROMPT + 1, size=count)
-    news = rng.integers(2 if tight else 1, _MAX_NEW_TOKENS + 1, size=count)
-    prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
+    count = int(rng.integers(2 if tight else 1, _MAX_GENERATION_REQUESTS + 1))
     page_size = int(rng.choice(page_sizes))
+    lengths = _prompt_lengths(rng, count, _MAX_GENERATION_PROMPT, page_size, longest)
+    news = rng.integers(2 if tight else 1, _MAX_NEW_TOKENS + 1, size=count)
+    if longest is not None:  # a request runs P + N - 1 positions
+        news = np.maximum(np.minimum(news, longest - lengths + 1), 1)
+    prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     config = _draw_config(rng, policy, int(lengths.sum()), count, page_size)
     # The last generated token is never cached: a request holds P + N - 1 tokens of KV.
     needed = [-(-int(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True)]
@@ -409,18 +445,21 @@ def _one_shot(backend: Backend, prompts: Sequence[Prompt], page_size: int) -> Ex
 
 def _stale_cache(backend: Backend, rng: np.random.Generator, num_pages: int, page_size: int) -> Any:
     """A cache whose every slot holds K/V of some other prompt, as pages freed by one
-    request and given to the next do in a server."""
-    cache = backend.new_cache(num_pages=num_pages, page_size=page_size)
-    length = num_pages * page_size
-    junk = rng.integers(0, backend.vocab_size, size=length).astype(np.int64)
+    request and given to the next do in a server: random prompts over every page, in a
+    shuffled order, each no longer than the model's positions."""
+    cache = make_cache(backend, num_pages=num_pages, page_size=page_size)
+    longest = max_positions(backend) or num_pages * page_size
+    per_prompt = max(longest // page_size, 1)
+    pages = rng.permutation(num_pages).tolist()
+    tables = [pages[start : start + per_prompt] for start in range(0, num_pages, per_prompt)]
+    lengths = [min(len(table) * page_size, longest) for table in tables]
+    junk = [rng.integers(0, backend.vocab_size, size=n).astype(np.int64) for n in lengths]
     execute_schedule(
-        plan_one_shot([length]),
+        plan_one_shot(lengths),
         backend,
-        [junk],
+        junk,
         return_logits=False,
-        block_tables=BlockTables.from_lists(
-            [rng.permutation(num_pages).tolist()], page_size=page_size, num_pages=num_pages
-        ),
+        block_tables=BlockTables.from_lists(tables, page_size=page_size, num_pages=num_pages),
         cache=cache,
     )
     return cache
@@ -441,25 +480,29 @@ def _check_example(
         # The host run is handed the embeddings of other ids (with the example's ids as
         # token_ids): honouring them gives the other ids' logits, ignoring them does not.
         model_ids = example.others if path == "host" else example.prompts
-        expected = _one_shot(backend, model_ids, example.page_size)
+        with _running(f"the one-shot run of the {path} path's ids"):
+            expected = _one_shot(backend, model_ids, example.page_size)
         tables = _scattered_tables(rng, lengths, example.page_size, example.spare_pages)
-        cache = _stale_cache(backend, rng, tables.num_pages, tables.page_size)
-        write_prefixes(backend, model_ids, example.computed, block_tables=tables, cache=cache)
+        with _running("filling a cache with stale K/V"):
+            cache = _stale_cache(backend, rng, tables.num_pages, tables.page_size)
+        with _running("writing the prefix-cache hits"):
+            write_prefixes(backend, model_ids, example.computed, block_tables=tables, cache=cache)
         runs.append((path, model_ids, expected, tables, cache))
     # Both caches are prepared before either runs: a backend that keeps state of its own
     # instead of in the cache it is handed mixes them up.
     for path, model_ids, expected, tables, cache in runs:
         host = path == "host"
-        chunked = execute_schedule(
-            schedule,
-            backend,
-            example.prompts,
-            input_embeddings=[backend.embed(ids) for ids in model_ids] if host else None,
-            return_logits=not (greedy_only and host),
-            return_greedy=True,
-            block_tables=tables,
-            cache=cache,
-        )
+        with _running(f"the chunked run, {path} embeddings"):
+            chunked = execute_schedule(
+                schedule,
+                backend,
+                example.prompts,
+                input_embeddings=[backend.embed(ids) for ids in model_ids] if host else None,
+                return_logits=not (greedy_only and host),
+                return_greedy=True,
+                block_tables=tables,
+                cache=cache,
+            )
         verification = compare_results(
             chunked, expected, tolerance=backend.tolerance, prompt_lengths=lengths
         )
@@ -474,8 +517,14 @@ def _check_example(
 def _check_oracle(
     backend: Backend, example: _Example, oracle: Oracle, tolerance: float, where: str
 ) -> None:
-    one_shot = _one_shot(backend, example.prompts, example.page_size)
-    output = oracle(list(example.prompts))
+    with _running("the one-shot run"):
+        one_shot = _one_shot(backend, example.prompts, example.page_size)
+    try:
+        output = oracle(list(example.prompts))
+    except Exception as error:  # whatever it raises is the oracle's failure, not the backend's
+        raise AssertionError(
+            f"{where}: the oracle failed, not the backend: {type(error).__name__}: {error}"
+        ) from error
     try:
         expected = np.asarray(output)
     except ValueError:  # ragged rows
@@ -490,6 +539,12 @@ def _check_oracle(
         raise AssertionError(
             f"{where}: the oracle's output is wrong, not the backend's: it must be float "
             f"logits of shape {shape}, one row per prompt and backend.vocab_size columns: {got}"
+        )
+    if not np.isfinite(expected).all():
+        row, column = (int(i[0]) for i in np.nonzero(~np.isfinite(expected)))
+        raise AssertionError(
+            f"{where}: the oracle's output is wrong, not the backend's: its logits must be "
+            f"finite: row {row}, column {column} is {expected[row, column]}"
         )
     verification = compare_results(
         one_shot,
@@ -507,14 +562,15 @@ def _check_generation(
 ) -> None:
     """Greedy generation through the backend's cache must give, token by token, the greedy
     ids of one-shot prefills of the contexts it generated."""
-    result = generate(
-        cast(Backend, _ReusedPages(backend, rng)),
-        example.prompts,
-        config=example.config,
-        max_new_tokens=list(example.max_new_tokens),
-        num_pages=example.num_pages,
-        page_size=example.page_size,
-    )
+    with _running("the generation"):
+        result = generate(
+            cast(Backend, _ReusedPages(backend, rng)),
+            example.prompts,
+            config=example.config,
+            max_new_tokens=list(example.max_new_tokens),
+            num_pages=example.num_pages,
+            page_size=example.page_size,
+        )
     # Row i of the one-shot run: request origins[i]'s context before its token origins[i].
     contexts: list[Prompt] = []
     origins: list[tuple[int, int]] = []
@@ -525,14 +581,15 @@ def _check_generation(
             contexts.append(np.concatenate([prompt, sequence.token_ids[:k]]))
             origins.append((request, k))
     lengths = [context.size for context in contexts]
-    one_shot = execute_schedule(
-        plan_one_shot(lengths),
-        backend,
-        contexts,
-        page_size=example.page_size,
-        return_logits=True,
-        return_greedy=True,
-    )
+    with _running("the one-shot recomputation of the generated contexts"):
+        one_shot = execute_schedule(
+            plan_one_shot(lengths),
+            backend,
+            contexts,
+            page_size=example.page_size,
+            return_logits=True,
+            return_greedy=True,
+        )
     generated = np.concatenate([sequence.token_ids for sequence in result.sequences])
     as_run = ExecutionResult(
         logits=None,
@@ -558,6 +615,15 @@ def _check_generation(
             f"within {2 * backend.tolerance:g}: one-shot gives {best}, "
             f"{float(logits[best] - logits[token]):.3g} higher"
         )
+
+
+@contextlib.contextmanager
+def _running(what: str) -> Iterator[None]:
+    """Name the run a backend failure comes from (the example runs several)."""
+    try:
+        yield
+    except ExecutionError as error:
+        raise ExecutionError(f"{what}: {error}", dispatch=error.dispatch) from error
 
 
 def _tables(tables: BlockTables) -> str:
@@ -589,6 +655,10 @@ class _Wrapped:
     @property
     def hidden_size(self) -> int:
         return self._backend.hidden_size
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        return max_positions(self._backend)
 
     def new_cache(self, *, num_pages: int, page_size: int) -> Any:
         return self._backend.new_cache(num_pages=num_pages, page_size=page_size)
