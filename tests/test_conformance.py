@@ -269,6 +269,23 @@ def test_an_oracle_that_fails_or_gives_non_finite_logits_is_blamed_not_the_backe
         check_backend(Wrapped(), max_examples=1, generation_examples=0, oracle=not_finite)
 
 
+class Lenient(Wrapped):
+    """Promises a tolerance as wide as its logits: any logits would agree."""
+
+    @property
+    def tolerance(self) -> float:
+        return 1e6
+
+
+def test_a_tolerance_within_which_any_logits_agree_is_refused() -> None:
+    with pytest.raises(
+        AssertionError,
+        match=r"^backend 'wrapped': backend.tolerance 1e\+06 is at least half of what a row of "
+        r"its logits spans \(.* at most, over 2 examples\): .* proved nothing",
+    ):
+        check_backend(Lenient(), max_examples=2, generation_examples=0)
+
+
 class NoCache(Wrapped):
     def new_cache(self, *, num_pages: int, page_size: int) -> Any:
         return None

@@ -214,6 +214,7 @@ def check_backend(
     # The proxy's name is an instance property, not the ClassVar the protocol declares.
     watched = cast(Backend, _Watched(backend))
     rng = np.random.default_rng(seed)
+    spread = 0.0  # the most a row of one-shot logits spans, over the examples
     for index in range(max_examples):
         example = _draw(
             rng,
@@ -226,11 +227,23 @@ def check_backend(
         where = f"backend {backend.name!r}, seed {seed}, example {index} ({example.describe()})"
         try:
             # Policies alternate every example, greedy-only host runs every two.
-            _check_example(watched, example, rng, where, greedy_only=index // 2 % 2 == 1)
+            spread = max(
+                spread,
+                _check_example(watched, example, rng, where, greedy_only=index // 2 % 2 == 1),
+            )
             if oracle is not None:
                 _check_oracle(watched, example, oracle, float(tolerance), where)
         except BackendError as error:  # a dispatch that failed (ExecutionError) among them
             raise AssertionError(f"{where}: {error}") from error
+    if max_examples and spread <= 2 * backend.tolerance:
+        # Logits within twice the tolerance of each other all agree with any other such row:
+        # a backend returning its row's midpoint, or any id, would pass.
+        raise AssertionError(
+            f"backend {backend.name!r}: backend.tolerance {backend.tolerance:g} is at least "
+            f"half of what a row of its logits spans ({spread:.3g} at most, over "
+            f"{max_examples} examples): within it any logits agree, so the check proved "
+            f"nothing; promise a tolerance well below that"
+        )
     for index in range(generation_examples):
         generation = _draw_generation(
             rng,
@@ -472,7 +485,9 @@ def _check_example(
     where: str,
     *,
     greedy_only: bool,
-) -> None:
+) -> float:
+    """Run ``example`` chunked, with device and with host embeddings, against one-shot runs;
+    return the most a row of the device path's one-shot logits spans."""
     lengths = example.lengths
     schedule = plan_prefill(lengths, example.config, num_computed_tokens=example.computed)
     runs = []
@@ -512,6 +527,8 @@ def _check_example(
                 f"embeddings, scattered block tables {_tables(tables)}: "
                 f"{verification.first_problem()}"
             )
+    logits = cast(npt.NDArray[np.floating[Any]], runs[0][2].logits)
+    return float((logits.max(axis=1) - logits.min(axis=1)).max())
 
 
 def _check_oracle(
