@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from pypto_sched import (
     BackendError,
+    DispatchArrays,
     DispatchInput,
     DispatchOutput,
     GenerationResult,
@@ -318,30 +319,38 @@ def test_no_example_runs_more_positions_than_the_model_takes() -> None:
     check_backend(ShortTable(), max_examples=8, page_sizes=(16, 128))
 
 
-def four_row_writer() -> Any:
-    """The documented toy backend, keeping no K/V of the rows of a dispatch past its fourth
-    (a batch limit of its kernels): the dispatch itself still reads what it wrote."""
-    toy = toy_backend()
+class ForgetsWrites(Wrapped):
+    """Puts back, after a dispatch, what some of its K/V writes overwrote (the dispatch
+    itself still reads them): a kernel that drops writes. Subclasses say which."""
 
-    class FourRowWriter(type(toy)):  # type: ignore[misc]
-        def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
-            arrays = batch.arrays
-            if arrays.num_rows <= 4:
-                return super().run_dispatch(batch, cache)  # type: ignore[no-any-return]
-            lost = arrays.slot_mapping[arrays.row_tokens(4).start :]
-            keys, values = cache.keys[lost], cache.values[lost]
-            output = super().run_dispatch(batch, cache)
-            cache.keys[lost], cache.values[lost] = keys, values
-            return output  # type: ignore[no-any-return]
+    def forgotten(self, arrays: DispatchArrays) -> tuple[slice, npt.NDArray[Any]] | None:
+        """The layers and slots whose writes are dropped, if any."""
+        raise NotImplementedError
 
-    return FourRowWriter()
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        lost = self.forgotten(batch.arrays)
+        if lost is None:
+            return super().run_dispatch(batch, cache)
+        keys, values = cache.keys[lost].copy(), cache.values[lost].copy()
+        output = super().run_dispatch(batch, cache)
+        cache.keys[lost], cache.values[lost] = keys, values
+        return output
+
+
+class FourRowWriter(ForgetsWrites):
+    """Keeps no K/V of the rows of a dispatch past its fourth (a batch limit of its kernels)."""
+
+    def forgotten(self, arrays: DispatchArrays) -> tuple[slice, npt.NDArray[Any]] | None:
+        if arrays.num_rows <= 4:
+            return None
+        return slice(None), arrays.slot_mapping[arrays.row_tokens(4).start :]
 
 
 def test_prefill_examples_draw_dispatches_of_more_than_four_rows() -> None:
     with pytest.raises(
         AssertionError, match=r"seed 0, example \d+ .*, chunked over \d+ dispatches"
     ):
-        check_backend(four_row_writer(), max_examples=20, generation_examples=0)
+        check_backend(FourRowWriter(), max_examples=20, generation_examples=0)
 
 
 def test_importing_the_check_does_not_import_hypothesis() -> None:
@@ -562,18 +571,14 @@ def test_the_default_generation_examples_preempt_mix_and_decode(
     assert decoded >= 10  # tokens after the first come from decode rows
 
 
-class DecodeWritesTheFirstLayerOnly(Wrapped):
+class DecodeWritesTheFirstLayerOnly(ForgetsWrites):
     """In a dispatch of one-token rows only (a decode step), writes K/V for the first layer
     and leaves the other layers' slots as they were."""
 
-    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
-        if batch.arrays.num_tokens > batch.arrays.num_rows:
-            return super().run_dispatch(batch, cache)
-        slots = batch.arrays.slot_mapping
-        keys, values = cache.keys[1:, slots].copy(), cache.values[1:, slots].copy()
-        output = super().run_dispatch(batch, cache)
-        cache.keys[1:, slots], cache.values[1:, slots] = keys, values
-        return output
+    def forgotten(self, arrays: DispatchArrays) -> tuple[slice, npt.NDArray[Any]] | None:
+        if arrays.num_tokens > arrays.num_rows:
+            return None
+        return slice(1, None), arrays.slot_mapping
 
 
 def test_a_multi_layer_decode_bug_fails_the_generation_case() -> None:
