@@ -489,6 +489,20 @@ def test_the_checkpoints_eos_ids_end_requests_unless_ignored(
     assert outputs(cli(capsys, *args, "--ignore-eos")[1]) == free
 
 
+def test_greedy_generation_on_nan_logits_exits_1_naming_the_dispatch(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, tmp_path: Path
+) -> None:
+    weights = Weights.random(TINY_MODEL, seed=0)
+    directory = tmp_path / "nan-model"
+    save_checkpoint(attrs.evolve(weights, norm=np.full_like(weights.norm, np.nan)), directory)
+    args = ["--backend-option", f"checkpoint={directory}", "--prompts", prompts_file,
+            "--max-new-tokens", "8", "--max-num-batched-tokens", "64"]  # fmt: skip
+    status, out, err = cli(capsys, *args)
+    assert (status, out) == (EXIT_FAILED, "")
+    assert "dispatch 0" in err, err
+    assert "logits must be finite to give greedy ids" in err, err
+
+
 def test_a_bad_eos_id_is_one_line(
     capsys: pytest.CaptureFixture[str], prompts_file: str, reference_checkpoint: Path
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from pypto_sched.backends import DispatchInput, DispatchOutput
+from pypto_sched.backends import BackendError, DispatchInput, DispatchOutput
 
 F64 = npt.NDArray[np.float64]
 
@@ -84,6 +84,10 @@ class ToyBackend:
             attended = weights / weights.sum() @ cache.values[slots]
             hidden.append(x[last] + attended @ self._wo)
         logits = np.array(hidden) @ self._lm_head
+        finite = np.isfinite(logits).all(axis=1)
+        if batch.return_greedy and not finite.all():  # the ids alone would hide a NaN
+            bad = int(np.flatnonzero(~finite)[0])
+            raise BackendError(f"logits must be finite to give greedy ids: final row {bad}")
         return DispatchOutput(
             logits=logits if batch.return_logits else None,
             greedy_token_ids=logits.argmax(axis=1) if batch.return_greedy else None,

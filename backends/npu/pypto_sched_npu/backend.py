@@ -17,6 +17,7 @@ import numpy.typing as npt
 import torch
 
 from pypto_sched import (
+    BackendError,
     InvalidInputError,
     PlannerConfig,
     Schedule,
@@ -184,7 +185,9 @@ class NpuBackend:
             logits = self._model.logits(final_hidden)  # final rows only
             return DispatchOutput(
                 logits=_host(logits) if batch.return_logits else None,
-                greedy_token_ids=_greedy(logits) if batch.return_greedy else None,
+                greedy_token_ids=_greedy(logits, arrays.final_requests)
+                if batch.return_greedy
+                else None,
             )
 
     def _inputs(self, batch: DispatchInput) -> torch.Tensor:
@@ -246,10 +249,23 @@ def _default_device() -> torch.device:
     return torch.device("npu" if npu_availability().available else "cpu")
 
 
-def _greedy(logits: torch.Tensor) -> npt.NDArray[np.int64]:
-    """Argmax ids, computed on the device; a dispatch without final rows samples nothing."""
+def _greedy(logits: torch.Tensor, requests: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """Argmax ids, computed on the device; a dispatch without final rows samples nothing.
+
+    Non-finite logits are refused with :class:`~pypto_sched.BackendError`: the argmax of a
+    NaN row is a valid-looking id, and the driver, handed only the ids, could not tell (it
+    checks the logits it gets). The check is one reduction on the device.
+    """
     if logits.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
+    finite = torch.isfinite(logits)
+    if not bool(finite.all()):
+        row, column = (int(i) for i in torch.nonzero(~finite)[0])
+        raise BackendError(
+            f"logits must be finite to give greedy ids: final row {row} (request "
+            f"{int(requests[row])}) has {float(logits[row, column])} at vocabulary column "
+            f"{column}"
+        )
     ids: npt.NDArray[np.int64] = logits.argmax(dim=-1).cpu().numpy().astype(np.int64)
     return ids
 

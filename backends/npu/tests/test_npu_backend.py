@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 
 from pypto_sched import (
+    BackendError,
+    ExecutionError,
     InvalidInputError,
     PlannerConfig,
     Schedule,
     dispatch_arrays,
+    generate,
     plan_pages,
     plan_prefill,
     plan_warmup,
@@ -394,6 +397,20 @@ def test_the_npu_path_rejects_pages_its_kernel_cannot_take(backends: Backends) -
         backend.new_cache(num_pages=4, page_size=16)
     with pytest.raises(InvalidInputError, match="'num_pages' must be an int >= 1: 0"):
         backend.new_cache(num_pages=0, page_size=128)
+
+
+@pytest.mark.parametrize("ops", PATHS)
+def test_greedy_ids_from_non_finite_logits_are_refused(ops: str, backends: Backends) -> None:
+    # Only ids come back on the greedy path, so the driver cannot see the logits: the argmax
+    # of a NaN row would be a valid-looking id unless the backend refuses it.
+    model = backends("tied", ops=ops).model
+    backend = NpuBackend(attrs.evolve(model, norm=torch.full_like(model.norm, float("nan"))))
+    config = PlannerConfig(max_num_batched_tokens=256)
+    with pytest.raises(ExecutionError, match="dispatch 0") as raised:
+        generate(backend, [[1, 2, 3], [4]], config=config, max_new_tokens=3, page_size=PAGE[ops])
+    assert raised.value.dispatch == 0
+    assert isinstance(raised.value.__cause__, BackendError)
+    assert "logits must be finite to give greedy ids: final row 0 (request 0)" in str(raised.value)
 
 
 def test_bad_options_are_rejected(checkpoints: dict[str, Path]) -> None:

@@ -13,7 +13,7 @@ from pypto_sched.backends import DispatchInput, DispatchOutput, describe_factory
 from pypto_sched.checkpoints import ModelConfig
 
 from ._cache import PagedKVCache
-from ._errors import CacheWriteError, InvalidModelError
+from ._errors import CacheWriteError, InvalidModelError, ReferenceBackendError
 from ._model import final_hidden, logits_of
 from ._weights import TINY_MODEL, Weights, load_checkpoint
 
@@ -102,6 +102,8 @@ class ReferenceBackend:
         if not (batch.return_logits or batch.return_greedy):
             return DispatchOutput()
         logits = logits_of(self.weights, hidden)
+        if batch.return_greedy:
+            _check_finite(logits, batch.arrays.final_requests)
         return DispatchOutput(
             logits=logits if batch.return_logits else None,
             greedy_token_ids=np.argmax(logits, axis=-1).astype(np.int64)
@@ -134,6 +136,18 @@ class ReferenceBackend:
                 f"'cache' must be built by this backend: shape {cache.keys.shape}, dtype "
                 f"{cache.keys.dtype}; expected {expected}, {self.dtype}"
             )
+
+
+def _check_finite(logits: npt.NDArray[np.floating[Any]], requests: npt.NDArray[Any]) -> None:
+    """Refuse greedy ids from non-finite logits: the argmax of a NaN row is a valid-looking id,
+    and the driver, handed only the ids, could not tell (it checks the logits it gets)."""
+    if np.isfinite(logits).all():
+        return
+    row, column = (int(i) for i in np.argwhere(~np.isfinite(logits))[0])
+    raise ReferenceBackendError(
+        f"logits must be finite to give greedy ids: final row {row} (request "
+        f"{int(requests[row])}) has {logits[row, column]} at vocabulary column {column}"
+    )
 
 
 #: The options of :func:`create_backend`, as ``pypto-sched backends`` lists them.

@@ -17,6 +17,7 @@ from pypto_sched import (
     InvalidInputError,
     PlannerConfig,
     dispatch_arrays,
+    generate,
     plan_pages,
     plan_prefill,
 )
@@ -30,6 +31,7 @@ from pypto_sched_reference import (
     InvalidModelError,
     PagedKVCache,
     ReferenceBackend,
+    ReferenceBackendError,
     Weights,
     create_backend,
     load_checkpoint,
@@ -279,6 +281,23 @@ def test_a_directory_without_weights_is_a_checkpoint_error(tmp_path: Path) -> No
         load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing")
+
+
+def test_greedy_ids_from_non_finite_logits_are_refused() -> None:
+    # Only ids come back on the greedy path, so the driver cannot see the logits: the argmax
+    # of a NaN row would be a valid-looking id (every token 0) unless the backend refuses it.
+    weights = Weights.random(TINY_MODEL, seed=0)
+    norm = np.full_like(weights.norm, np.nan)
+    backend = ReferenceBackend(attrs.evolve(weights, norm=norm))
+    config = PlannerConfig(max_num_batched_tokens=8)
+    with pytest.raises(ExecutionError, match="dispatch 0") as raised:
+        generate(backend, [[1, 2, 3], [4]], config=config, max_new_tokens=4)
+    assert raised.value.dispatch == 0
+    assert isinstance(raised.value.__cause__, ReferenceBackendError)
+    assert "logits must be finite to give greedy ids: final row 0 (request 0)" in str(raised.value)
+    schedule = plan_prefill([3], config)
+    with pytest.raises(ExecutionError, match="logits must be finite to give greedy ids"):
+        execute_schedule(schedule, backend, [[1, 2, 3]], return_logits=False, return_greedy=True)
 
 
 # -- options through the entry point ---------------------------------------------------------
