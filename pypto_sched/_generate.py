@@ -134,25 +134,17 @@ def generate(
         raise InvalidInputError(
             f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
         )
-    if not isinstance(prompts, Sequence) or isinstance(prompts, str | bytes) or not prompts:
-        raise InvalidInputError("'prompts' must be a non-empty sequence of token id arrays")
-    tokens = [
-        token_array(f"prompts[{r}]", prompt, vocab_size=backend.vocab_size).tolist()
-        for r, prompt in enumerate(prompts)
-    ]
-    for r, prompt in enumerate(tokens):
-        if not prompt:
-            raise InvalidInputError(f"'prompts[{r}]' must hold at least one token: it is empty")
-    stops = _stop_sets(stop_token_ids, request_stop_token_ids, len(tokens))
+    tokens = token_lists("prompts", prompts, vocab_size=backend.vocab_size)
+    stops = stop_sets(stop_token_ids, request_stop_token_ids, len(tokens))
     check_callback("on_step", on_step)
     seeds = (
         list(range(len(tokens)))
         if request_indices is None
-        else _per_request_counts(request_indices, len(tokens), name="request_indices", low=0)
+        else per_request_counts(request_indices, len(tokens), name="request_indices", low=0)
     )
     page_size = check_int("page_size", page_size, min_value=1)
     lengths = [len(prompt) for prompt in tokens]
-    news = _per_request_counts(max_new_tokens, len(tokens))
+    news = per_request_counts(max_new_tokens, len(tokens))
     longest = max_positions(backend)
     for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
         check_positions(f"'prompts[{r}]'", length, longest, max_new_tokens=new)
@@ -164,7 +156,27 @@ def generate(
     return _Run(backend, config, sampling, tokens, stops, on_step, seeds).until_done(state)
 
 
-def _per_request_counts(
+def token_lists(
+    name: str, values: object, *, vocab_size: int, allow_empty: bool = False
+) -> list[list[int]]:
+    """``values``, a non-empty sequence of token id arrays (one per request), as lists of ids
+    in ``[0, vocab_size)``, each holding at least one unless ``allow_empty``; or an
+    :class:`InvalidInputError` naming ``name`` and the request."""
+    if not isinstance(values, Sequence) or isinstance(values, str | bytes) or not values:
+        raise InvalidInputError(
+            f"{name!r} must be a non-empty sequence of token id arrays: {type(values).__name__}"
+        )
+    tokens = [
+        token_array(f"{name}[{r}]", ids, vocab_size=vocab_size).tolist()
+        for r, ids in enumerate(values)
+    ]
+    for r, ids in enumerate(tokens):
+        if not ids and not allow_empty:
+            raise InvalidInputError(f"'{name}[{r}]' must hold at least one token: it is empty")
+    return tokens
+
+
+def per_request_counts(
     values: int | Sequence[int], count: int, *, name: str = "max_new_tokens", low: int = 1
 ) -> list[int]:
     if isinstance(values, int | np.integer) and not isinstance(values, bool):
@@ -176,7 +188,7 @@ def _per_request_counts(
     return [check_int(f"{name}[{r}]", v, min_value=low) for r, v in enumerate(values)]
 
 
-def _stop_sets(
+def stop_sets(
     common: Collection[int], per_request: Sequence[Collection[int]] | None, count: int
 ) -> list[frozenset[int]]:
     shared = _token_set("stop_token_ids", common)

@@ -559,3 +559,52 @@ def test_limits_below_one_are_named(
     capsys: pytest.CaptureFixture[str], prompts_file: str, flags: list[str], fragment: str
 ) -> None:
     assert_usage_error(cli(capsys, "--prompts", prompts_file, *flags, *CHUNKED), fragment)
+
+
+# -- verify_greedy_generation's arguments -----------------------------------------------------
+
+
+def test_verify_greedy_generation_takes_the_forms_generate_takes(hf_checkpoint: Path) -> None:
+    backend = ReferenceBackend.from_checkpoint(hf_checkpoint)
+    prompts: list[Any] = [PROMPTS[0], np.array(PROMPTS[2])]
+    result = generate(backend, prompts, config=PlannerConfig(max_num_batched_tokens=24),
+                      max_new_tokens=5, stop_token_ids=[3])  # fmt: skip
+    generated = [s.token_ids for s in result.sequences]
+    verification = hf_verify.verify_greedy_generation(
+        hf_checkpoint, prompts, generated, max_new_tokens=5, stop_token_ids=[3]
+    )
+    assert verification.passed, verification.describe()
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"max_new_tokens": 0}, "'max_new_tokens' must be >= 1: 0"),
+        ({"max_new_tokens": [2]}, r"'max_new_tokens' must be an int or one int per prompt \(2\)"),
+        ({"stop_token_ids": 2}, "'stop_token_ids' must be a collection of token ids"),
+        ({"stop_token_ids": [[2]]}, "'stop_token_ids' must be an int"),
+        ({"request_stop_token_ids": [[2]]}, r"'request_stop_token_ids' must have one entry per"),
+        ({"generated": [[4]]}, r"'generated' must be a sequence of one token id array per prompt"),
+        ({"generated": [[4], [VOCAB]]}, r"'generated\[1\]' values must be in \[0, 64\)"),
+        ({"prompts": [[1, VOCAB], [3]]}, r"'prompts\[0\]' values must be in \[0, 64\)"),
+        ({"prompts": [[], [3]]}, r"'prompts\[0\]' must hold at least one token"),
+        ({"prompts": []}, "'prompts' must be a non-empty sequence"),
+        ({"checkpoint": 5}, r"'checkpoint' must be a checkpoint directory: 5 \(int\)"),
+        ({"checkpoint": "/nonexistent"}, "'checkpoint' must be a checkpoint directory"),
+        ({"dtype": "int8"}, "'dtype' must be one of"),
+    ],
+)
+def test_verify_greedy_generation_names_a_bad_argument(
+    reference_checkpoint: Path, change: dict[str, Any], fragment: str
+) -> None:
+    if hf_verify.transformers_missing() is not None:
+        pytest.skip("the check runs only where a verification can")
+    arguments: dict[str, Any] = {
+        "checkpoint": reference_checkpoint,
+        "prompts": [[1, 2], [3]],
+        "generated": [[4], [5]],
+        "max_new_tokens": 1,
+        **change,
+    }
+    with pytest.raises(InvalidInputError, match=fragment):
+        hf_verify.verify_greedy_generation(**arguments)

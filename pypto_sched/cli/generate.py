@@ -222,7 +222,8 @@ def _generate(
             [r.token_ids for r in requests],
             [s.token_ids.tolist() for s in result.sequences],
             max_new_tokens=[r.max_new_tokens for r in requests],
-            stop_token_ids=[(*eos, *r.stop_token_ids) for r in requests],
+            stop_token_ids=eos,
+            request_stop_token_ids=[r.stop_token_ids for r in requests],
         )
     summary = generation_summary(backend.name, config, result, verification)
     if not isinstance(backend, Backend):

@@ -17,16 +17,25 @@ near-tie between two logits can flip a greedy token without either side being wr
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Collection, Sequence
+import os
+from collections.abc import Collection, Sequence, Sized
 from pathlib import Path
+from typing import Any
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
+from .._errors import CheckpointError, InvalidInputError
+from .._generate import per_request_counts, stop_sets, token_lists
+from ..checkpoints import read_config
 from ..prompts import MissingDependencyError
 
 __all__ = ["INSTALL", "Mismatch", "TransformersVerification", "transformers_missing",
            "verify_greedy_generation"]  # fmt: skip
 
+#: The dtypes transformers may run in, by name (float64 by default: see above).
+_DTYPES = ("float64", "float32", "bfloat16", "float16")
 #: What to install for a verification.
 INSTALL = "pip install 'pypto-sched[transformers]' torch"
 
@@ -83,40 +92,70 @@ def transformers_missing() -> str | None:
 
 
 def verify_greedy_generation(
-    checkpoint: str | Path,
-    prompts: Sequence[Sequence[int]],
-    generated: Sequence[Sequence[int]],
+    checkpoint: str | os.PathLike[str],
+    prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+    generated: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
     *,
-    max_new_tokens: Sequence[int],
-    stop_token_ids: Sequence[Collection[int]],
+    max_new_tokens: int | Sequence[int],
+    stop_token_ids: Collection[int] = (),
+    request_stop_token_ids: Sequence[Collection[int]] | None = None,
     dtype: str = "float64",
 ) -> TransformersVerification:
     """Compare ``generated[r]`` with transformers' greedy generation of ``prompts[r]`` alone
-    on ``checkpoint``: at most ``max_new_tokens[r]`` tokens, up to and including the first of
-    ``stop_token_ids[r]``. Raises :class:`~pypto_sched.prompts.MissingDependencyError`
-    without transformers or torch."""
+    on the Qwen3 ``checkpoint`` directory: at most ``max_new_tokens`` tokens (one int, or one
+    per prompt), up to and including the first of ``stop_token_ids`` (every request) or of
+    ``request_stop_token_ids[r]`` (its own) -- the arguments :func:`~pypto_sched.generate`
+    took, in the forms it takes them.
+
+    Every argument is checked before transformers runs: a bad one raises
+    :class:`~pypto_sched.InvalidInputError` naming it (a checkpoint that is missing or
+    unreadable, :class:`~pypto_sched.CheckpointError`). Raises
+    :class:`~pypto_sched.prompts.MissingDependencyError` without transformers or torch."""
     missing = transformers_missing()
     if missing is not None:
         raise MissingDependencyError(missing)
+    if not isinstance(checkpoint, str | os.PathLike):
+        raise InvalidInputError(
+            f"'checkpoint' must be a checkpoint directory: {checkpoint!r} "
+            f"({type(checkpoint).__name__})"
+        )
+    if not Path(checkpoint).is_dir():
+        raise CheckpointError(f"'checkpoint' must be a checkpoint directory: {str(checkpoint)!r}")
+    vocab_size = read_config(Path(checkpoint)).vocab_size
+    ours = token_lists("prompts", prompts, vocab_size=vocab_size)
+    count = len(ours)
+    if not isinstance(generated, Sequence) or len(generated) != count:
+        raise InvalidInputError(
+            f"'generated' must be a sequence of one token id array per prompt ({count}): "
+            f"{type(generated).__name__} of {_length(generated)}"
+        )
+    outputs = token_lists("generated", generated, vocab_size=vocab_size, allow_empty=True)
+    news = per_request_counts(max_new_tokens, count)
+    stops = stop_sets(stop_token_ids, request_stop_token_ids, count)
+    if dtype not in _DTYPES:
+        raise InvalidInputError(f"'dtype' must be one of {list(_DTYPES)}: {dtype!r}")
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype))
     model.eval()  # type: ignore[no-untyped-call]  # torch's Module.eval is untyped here
     mismatches = []
-    for index, (prompt, ours) in enumerate(zip(prompts, generated, strict=True)):
-        ids = torch.tensor([list(prompt)], dtype=torch.long)
-        count = max_new_tokens[index]
+    for index, (prompt, new, stop, mine) in enumerate(zip(ours, news, stops, outputs, strict=True)):
+        ids = torch.tensor([prompt], dtype=torch.long)
         with torch.inference_mode():
             output = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=count,
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                 eos_token_id=None, do_sample=False, pad_token_id=0,
             )  # fmt: skip
-        theirs = _until_stop(output[0, len(prompt) :].tolist(), stop_token_ids[index])
-        mismatch = _first_difference(index, list(ours), theirs)
+        theirs = _until_stop(output[0, len(prompt) :].tolist(), stop)
+        mismatch = _first_difference(index, mine, theirs)
         if mismatch is not None:
             mismatches.append(mismatch)
-    return TransformersVerification(num_requests=len(prompts), mismatches=tuple(mismatches))
+    return TransformersVerification(num_requests=count, mismatches=tuple(mismatches))
+
+
+def _length(values: object) -> str:
+    return f"{len(values)} entries" if isinstance(values, Sized) else "no length"
 
 
 def _until_stop(tokens: list[int], stops: Collection[int]) -> list[int]:
