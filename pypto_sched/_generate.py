@@ -104,14 +104,14 @@ def generate(
     prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
     *,
     config: PlannerConfig,
-    max_new_tokens: int | Sequence[int],
+    max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
     sampling: SamplingParams | None = None,
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     num_pages: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     on_step: Callable[[StepDone], None] | None = None,
-    request_indices: Sequence[int] | None = None,
+    request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens (one int, or one per prompt) for each of
     ``prompts`` (token id arrays) on ``backend``, every dispatch planned under ``config``.
@@ -177,10 +177,18 @@ def token_lists(
 
 
 def per_request_counts(
-    values: int | Sequence[int], count: int, *, name: str = "max_new_tokens", low: int = 1
+    values: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+    count: int,
+    *,
+    name: str = "max_new_tokens",
+    low: int = 1,
 ) -> list[int]:
+    """One int for every request, or one per request (a sequence or a 1-D array): a list of
+    ``count`` ints ``>= low``, or an :class:`InvalidInputError` naming ``name``."""
     if isinstance(values, int | np.integer) and not isinstance(values, bool):
         return [check_int(name, values, min_value=low)] * count
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+        values = values.tolist()  # NumPy ints become ints; anything else fails check_int
     if not isinstance(values, Sequence) or len(values) != count:
         raise InvalidInputError(
             f"'{name}' must be an int or one int per prompt ({count}): {values!r}"

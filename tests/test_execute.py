@@ -586,3 +586,27 @@ def test_generate_refuses_a_prompt_and_new_tokens_longer_than_the_model() -> Non
         generate(backend, [[1] * 4, [1] * 6], config=CHUNKED, max_new_tokens=[5, 4])
     assert backend.batches == []
     generate(backend, [[1] * 4, [1] * 6], config=CHUNKED, max_new_tokens=[5, 3])  # 8 fit
+
+
+@pytest.mark.parametrize(
+    "max_new_tokens", [np.array([3, 2]), np.array([3, 2], dtype=np.uint8), [np.int64(3), 2]]
+)
+def test_generate_takes_one_max_new_tokens_per_prompt_as_an_array(max_new_tokens: Any) -> None:
+    result = generate(
+        CountingBackend(), [[1, 2], [3]], config=CHUNKED, max_new_tokens=max_new_tokens
+    )
+    assert [len(s.token_ids) for s in result.sequences] == [3, 2]
+
+
+@pytest.mark.parametrize(
+    ("max_new_tokens", "message"),
+    [
+        (np.array([3, 2, 1]), r"^'max_new_tokens' must be an int or one int per prompt \(2\)"),
+        (np.array([[3, 2]]), r"^'max_new_tokens' must be an int or one int per prompt \(2\)"),
+        (np.array([3.0, 2.0]), r"^'max_new_tokens\[0\]' must be an int: 3\.0 \(float\)$"),
+        (np.array([3, 0]), r"^'max_new_tokens\[1\]' must be >= 1: 0$"),
+    ],
+)
+def test_a_bad_max_new_tokens_array_is_named(max_new_tokens: Any, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        generate(CountingBackend(), [[1, 2], [3]], config=CHUNKED, max_new_tokens=max_new_tokens)

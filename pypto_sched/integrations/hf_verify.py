@@ -96,7 +96,7 @@ def verify_greedy_generation(
     prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
     generated: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
     *,
-    max_new_tokens: int | Sequence[int],
+    max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     dtype: str = "float64",
