@@ -182,9 +182,9 @@ class GenerationState(Frozen, Generic[RequestId]):
         needed = pool.pages_for(length + new - 1)
         if needed > pool.num_pages:
             raise InvalidConfigError(
-                f"request {request_id!r} can hold {length + new - 1} tokens of KV (a prompt of "
-                f"{length} and {new} new tokens, the last never cached): {needed} pages of "
-                f"{pool.page_size}, but the pool has {pool.num_pages}; raise 'num_pages'"
+                f"'num_pages' must hold every request alone: request {request_id!r} needs "
+                f"{length + new - 1} tokens of KV (a prompt of {length} and {new} new tokens, "
+                f"the last never cached), {needed} pages of {pool.page_size}: {pool.num_pages}"
             )
         if request_id in self:
             raise DuplicateRequestError(

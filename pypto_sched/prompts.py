@@ -8,9 +8,9 @@ The format, one request per line (blank lines are skipped)::
 
 Each line is one JSON object with exactly one of ``"token_ids"`` (a non-empty list of token
 ids) or ``"prompt"`` (text, which needs a tokenizer), and optionally ``"max_new_tokens"`` (an
-int >= 1; default: the caller's) and ``"stop_token_ids"`` (a list of token ids that end the
-request when generated, on top of the caller's). Any other key is an error, so a typo is not
-silently ignored.
+int in [1, 2**31 - 1]; default: the caller's) and ``"stop_token_ids"`` (a list of token ids
+that end the request when generated, on top of the caller's). Any other key is an error, so
+a typo is not silently ignored.
 
 :func:`read_prompts` reads every line through :func:`~pypto_sched._json.load_json` (strict,
 bounded) and checks what a backend would otherwise fail on mid-run: token ids inside the
@@ -30,16 +30,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 
 from ._errors import InvalidInputError, PyptoSchedError
+from ._generate import GenerationResult
 from ._json import load_json
-from ._validate import MAX_TOKENS, check_positions
-
-if TYPE_CHECKING:
-    from ._generate import GenerationResult
+from ._validate import MAX_TOKENS, check_int, check_positions
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -189,8 +187,15 @@ def read_prompts(
     must be in ``[0, vocab_size)``; with ``max_positions`` (the model's
     ``max_position_embeddings``), a request's prompt and new tokens must fit it (its last
     token is never run, so ``P + N - 1 <= max_positions``). ``what`` names the input in
-    errors, e.g. ``"--prompts 'batch.jsonl'"``.
+    errors, e.g. ``"--prompts 'batch.jsonl'"``. A bad argument is an
+    :class:`~pypto_sched.InvalidInputError` naming it, before any line is read.
     """
+    if not isinstance(data, str | bytes):
+        raise InvalidInputError(f"'data' must be JSON Lines, str or bytes: {type(data).__name__}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, min_value=1)
+    vocab_size = check_int("vocab_size", vocab_size, min_value=1)
+    if max_positions is not None:
+        max_positions = check_int("max_positions", max_positions, min_value=1)
     if isinstance(data, bytes):
         try:
             text = data.decode("utf-8")
@@ -220,6 +225,10 @@ def output_lines(result: GenerationResult, *, tokenizer: TextCodec | None = None
     """The output format, one JSON line per request in input order (without newlines):
     ``{"index", "token_ids" (the generated ids), "finish_reason"}``, and ``"text"`` (the
     generated ids decoded) with a ``tokenizer``."""
+    if not isinstance(result, GenerationResult):
+        raise InvalidInputError(
+            f"'result' must be a GenerationResult: {result!r} ({type(result).__name__})"
+        )
     for index, sequence in enumerate(result.sequences):
         ids = sequence.token_ids.tolist()
         line: dict[str, Any] = {
@@ -255,7 +264,9 @@ def _request(
         raise InvalidInputError(f"{where}: the prompt must hold at least one token: it is empty")
     new = fields.get("max_new_tokens", default_new)
     if not _is_int(new) or not 1 <= new <= MAX_TOKENS:
-        raise InvalidInputError(f"{where}: 'max_new_tokens' must be an int >= 1: {new!r}")
+        raise InvalidInputError(
+            f"{where}: 'max_new_tokens' must be an int in [1, {MAX_TOKENS}]: {new!r}"
+        )
     stops = _token_ids(fields.get("stop_token_ids", []), f"{where}: 'stop_token_ids'", vocab_size)
     return PromptRequest(token_ids=ids, max_new_tokens=new, stop_token_ids=stops, text=text)
 

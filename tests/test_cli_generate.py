@@ -27,7 +27,7 @@ from pypto_sched import InvalidInputError, PlannerConfig, SamplingParams, genera
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from pypto_sched.cli import generate as generate_command
 from pypto_sched.integrations import hf_verify
-from pypto_sched.prompts import PromptRequest, read_prompts
+from pypto_sched.prompts import PromptRequest, output_lines, read_prompts
 from pypto_sched_reference import TINY_MODEL, ReferenceBackend, Weights, save_checkpoint
 
 VOCAB = TINY_MODEL.vocab_size
@@ -211,7 +211,11 @@ def test_a_pool_that_cannot_hold_one_request(
 ) -> None:
     args = ["--prompts", prompts_file, "--max-new-tokens", "4", *CHUNKED, "--kv-page-size", "4"]
     result = cli(capsys, *args, "--num-kv-pages", "10")
-    assert_usage_error(result, "--num-kv-pages", "request 2", "11 pages of 4")
+    assert_usage_error(
+        result, "error: --num-kv-pages: must hold every request alone: request 2 needs 44 tokens",
+        "11 pages of 4: 10",
+    )  # fmt: skip
+    assert "num_pages" not in result[2]
 
 
 def test_an_empty_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -240,7 +244,14 @@ def test_a_top_p_out_of_range(
         ('{"token_ids": [1], "prompt": "hi"}', "exactly one of"),
         ('{"token_ids": []}', "at least one token"),
         ('{"token_ids": [1, true]}', "'token_ids'[1] must be an int"),
-        ('{"token_ids": [1], "max_new_tokens": 0}', "'max_new_tokens' must be an int >= 1"),
+        (
+            '{"token_ids": [1], "max_new_tokens": 0}',
+            "'max_new_tokens' must be an int in [1, 2147483647]: 0",
+        ),
+        (
+            '{"token_ids": [1], "max_new_tokens": 2147483648}',
+            "'max_new_tokens' must be an int in [1, 2147483647]: 2147483648",
+        ),
         ('{"token_ids": [1], "stop_token_ids": [-1]}', "'stop_token_ids'[0] must be in"),
         ('{"prompt": "hello"}', "'prompt' needs a tokenizer"),
         ("[1, 2]", "expected a JSON object"),
@@ -327,6 +338,33 @@ def test_read_prompts_reads_back_every_written_request(
 def test_read_prompts_refuses_bytes_that_are_not_utf8() -> None:
     with pytest.raises(InvalidInputError, match="prompts is not UTF-8"):
         read_prompts(b'{"token_ids": [1]}\n\xff\n', max_new_tokens=1, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("data", "options", "message"),
+    [
+        (['{"token_ids": [1]}'], {}, r"^'data' must be JSON Lines, str or bytes: list$"),
+        ('{"token_ids": [1]}', {"vocab_size": 0}, r"^'vocab_size' must be >= 1: 0$"),
+        ('{"token_ids": [1]}', {"vocab_size": "64"}, r"^'vocab_size' must be an int: '64'"),
+        ('{"token_ids": [1]}', {"max_new_tokens": 0}, r"^'max_new_tokens' must be >= 1: 0$"),
+        # The caller's default is out of range, not line 1.
+        ('{"token_ids": [1]}', {"max_new_tokens": 2**31},
+         r"^'max_new_tokens' must be <= 2147483647: 2147483648$"),
+        ('{"token_ids": [1]}', {"max_positions": 0}, r"^'max_positions' must be >= 1: 0$"),
+    ],
+)  # fmt: skip
+def test_read_prompts_names_a_bad_argument(
+    data: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        read_prompts(data, **{"max_new_tokens": 2, "vocab_size": VOCAB, **options})
+
+
+def test_output_lines_names_a_result_that_is_not_one() -> None:
+    with pytest.raises(
+        InvalidInputError, match=r"^'result' must be a GenerationResult: 5 \(int\)$"
+    ):
+        list(output_lines(5))  # type: ignore[arg-type]
 
 
 # -- a tokenizer.json in the checkpoint directory --------------------------------------------
@@ -552,10 +590,16 @@ def test_transformers_tokens_are_cut_after_the_first_stop_token() -> None:
     [
         (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1: 0"),
         (["--max-new-tokens", "2", "--kv-page-size", "0"], "--kv-page-size: must be >= 1: 0"),
-        (["--max-new-tokens", "2", "--num-kv-pages", "0"], "'num_pages' must be >= 1"),
+        (["--max-new-tokens", "2", "--num-kv-pages", "0"], "--num-kv-pages: must be >= 1: 0"),
+        (["--max-new-tokens", "99999999999999"],
+         "error: --max-new-tokens: must be <= 2147483647: 99999999999999"),
+        (["--max-new-tokens", "2", "--kv-page-size", "99999999999"],
+         "error: --kv-page-size: must be <= 2147483647: 99999999999"),
+        (["--max-new-tokens", "2", "--num-kv-pages", "99999999999"],
+         "error: --num-kv-pages: must be <= 2147483647: 99999999999"),
     ],
-)
-def test_limits_below_one_are_named(
+)  # fmt: skip
+def test_limits_out_of_range_are_named_by_their_flags(
     capsys: pytest.CaptureFixture[str], prompts_file: str, flags: list[str], fragment: str
 ) -> None:
     assert_usage_error(cli(capsys, "--prompts", prompts_file, *flags, *CHUNKED), fragment)

@@ -198,7 +198,11 @@ def test_state_reading_finishing_and_errors() -> None:
         after.finish("b")
     with pytest.raises(DuplicateRequestError):
         after.add("a", 1, max_new_tokens=1)
-    with pytest.raises(InvalidConfigError, match="request 'big' can hold 19 tokens"):
+    with pytest.raises(
+        InvalidConfigError,
+        match=r"^'num_pages' must hold every request alone: request 'big' needs 19 tokens of KV "
+        r"\(a prompt of 10 and 10 new tokens, the last never cached\), 5 pages of 4: 4$",
+    ):
         state.add("big", 10, max_new_tokens=10)
     with pytest.raises(InvalidInputError, match="empty"):
         plan_generation_step(

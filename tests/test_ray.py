@@ -256,7 +256,7 @@ def test_an_error_inside_the_actors_is_raised_as_is_and_the_replicas_still_work(
     replicas: RayReplicas, prompts: list[np.ndarray]
 ) -> None:
     # Two pages of 4 tokens cannot hold the 90-token prompt: generate() refuses it.
-    with pytest.raises(InvalidConfigError, match="raise 'num_pages'"):
+    with pytest.raises(InvalidConfigError, match="'num_pages' must hold every request alone"):
         replicas.generate(
             prompts, config=CONFIGS["packed"], max_new_tokens=4, page_size=4, num_pages=2
         )

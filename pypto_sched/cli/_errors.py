@@ -3,7 +3,12 @@ every failure into one line on stderr and one of these statuses."""
 
 from __future__ import annotations
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandFailed", "UsageError"]
+import contextlib
+from collections.abc import Iterator
+
+from .._errors import InvalidConfigError, InvalidInputError
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandFailed", "UsageError", "flags_named"]
 
 #: The command did its work.
 EXIT_OK = 0
@@ -19,3 +24,22 @@ class UsageError(Exception):
 
 class CommandFailed(Exception):
     """The command could not do its work; exit status 1, reported as one line."""
+
+
+@contextlib.contextmanager
+def flags_named(**flags: str) -> Iterator[None]:
+    """Report the library's errors about a parameter as errors of the flag that gave it.
+
+    The library words them ``'num_pages' must be >= 1: 0``; with ``num_pages="--num-kv-pages"``
+    that reads ``--num-kv-pages: must be >= 1: 0``, the form of the command line's own
+    checks. Other errors pass through unchanged.
+    """
+    try:
+        yield
+    except (InvalidInputError, InvalidConfigError) as error:
+        message = str(error)
+        for name, flag in flags.items():
+            parameter = f"{name!r} "
+            if message.startswith(parameter):
+                raise UsageError(f"{flag}: {message.removeprefix(parameter)}") from None
+        raise

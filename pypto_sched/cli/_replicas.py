@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .._config import PlannerConfig
-from .._errors import InvalidConfigError
 from .._generate import GenerationResult
 from .._partition import partition_requests
 from .._plan import plan_prefill
@@ -274,20 +273,17 @@ def generate_on(
 ) -> tuple[GenerationResult, dict[str, Any]]:
     """``generate``'s execution on Ray replicas (``--replicas``); ``num_pages`` is each
     replica's. Returns the result and the replicas' figures for the summary."""
-    try:
-        result = pool.generate(
-            [r.token_ids for r in requests],
-            config=config,
-            max_new_tokens=[r.max_new_tokens for r in requests],
-            sampling=sampling,
-            stop_token_ids=stop_token_ids,
-            request_stop_token_ids=[r.stop_token_ids for r in requests],
-            num_pages=num_pages,
-            page_size=page_size,
-            on_progress=on_progress,
-        )
-    except InvalidConfigError as error:
-        raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
+    result = pool.generate(
+        [r.token_ids for r in requests],
+        config=config,
+        max_new_tokens=[r.max_new_tokens for r in requests],
+        sampling=sampling,
+        stop_token_ids=stop_token_ids,
+        request_stop_token_ids=[r.stop_token_ids for r in requests],
+        num_pages=num_pages,
+        page_size=page_size,
+        on_progress=on_progress,
+    )
     replicas = {
         "num_replicas": pool.num_replicas,
         "tokens": [int(load) for load in result.partition.loads],

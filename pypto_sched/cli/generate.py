@@ -20,6 +20,7 @@ from .._config import PlannerConfig
 from .._errors import InvalidConfigError
 from .._generate import GenerationResult, StepDone, generate
 from .._sampling import SamplingParams
+from .._validate import check_int
 from ..backends import Backend, max_positions
 from ..execute import DEFAULT_PAGE_SIZE
 from ..integrations.hf_verify import (
@@ -36,7 +37,7 @@ from ..prompts import (
     read_prompts,
 )
 from . import _replicas
-from ._errors import EXIT_FAILED, EXIT_OK, UsageError
+from ._errors import EXIT_FAILED, EXIT_OK, UsageError, flags_named
 from ._inputs import config as planner_config
 from ._lengths import read_text
 from ._options import Example, Parser, add_command, add_config_options
@@ -48,7 +49,7 @@ from .run import _load
 if TYPE_CHECKING:
     from ..integrations.ray import RayReplicas
 
-__all__ = ["EXAMPLES", "add_parser", "execute", "handle"]
+__all__ = ["EXAMPLES", "FLAGS", "add_parser", "execute", "handle"]
 
 EXAMPLES: list[Example] = [
     (
@@ -72,6 +73,14 @@ EXAMPLES: list[Example] = [
         "      --max-num-batched-tokens 512 --verify",
     ),
 ]
+
+
+#: The library parameter each of the command's own flags gives (errors name the flag).
+FLAGS = {
+    "max_new_tokens": "--max-new-tokens",
+    "page_size": "--kv-page-size",
+    "num_pages": "--num-kv-pages",
+}
 
 
 def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
@@ -166,10 +175,11 @@ def handle(args: argparse.Namespace) -> int:
     config = planner_config(args)
     if args.verify:
         _check_verify(args, sampling)
-    for flag, value in (("--max-new-tokens", args.max_new_tokens),
-                        ("--kv-page-size", args.kv_page_size)):  # fmt: skip
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: must be >= 1: {value}")
+    with flags_named(**FLAGS):  # checked before the backend loads, which may take a while
+        for name, flag in FLAGS.items():
+            value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+            if value is not None:
+                check_int(name, value, min_value=1)
     page_size = next(
         size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
     )
@@ -209,7 +219,7 @@ def _generate(
                 on_step=on_step,
             )
     else:
-        with _replicas.progress_bar(args)("generate") as on_progress:
+        with _replicas.progress_bar(args)("generate") as on_progress, flags_named(**FLAGS):
             result, replicas = _replicas.generate_on(
                 backend, requests, config=config, sampling=sampling, stop_token_ids=eos,
                 num_pages=args.num_kv_pages, page_size=page_size, on_progress=on_progress,
@@ -247,7 +257,7 @@ def execute(
 ) -> GenerationResult:
     """Run ``requests`` on ``backend``, each stopping on ``stop_token_ids`` and its own:
     the one call that does the work."""
-    try:
+    with flags_named(**FLAGS):
         return generate(
             backend,
             [r.token_ids for r in requests],
@@ -260,8 +270,6 @@ def execute(
             page_size=page_size,
             on_step=on_step,
         )
-    except InvalidConfigError as error:  # the pool cannot hold a request, or no pages at all
-        raise UsageError(f"--num-kv-pages/--kv-page-size: {error}") from None
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
