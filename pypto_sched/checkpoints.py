@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -644,9 +645,14 @@ def _stored_tensors(root: Path) -> dict[str, tuple[Path, SafetensorsHeader]]:
     return stored
 
 
-def load_checkpoint(directory: str | Path) -> Checkpoint:
+def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     """Read ``directory``'s config and every tensor the model reads, checking names, shapes
     and dtypes (float) against the config. Tensors are memory-mapped, in their stored dtype."""
+    if not isinstance(directory, str | os.PathLike):
+        raise CheckpointError(
+            f"the checkpoint directory must be a path (str or os.PathLike): {directory!r} "
+            f"({type(directory).__name__})"
+        )
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"{root}: the checkpoint directory does not exist")

@@ -218,6 +218,24 @@ def test_a_pool_that_cannot_hold_one_request(
     assert "num_pages" not in result[2]
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("seed=abc", "'seed' must be an int >= 0: 'abc' (str)"),
+        ("seed=-1", "'seed' must be an int >= 0: -1 (int)"),
+        ("seed=true", "'seed' must be an int >= 0: True (bool)"),
+        ("checkpoint=5", "the checkpoint directory must be a path (str or os.PathLike): 5 (int)"),
+        ('dtype=["float64"]', "'dtype' must be one of ['float32', 'float64']: ['float64']"),
+    ],
+)
+def test_a_bad_backend_option_value_is_named(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, option: str, message: str
+) -> None:
+    result = cli(capsys, "--backend-option", option, "--prompts", prompts_file,
+                 "--max-new-tokens", "2", *CHUNKED)  # fmt: skip
+    assert_usage_error(result, f"error: {message}\n")
+
+
 def test_an_empty_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = write_prompts(tmp_path / "p.jsonl", ["", "   "])
     result = cli(capsys, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)

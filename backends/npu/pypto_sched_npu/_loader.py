@@ -48,6 +48,6 @@ def load_checkpoint(
     Tensors the forward pass does not read (an untied ``lm_head.weight`` in a tied
     checkpoint, rotary buffers of old exports) are ignored.
     """
-    loaded = checkpoints.load_checkpoint(Path(directory))
+    loaded = checkpoints.load_checkpoint(directory)
     tensors = {name: to_torch(tensor).to(dtype) for name, tensor in loaded.tensors.items()}
     return Checkpoint(directory=loaded.directory, config=loaded.config, tensors=tensors)

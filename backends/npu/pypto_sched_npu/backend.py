@@ -88,7 +88,7 @@ class NpuBackend:
         ``"auto"`` by device, ``"torch"`` or ``"npu"`` explicitly.
         """
         compute = _dtype(dtype)
-        target = torch.device(device) if device is not None else _default_device()
+        target = _device(device) if device is not None else _default_device()
         kernels = select_ops(target, choice=ops)
         loaded = load_checkpoint(checkpoint, dtype=compute)
         return cls(Qwen3Model.from_checkpoint(loaded, ops=kernels, device=target))
@@ -243,6 +243,19 @@ def _dtype(value: str | torch.dtype) -> torch.dtype:
     if isinstance(value, str) and value in DTYPES:
         return DTYPES[value]
     raise InvalidInputError(f"'dtype' must be one of {sorted(DTYPES)}: {value!r}")
+
+
+def _device(value: str | torch.device) -> torch.device:
+    if isinstance(value, torch.device):
+        return value
+    if isinstance(value, str):
+        try:
+            return torch.device(value)
+        except RuntimeError:  # torch's message lists every device type it knows
+            pass
+    raise InvalidInputError(
+        f"'device' must be a torch device such as 'cpu', 'npu' or 'npu:0': {value!r}"
+    )
 
 
 def _default_device() -> torch.device:

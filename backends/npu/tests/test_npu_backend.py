@@ -16,6 +16,7 @@ import pytest
 
 from pypto_sched import (
     BackendError,
+    CheckpointError,
     ExecutionError,
     InvalidInputError,
     PlannerConfig,
@@ -418,6 +419,15 @@ def test_bad_options_are_rejected(checkpoints: dict[str, Path]) -> None:
         NpuBackend.from_checkpoint(checkpoints["tied"], dtype="int8")
     with pytest.raises(InvalidInputError, match="'ops' must be one of"):
         NpuBackend.from_checkpoint(checkpoints["tied"], ops="gpu")  # type: ignore[arg-type]
+    for device in ("abc", 5):
+        with pytest.raises(
+            InvalidInputError, match=rf"^'device' must be a torch device .*: {device!r}$"
+        ):
+            NpuBackend.from_checkpoint(checkpoints["tied"], device=device)  # type: ignore[arg-type]
+    with pytest.raises(
+        CheckpointError, match=r"^the checkpoint directory must be a path .*: 5 \(int\)$"
+    ):
+        load_backend("npu", checkpoint=5)
 
 
 def test_metadata_follows_the_checkpoint(backends: Backends) -> None:

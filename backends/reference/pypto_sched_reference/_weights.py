@@ -108,7 +108,9 @@ class Weights:
 
     @classmethod
     def random(cls, config: ModelConfig, *, seed: int, dtype: str = "float64") -> Weights:
-        """Weights drawn from ``seed``, scaled so activations stay of order one."""
+        """Weights drawn from ``seed`` (an int >= 0), scaled so activations stay of order one."""
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise InvalidModelError(f"'seed' must be an int >= 0: {seed!r} ({type(seed).__name__})")
         rng = np.random.default_rng(seed)
 
         def draw(name: str, shape: tuple[int, ...]) -> Array:
@@ -180,7 +182,7 @@ class Weights:
 
 
 def _dtype(name: str) -> type[np.floating[Any]]:
-    if name not in DTYPES:
+    if not isinstance(name, str) or name not in DTYPES:
         raise InvalidModelError(f"'dtype' must be one of {sorted(DTYPES)}: {name!r}")
     return DTYPES[name]
 

@@ -21,7 +21,7 @@ from pypto_sched import (
     plan_pages,
     plan_prefill,
 )
-from pypto_sched.backends import DispatchInput
+from pypto_sched.backends import DispatchInput, load_backend
 from pypto_sched.checkpoints import ModelConfig, encode_safetensors, read_safetensors
 from pypto_sched.execute import execute_schedule
 from pypto_sched.testing import check_backend
@@ -318,6 +318,24 @@ def test_create_backend_rejects_unknown_or_conflicting_options(tmp_path: Path) -
         create_backend(dtype="float16")
     with pytest.raises(InvalidInputError, match="'hidden_size' must be >= 1: 0"):
         create_backend(hidden_size=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"seed": "abc"}, InvalidModelError, r"^'seed' must be an int >= 0: 'abc' \(str\)$"),
+        ({"seed": -1}, InvalidModelError, r"^'seed' must be an int >= 0: -1 \(int\)$"),
+        ({"seed": True}, InvalidModelError, r"^'seed' must be an int >= 0: True \(bool\)$"),
+        ({"seed": 1.5}, InvalidModelError, r"^'seed' must be an int >= 0: 1\.5 \(float\)$"),
+        ({"dtype": ["float64"]}, InvalidModelError, r"^'dtype' must be one of"),
+        ({"checkpoint": 5}, CheckpointError, r"^the checkpoint directory must be a path .*: 5 "),
+    ],
+)  # fmt: skip
+def test_bad_option_values_are_the_backends_errors_naming_them(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        load_backend("reference", **options)
 
 
 # -- conformance -----------------------------------------------------------------------------
