@@ -43,7 +43,8 @@ class GeneratedSequence:
     token_ids: npt.NDArray[np.int64] = attrs.field(eq=False)
     #: ``"length"`` (``max_new_tokens`` reached) or ``"stop"`` (a stop token).
     finish_reason: FinishReason
-    #: The dispatch (counted from 0) that gave its first token.
+    #: The index of the dispatch that gave its first token, counted from 0 (as
+    #: ``StepDone.index``); ``GenerationStats``' time to first token counts from 1.
     first_token_dispatch: int
     #: How often it was preempted (and recomputed).
     num_preemptions: int
@@ -61,7 +62,8 @@ class GenerationStats:
     num_generated_tokens: int
     #: Tokens run through the model, recomputation included.
     num_computed_tokens: int
-    #: Mean and worst dispatch (counted from 1) that gave a request its first token.
+    #: Mean and worst dispatch that gave a request its first token, counted from 1 (the
+    #: number of dispatches run until then): ``GeneratedSequence.first_token_dispatch + 1``.
     mean_time_to_first_token: float
     max_time_to_first_token: int
     wall_seconds: float

@@ -13,7 +13,8 @@ probability of 0); tokens are ranked by probability (ties: lower id first); ``to
 keeps the ``k`` first, then ``top_p`` keeps the shortest prefix of the ranking whose
 probability reaches ``p``; one uniform draw ``u`` in ``[0, 1)`` picks the first kept token
 whose cumulative (renormalised) probability exceeds ``u``. ``temperature == 0`` is greedy: the
-highest logit, lower id first on ties, and no random number is drawn.
+highest logit, lower id first on ties, and no random number is drawn (``top_k``, ``top_p``
+and ``seed`` are ignored, as in vLLM and transformers).
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ def _seed(instance: object, attribute: attrs.Attribute[int], value: object) -> N
 
 @attrs.frozen(kw_only=True)
 class SamplingParams:
-    """How the next token is chosen. The default is greedy."""
+    """How the next token is chosen. The default is greedy.
+
+    ``top_k``, ``top_p`` and ``seed`` shape sampling only: at ``temperature == 0`` (greedy)
+    they are accepted and ignored, as vLLM and transformers ignore them under greedy decoding.
+    """
 
     #: ``0``: greedy (argmax). Above ``0``: sample from ``softmax(logits / temperature)``.
     temperature: float = attrs.field(default=0.0, validator=_finite_non_negative)

@@ -670,3 +670,30 @@ def test_verify_greedy_generation_names_a_bad_argument(
     }
     with pytest.raises(InvalidInputError, match=fragment):
         hf_verify.verify_greedy_generation(**arguments)
+
+
+# -- sampling options under greedy, and how dispatches are counted ----------------------------
+
+
+def test_top_k_and_top_p_are_ignored_at_temperature_0_as_the_help_says(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "4", *CHUNKED]
+    status, greedy, _ = cli(capsys, *args)
+    assert status == EXIT_OK
+    ignored = cli(capsys, *args, "--top-k", "1", "--top-p", "0.01", "--sampling-seed", "9")
+    assert ignored[:2] == (EXIT_OK, greedy)
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--top-k K keep the K likeliest tokens (ignored at --temperature 0" in help_text
+    assert "(0, 1] (ignored at --temperature 0)" in help_text
+
+
+def test_first_token_dispatch_counts_from_0_and_time_to_first_token_from_1() -> None:
+    result = generate(ReferenceBackend.from_seed(), PROMPTS, max_new_tokens=3,
+                      config=PlannerConfig(max_num_batched_tokens=24))  # fmt: skip
+    firsts = [s.first_token_dispatch for s in result.sequences]
+    assert min(firsts) == 0
+    assert result.stats.mean_time_to_first_token == pytest.approx(np.mean(firsts) + 1)
+    assert result.stats.max_time_to_first_token == max(firsts) + 1

@@ -137,9 +137,17 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     sampling.add_argument(
         "--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default)"
     )
-    sampling.add_argument("--top-k", type=int, metavar="K", help="keep the K likeliest tokens")
     sampling.add_argument(
-        "--top-p", type=float, metavar="P", help="keep the likeliest tokens up to P, in (0, 1]"
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="keep the K likeliest tokens (ignored at --temperature 0, as in vLLM)",
+    )
+    sampling.add_argument(
+        "--top-p",
+        type=float,
+        metavar="P",
+        help="keep the likeliest tokens up to P, in (0, 1] (ignored at --temperature 0)",
     )
     sampling.add_argument(
         "--sampling-seed",
