@@ -134,7 +134,9 @@ class DispatchOutput:
     (``DispatchArrays.final_requests``). What was not asked for is ``None``; the driver asks
     nothing of a dispatch of intermediate chunks, which returns ``DispatchOutput()`` --
     returning ``None`` itself is an error. Logits must be finite and greedy ids in ``[0,
-    vocab_size)``; the driver checks both.
+    vocab_size)``; the driver checks both. Greedy ids must come from finite logits, which
+    only the backend sees when it returns ids alone: it raises a :class:`BackendError`
+    instead of returning ids of logits that are not finite.
     """
 
     #: ``[num_final_rows, vocab_size]`` logits when asked for, else ``None``.
@@ -174,7 +176,8 @@ class Backend(Protocol):
 
     def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
         """Run one dispatch: write its K/V into ``cache`` at ``batch.arrays.slot_mapping``
-        and return what ``batch`` asks for, for its final rows only."""
+        and return what ``batch`` asks for, for its final rows only (greedy ids only of
+        finite logits: see :class:`DispatchOutput`)."""
         ...
 
 

@@ -287,6 +287,30 @@ def test_a_tolerance_within_which_any_logits_agree_is_refused() -> None:
         check_backend(Lenient(), max_examples=2, generation_examples=0)
 
 
+class UncheckedGreedy(Wrapped):
+    """Takes greedy ids as the argmax of its logits, whatever they are (NaN gives id 0)."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if not batch.return_greedy:
+            return super().run_dispatch(batch, cache)
+        ask = attrs.evolve(batch, return_logits=True, return_greedy=False)
+        logits = super().run_dispatch(ask, cache).logits
+        assert logits is not None
+        return DispatchOutput(
+            logits=logits if batch.return_logits else None,
+            greedy_token_ids=np.argmax(logits, axis=1),
+        )
+
+
+def test_greedy_ids_of_non_finite_logits_fail_the_check() -> None:
+    with pytest.raises(
+        AssertionError,
+        match=r"^backend 'wrapped' returned greedy ids of NaN input embeddings: asked for ids "
+        r"alone, it must check that its logits are finite and raise a BackendError",
+    ):
+        check_backend(UncheckedGreedy(), max_examples=2, generation_examples=0)
+
+
 class NoCache(Wrapped):
     def new_cache(self, *, num_pages: int, page_size: int) -> Any:
         return None

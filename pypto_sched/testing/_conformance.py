@@ -23,7 +23,9 @@ and embedded -- the backend contract of :mod:`pypto_sched.backends`:
   greedy ids in the vocabulary (the driver, :func:`~pypto_sched.execute_schedule`, enforces
   this and names the dispatch); every greedy id agrees with the reference by the one
   verification rule (:func:`~pypto_sched.compare_results`: tie-aware, within twice the
-  tolerance) and is an argmax of the logits returned with it;
+  tolerance) and is an argmax of the logits returned with it; asked for greedy ids alone of
+  NaN input embeddings, the backend raises rather than return ids (of logits the driver
+  never sees);
 * **inputs left alone**: the arrays a dispatch is handed are read-only by convention; a
   backend that changes them (after making them writeable) fails;
 * **metadata**: ``name`` (and, given ``name=``, that it is the name the backend was
@@ -244,6 +246,7 @@ def check_backend(
             f"{max_examples} examples): within it any logits agree, so the check proved "
             f"nothing; promise a tolerance well below that"
         )
+    _check_refuses_non_finite(backend, sizes[0])
     for index in range(generation_examples):
         generation = _draw_generation(
             rng,
@@ -290,6 +293,31 @@ def _check_metadata(backend: Backend, name: str | None) -> None:
             f"embed() of {ids.size} ids must have shape ({ids.size}, {backend.hidden_size}): "
             f"{embedded.shape}"
         )
+
+
+def _check_refuses_non_finite(backend: Backend, page_size: int) -> None:
+    """Asked for greedy ids alone of NaN input embeddings, whose logits are NaN, the backend
+    must raise rather than return ids: the driver never sees the logits behind them."""
+    length = 3
+    try:
+        execute_schedule(
+            plan_one_shot([length]),
+            backend,
+            [np.zeros(length, dtype=np.int64)],
+            input_embeddings=[np.full((length, backend.hidden_size), np.nan)],
+            return_logits=False,
+            return_greedy=True,
+            page_size=page_size,
+        )
+    except ExecutionError:
+        return
+    except BackendError as error:  # not a dispatch: the backend broke the contract before
+        raise AssertionError(str(error)) from error
+    raise AssertionError(
+        f"backend {backend.name!r} returned greedy ids of NaN input embeddings: asked for "
+        f"ids alone, it must check that its logits are finite and raise a BackendError if "
+        f"not, the driver never seeing them (or it ignored the embeddings it was handed)"
+    )
 
 
 #: Each metadata attribute, what it must be, and the test.
