@@ -416,7 +416,11 @@ def test_run_exits_1_when_chunked_prefill_differs_from_one_shot(
         ),
         (["--backend", "toy", "--num-computed", "1x3"], EXIT_USAGE, "empty KV cache"),
         (["--backend", "toy", "--seed", "-1"], EXIT_USAGE, "--seed: must be >= 0: -1"),
-        (["--backend", "toy", "--kv-page-size", "0"], EXIT_USAGE, "'page_size' must be >= 1: 0"),
+        (
+            ["--backend", "toy", "--kv-page-size", "0"],
+            EXIT_USAGE,
+            "--kv-page-size: must be >= 1: 0",
+        ),
         (["--backend", "toy", "--max-num-seqs", "0"], EXIT_USAGE, "'max_num_seqs' must be >= 1: 0"),
         (
             ["--backend", "toy", "--backend-option", "device=npu"],

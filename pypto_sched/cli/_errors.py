@@ -3,12 +3,22 @@ every failure into one line on stderr and one of these statuses."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from .._errors import InvalidConfigError, InvalidInputError
+from .._validate import check_int
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandFailed", "UsageError", "flags_named"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CommandFailed",
+    "UsageError",
+    "check_counts",
+    "flags_named",
+]
 
 #: The command did its work.
 EXIT_OK = 0
@@ -43,3 +53,13 @@ def flags_named(**flags: str) -> Iterator[None]:
             if message.startswith(parameter):
                 raise UsageError(f"{flag}: {message.removeprefix(parameter)}") from None
         raise
+
+
+def check_counts(args: argparse.Namespace, flags: Mapping[str, str]) -> None:
+    """Check, before anything slow runs, the counts given by ``flags`` (library parameter ->
+    flag): each an int in ``[1, 2**31 - 1]`` when given, an error naming the flag if not."""
+    with flags_named(**flags):
+        for name, flag in flags.items():
+            value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+            if value is not None:
+                check_int(name, value, min_value=1)

@@ -20,7 +20,6 @@ from .._config import PlannerConfig
 from .._errors import InvalidConfigError
 from .._generate import GenerationResult, StepDone, generate
 from .._sampling import SamplingParams
-from .._validate import check_int
 from ..backends import Backend, max_positions
 from ..execute import DEFAULT_PAGE_SIZE
 from ..integrations.hf_verify import (
@@ -37,7 +36,7 @@ from ..prompts import (
     read_prompts,
 )
 from . import _replicas
-from ._errors import EXIT_FAILED, EXIT_OK, UsageError, flags_named
+from ._errors import EXIT_FAILED, EXIT_OK, UsageError, check_counts, flags_named
 from ._inputs import config as planner_config
 from ._lengths import read_text
 from ._options import Example, Parser, add_command, add_config_options
@@ -183,11 +182,7 @@ def handle(args: argparse.Namespace) -> int:
     config = planner_config(args)
     if args.verify:
         _check_verify(args, sampling)
-    with flags_named(**FLAGS):  # checked before the backend loads, which may take a while
-        for name, flag in FLAGS.items():
-            value = getattr(args, flag.removeprefix("--").replace("-", "_"))
-            if value is not None:
-                check_int(name, value, min_value=1)
+    check_counts(args, FLAGS)  # before the backend loads, which may take a while
     page_size = next(
         size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
     )

@@ -22,7 +22,7 @@ from .._verify import Verification, verify_against_one_shot
 from ..backends import Backend, load_backend
 from ..execute import execute_schedule
 from . import _progress, _render, _replicas
-from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError
+from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError, check_counts
 from ._inputs import plan
 from ._options import (
     Example,
@@ -126,6 +126,7 @@ def handle(args: argparse.Namespace) -> int:
     seed = 0 if args.seed is None else args.seed
     if seed < 0:
         raise UsageError(f"--seed: must be >= 0: {seed}")
+    check_counts(args, {"page_size": "--kv-page-size"})
     num_replicas = _replicas.check_replicas(args)
     if num_replicas is not None:
         if args.verify:
