@@ -27,7 +27,8 @@ is and a token has been sampled from it. Each step (one dispatch) is planned in 
    (policy, threshold, page alignment, partial-prefill limit) is the online planner's, and
    a chunk is planned only if the pages it needs are free (:func:`page_room`). In a step
    that preempted, no prefill runs beside the decodes (as in vLLM V1: the pages just freed
-   are not handed straight back to a newcomer).
+   are not handed straight back to a newcomer); a step that preempted every decode row it
+   had runs prefill as any step does, in the policy's order (it would be empty otherwise).
 
 A step with no row while requests remain means part-way prefills hold every page: the
 youngest holder is preempted and the step planned again.

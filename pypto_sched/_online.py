@@ -64,7 +64,7 @@ from ._policies import (
     surely_keeps_to_the_bound,
 )
 from ._pool import PagePool, _Holds
-from ._validate import MAX_TOKENS, as_count_array, check_int
+from ._validate import MAX_TOKENS, as_count_array, check_bool, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
 
@@ -235,6 +235,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         """
         length = check_int("prompt_length", prompt_length, min_value=1)
         cached = check_int("num_computed_tokens", num_computed_tokens, min_value=0)
+        at_front = check_bool("at_front", at_front)
         if not leaves_tokens_to_prefill(cached, length):
             raise computed_tokens_error(cached, length)
         _check_hashable(request_id)
@@ -295,8 +296,10 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         even if the requests the plan left were all removed while it ran.
 
         Raises :class:`InvalidInputError` if a request of the plan is here at another
-        position than its chunk's start (the plan was applied already, or was made from
-        another state), or if the plan's policy is not the run's.
+        position than its chunk's start, or its chunk does not end where it would here (past
+        its prompt, or final before its end: the plan was applied already, even to a request
+        that reused the id, or was made from another state), or if the plan's policy is not
+        the run's.
         """
         if not isinstance(plan, StepPlan):
             raise InvalidInputError(f"'plan' must be a StepPlan: {type(plan).__name__}")
@@ -315,11 +318,17 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             record = self._find(request_id)
             if record is None:  # removed while the dispatch ran
                 continue
-            if record.position != chunk.start:
+            ends = chunk.end == record.prompt_length
+            if (
+                record.position != chunk.start
+                or chunk.end > record.prompt_length
+                or (chunk.is_final != ends)
+            ):
                 raise InvalidInputError(
-                    f"'plan' must start request {request_id!r} where it is, at position "
-                    f"{record.position}: its chunk starts at {chunk.start} (applied twice, or "
-                    f"planned from another state?)"
+                    f"'plan' must run request {request_id!r} as it is here, at position "
+                    f"{record.position} of {record.prompt_length} tokens: its chunk runs "
+                    f"{chunk.start}:{chunk.end}{', final' if chunk.is_final else ''} (applied "
+                    f"twice, or planned from another state?)"
                 )
             num_tokens -= chunk.length
             after = None
@@ -555,6 +564,8 @@ def plan_step(
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
     reserved_tokens = _count("reserved_tokens", reserved_tokens)
     reserved_rows = _count("reserved_rows", reserved_rows)
+    if config.max_num_seqs is None:
+        reserved_rows = 0  # rows are not limited: no rule reads it (the tail, the bound)
     room_tokens, room_rows = prefill_room(config, reserved_tokens, reserved_rows)
     if state._policy is not None and state._policy != config.policy:
         raise InvalidInputError(

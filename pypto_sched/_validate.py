@@ -53,6 +53,14 @@ def check_int(
     return number
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` as a ``bool`` (a NumPy bool too) or raise :class:`InvalidInputError`
+    naming ``name``: a flag is not read from the truth of another value."""
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidInputError(f"{name!r} must be a bool: {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def check_callback(name: str, value: object) -> None:
     """Raise :class:`InvalidInputError` naming ``name`` unless ``value`` is callable or
     ``None`` (checked before anything runs, not when it is first called)."""

@@ -171,6 +171,27 @@ def test_a_small_pool_preempts_the_youngest_and_it_recomputes() -> None:
     assert refill.start + refill.length > 4  # its prompt plus the tokens it had generated
 
 
+def test_a_decode_with_no_younger_page_holder_preempts_itself_and_the_step_prefills() -> None:
+    # Pages of 1 token, 2 of them: request 0 holds one part-way, request 1 the other and
+    # decodes. Its next token needs a page; no younger request holds one, so it gives its
+    # own back (waiting on it could block request 0). With no decode row left, the step
+    # prefills in round_robin's order: request 2's turn.
+    config = PlannerConfig(max_num_batched_tokens=1)
+    state = GenerationState.from_prompt_lengths([2, 1, 1], max_new_tokens=[1, 2, 1],
+                                                num_pages=2, page_size=1)  # fmt: skip
+    steps = run_to_the_end(state, config)
+
+    def rows(step: GenerationStep[int]) -> dict[int, tuple[int, int, bool]]:
+        return {r: (c.start, c.length, c.is_final) for r, c in step.rows.items()}
+
+    assert [rows(step) for step in steps[:3]] == [
+        {0: (0, 1, False)},
+        {1: (0, 1, True)},
+        {2: (0, 1, True)},
+    ]
+    assert [step.preempted for step in steps[:3]] == [(), (), (1,)]
+
+
 def test_decode_rows_share_dispatches_with_prefill_chunks() -> None:
     config = PlannerConfig(
         max_num_batched_tokens=8, long_prefill_token_threshold=4, policy="packed"

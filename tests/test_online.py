@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -569,6 +570,13 @@ def test_round_robin_head_keeps_its_turn_when_no_page_fits_the_room() -> None:
 def test_reserved_rows_are_ignored_without_a_row_limit() -> None:
     plan = plan_step(PrefillState.from_prompt_lengths([4, 4]), PACKED, reserved_rows=1000)
     assert plan.num_rows == 2
+    # Nor do they turn off the work-conserving tail (or keeping to the bound).
+    config = PlannerConfig(
+        max_num_batched_tokens=2, long_prefill_token_threshold=1, policy="packed"
+    )
+    alone = PrefillState().add("a", 3)
+    assert plan_step(alone, config, reserved_rows=1).rows == plan_step(alone, config).rows
+    assert plan_step(alone, config).rows["a"].length == 2
 
 
 @pytest.mark.parametrize("config", [RR, PACKED])
@@ -743,6 +751,13 @@ def test_bad_additions_raise_naming_the_argument(arguments: tuple[Any, ...], mes
         PrefillState().add(request_id, length, num_computed_tokens=cached[0] if cached else 0)
 
 
+@pytest.mark.parametrize("at_front", ["no", 2.5, 1, None])
+def test_at_front_is_a_bool(at_front: Any) -> None:
+    with pytest.raises(InvalidInputError, match=r"^'at_front' must be a bool: "):
+        PrefillState().add(1, 10, at_front=at_front)
+    assert list(PrefillState().add(1, 3).add(2, 3, at_front=np.True_)) == [2, 1]  # type: ignore[arg-type]
+
+
 def test_bad_arguments_to_plan_step_and_from_prompt_lengths_raise() -> None:
     with pytest.raises(InvalidInputError, match="'state' must be a PrefillState: dict"):
         plan_step({}, RR)  # type: ignore[arg-type]
@@ -904,7 +919,11 @@ def test_a_whole_batch_plan_ends_the_run_and_arrivals_start_the_next() -> None:
 def test_applying_a_plan_twice_or_to_another_run_raises() -> None:
     state = PrefillState.from_prompt_lengths([300, 100])
     plan = plan_step(state, PACKED)
-    with pytest.raises(InvalidInputError, match="at position 256: its chunk starts at 0"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"'plan' must run request 0 as it is here, at position 256 of 300 tokens: its "
+        r"chunk runs 0:256 \(applied twice",
+    ):
         plan.state.apply(plan)
     round_robin = plan_step(PrefillState.from_prompt_lengths([300, 100]), RR)
     with pytest.raises(InvalidInputError, match="'plan' must be planned with 'packed'"):
@@ -912,6 +931,19 @@ def test_applying_a_plan_twice_or_to_another_run_raises() -> None:
     with pytest.raises(InvalidInputError, match="'plan' must be a StepPlan: dict"):
         state.apply({})  # type: ignore[arg-type]
     assert state.apply(plan_step(state, PACKED, reserved_tokens=256)) is state
+
+
+def test_applying_a_plan_twice_raises_even_where_its_id_came_back() -> None:
+    # A request that finished in the plan, then a new one under its id: applying the plan
+    # again would finish the newcomer.
+    plan = plan_step(PrefillState().add("a", 2), PACKED)
+    again = plan.state.add("a", 7)
+    with pytest.raises(InvalidInputError, match=r"at position 0 of 7 tokens: its chunk runs "
+                       r"0:2, final \(applied twice"):  # fmt: skip
+        again.apply(plan)
+    longer = plan_step(PrefillState().add("a", 300), PACKED)  # a non-final chunk of 256
+    with pytest.raises(InvalidInputError, match=r"of 100 tokens: its chunk runs 0:256 "):
+        longer.state.remove("a").add("a", 100).apply(longer)
 
 
 def test_discard_removes_a_request_if_present_and_is_a_no_op_otherwise() -> None:
