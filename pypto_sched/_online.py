@@ -293,7 +293,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         arrived while it ran, as if queued when the dispatch ended; ``packed``'s newly
         started requests follow its started ones, as in ``plan.state``. The run is the plan's:
         one that finished every request ends it, and otherwise it goes on (its policy stays),
-        even if the requests the plan left were all removed while it ran.
+        even if the requests the plan left were all removed while it ran, as long as the
+        state holds a request (an empty state is no run, however it emptied).
 
         Raises :class:`InvalidInputError` if a request of the plan is here at another
         position than its chunk's start, or its chunk does not end where it would here (past

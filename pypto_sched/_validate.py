@@ -61,13 +61,13 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
-def check_callback(name: str, value: object) -> None:
-    """Raise :class:`InvalidInputError` naming ``name`` unless ``value`` is callable or
-    ``None`` (checked before anything runs, not when it is first called)."""
+def check_callback(
+    name: str, value: object, *, error: type[PyptoSchedError] = InvalidInputError
+) -> None:
+    """Raise ``error`` naming ``name`` unless ``value`` is callable or ``None`` (checked
+    before anything runs, not when it is first called)."""
     if value is not None and not callable(value):
-        raise InvalidInputError(
-            f"{name!r} must be callable or None: {value!r} ({type(value).__name__})"
-        )
+        raise error(f"{name!r} must be callable or None: {value!r} ({type(value).__name__})")
 
 
 def check_positions(

@@ -648,6 +648,24 @@ def test_register_rejects_an_unknown_admission_order() -> None:
         register(PlannerConfig(max_num_batched_tokens=64), order="longest_first")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("on_batch", [5, "x"])
+def test_register_rejects_an_observer_that_cannot_be_called(on_batch: Any) -> None:
+    # (Found at registration, not when the first batch fails every request.)
+    with pytest.raises(InvalidConfigError, match=r"^'on_batch' must be callable or None: "):
+        register(PlannerConfig(max_num_batched_tokens=64), on_batch=on_batch)
+
+
+@pytest.mark.parametrize("token_budget", ["x", None, 0])
+def test_step_config_names_a_bad_token_budget(token_budget: Any) -> None:
+    scheduler = register(PlannerConfig(max_num_batched_tokens=64, max_num_seqs=4), name="t")
+    # (Building the scheduler reads only the server cache's max_batch_tokens.)
+    cache: Any = type("Cache", (), {"max_batch_tokens": 64})()
+    instance = scheduler(cache, None, 8)
+    assert instance.step_config(32) == PlannerConfig(max_num_batched_tokens=32, max_num_seqs=4)
+    with pytest.raises(InvalidConfigError, match=r"^'token_budget' must be "):
+        instance.step_config(token_budget)
+
+
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_requests_join_the_planner_in_the_admission_order(

@@ -970,6 +970,10 @@ def test_applying_a_plan_keeps_its_run_when_the_requests_it_left_were_removed() 
     drained = plan.state.discard("x").add("b", 3).add("c", 3)
     assert drained.policy is None
     assert list(plan_step(drained, config).rows) == ["b", "c"]
+    # With no arrival meanwhile, the applied state is empty: no run, however it emptied.
+    emptied = state.discard("x").apply(plan)
+    assert not emptied
+    assert emptied.policy is None
 
 
 def test_a_page_pool_that_cannot_hold_every_request_whole_leaves_the_greedy_fill() -> None:

@@ -81,6 +81,7 @@ from transformers.generation.continuous_batching.requests import (
 from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, Scheduler
 
 from .. import InvalidConfigError, PlannerConfig, PrefillState, StepChunk, plan_step
+from .._validate import check_callback, check_int
 
 __all__ = ["ORDERS", "Order", "PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
 
@@ -148,6 +149,7 @@ def register(
         raise InvalidConfigError(f"'name' must be a non-empty string: {name!r}")
     if order not in ORDERS:
         raise InvalidConfigError(f"'order' must be one of {ORDERS}: {order!r}")
+    check_callback("on_batch", on_batch, error=InvalidConfigError)
     observers = () if on_batch is None else (on_batch,)
 
     class Registered(PyptoScheduler):
@@ -215,6 +217,7 @@ class PyptoScheduler(Scheduler):
         config = self._step_configs.get(token_budget)
         if config is not None:
             return config
+        check_int("token_budget", token_budget, min_value=1, error=InvalidConfigError)
         given = self.planner_config
         rows = self.max_requests_per_batch
         if given.max_num_seqs is not None:
