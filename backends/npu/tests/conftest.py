@@ -40,8 +40,9 @@ FAKE_PATH = Path(__file__).with_name("fake_torch_npu.py")
 #: tied and untied embeddings, a sharded checkpoint, bfloat16 weights, head_dim both equal to
 #: and different from hidden/heads, one KV head, attention biases, and RoPE bases other than
 #: the default (transformers 5 writes them inside ``rope_parameters``).
-#: head_dim 64 lets the NPU path use npu_apply_rotary_pos_emb; "sharded" has head_dim 32 to
-#: exercise its portable fallback.
+#: On the NPU path "untied" (head_dim 128) uses npu_apply_rotary_pos_emb, which takes 128
+#: only, and the TND prefill call, which takes 64 or 128; "tied" (64) takes the TND call
+#: with the portable rotary; "sharded" (32) exercises the portable fallback of both.
 TINY_MODELS: dict[str, dict[str, Any]] = {
     "tied": {
         "config": {
@@ -59,7 +60,7 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
             "hidden_size": 96,
             "num_attention_heads": 4,
             "num_key_value_heads": 1,
-            "head_dim": 64,
+            "head_dim": 128,
             "tie_word_embeddings": False,
             "attention_bias": True,
             "rope_theta": 500.0,

@@ -6,10 +6,29 @@ backend's NPU op path runs on CPU tensors and its marshalling (layouts, dtypes, 
 block tables, masks, slots) is checked in CI. The constraints come from the torch_npu / CANN
 operator documentation; a call that breaks one raises ``AssertionError`` naming the rule.
 
-One deliberate extension: ``npu_fused_infer_attention_score`` accepts float32 on CPU tensors
-(the real kernel takes float16 and bfloat16 only), so float32 runs can be compared with
-transformers at 1e-4. The backend never sends float32 to a real NPU: it keeps float32
-models' pages in bfloat16 there (``NpuOps.kv_cache_dtype``).
+Where the documented versions disagree, the fake asserts what every one of them allows, and
+says which documents it relied on next to the rule:
+
+* [FIA-old]: Ascend/op-plugin ``docs/context/torch_npu-npu_fused_infer_attention_score.md``
+  (torch_npu's own documentation of the op);
+* [FIA-V4]: ops-transformer
+  ``attention/fused_infer_attention_score/docs/aclnnFusedInferAttentionScoreV4.md``
+  (its PagedAttention table and the TND section);
+* [SCAT]: Ascend/op-plugin ``docs/context/torch_npu-npu_scatter_pa_kv_cache.md``;
+* [ROPE]: ops-transformer ``posembedding/apply_rotary_pos_emb/docs/aclnnApplyRotaryPosEmb.md``.
+
+Like the real module on import, it sets ``torch.version.cann`` (to :data:`CANN_VERSION`) and
+names torch's private-use device ``npu`` (so ``torch.device("npu")`` parses); the TND
+prefill call reads ``torch.version.cann`` when called, so a test can pretend to an older
+CANN by patching it.
+
+Two deliberate extensions, so the NPU path's marshalling runs in CI without an NPU:
+:data:`TAKES_CPU_TENSORS` tells the backend its ops take CPU tensors (the real torch_npu
+has no such attribute, and the backend refuses ``ops="npu"`` on a CPU device for it), and
+``npu_fused_infer_attention_score`` accepts float32 on CPU tensors (the real kernel takes
+float16 and bfloat16 only), so float32 runs can be compared with transformers at 1e-4. The
+backend never sends float32 to a real NPU: it keeps float32 models' pages in bfloat16 there
+(``NpuOps.kv_cache_dtype``).
 
 ``CALLS`` counts calls per op, and ``LAYOUTS`` the attention calls per layout, so tests can
 check the NPU kernels really ran, and which form of the attention kernel did.
@@ -18,10 +37,21 @@ check the NPU kernels really ran, and which form of the attention kernel did.
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+#: The ops of this module take CPU tensors (see the module docstring).
+TAKES_CPU_TENSORS = True
+#: The CANN version this fake reports, as torch_npu does, in ``torch.version.cann``.
+CANN_VERSION = "8.3.RC1"
+
+torch.version.cann = CANN_VERSION  # type: ignore[attr-defined]
+# An earlier copy of this module may have named it already.
+with contextlib.suppress(RuntimeError):
+    torch.utils.rename_privateuse1_backend("npu")  # type: ignore[attr-defined]
 
 CALLS: collections.Counter[str] = collections.Counter()
 #: ``npu_fused_infer_attention_score`` calls per ``input_layout``.
@@ -30,6 +60,19 @@ LAYOUTS: collections.Counter[str] = collections.Counter()
 _HALF = (torch.float16, torch.bfloat16)
 _FLOATS = (torch.float32, *_HALF)
 _MASK_SIZE = 2048
+# [FIA-V4] TND, head_dim != 512, no rope: Q_D = K_D = V_D = 64 or 128 (or Q_D = K_D = 192
+# with V_D = 128, which a Qwen3 never has); the kernel's message in vllm-ascend PR #9632
+# says the same. [FIA-old] admits only 128 or 192 there, and no PagedAttention at all:
+# hence the CANN floor below, not a narrower set.
+_TND_HEAD_DIMS = (64, 128)
+# [FIA-old] PagedAttention with Q_S > 1: block_size a multiple of 128 in [128, 512];
+# [FIA-V4] TND (GQA or MHA) over [blocks, block_size, H] pages: block_size <= 128, 16-aligned.
+# 128 is the one size both allow.
+_TND_BLOCK_SIZE = 128
+# [FIA-old] lists "page attention" among what TND with D != 512 does not support; the TND
+# call over pages works from CANN 8.3 (vllm-ascend makes it only when torch.version.cann
+# starts with "8.3"; issue #4373 is the failure on an older one).
+_TND_MIN_CANN = (8, 3)
 
 
 def reset_calls() -> None:
@@ -87,7 +130,8 @@ def npu_apply_rotary_pos_emb(
         _require(tensor.is_contiguous(), op, f"{name} must be contiguous")
         _require(tensor.dtype == query.dtype, op, f"{name} dtype must match query's")
     dim = query.shape[-1]
-    _require(dim in (64, 128), op, f"head_dim must be 64 or 128: {dim}")
+    # [ROPE]: the last dim D of query, key, cos and sin must equal 128.
+    _require(dim == 128, op, f"head_dim must be 128: {dim}")
     for name, tensor in (("key", key), ("cos", cos), ("sin", sin)):
         _require(
             tuple(tensor.shape[:2]) == tuple(query.shape[:2]) and tensor.shape[-1] == dim,
@@ -136,6 +180,9 @@ def npu_scatter_pa_kv_cache(
     """Writes ``key``/``value`` ``[T, N, D]`` into ``[blocks, block_size, N, D]`` caches."""
     op = "npu_scatter_pa_kv_cache"
     CALLS[op] += 1
+    # [SCAT] (its English edition): cache_mode None or 'Norm' means the ND layout, 'PA_NZ'
+    # (the default) the NZ one. Older editions have no cache_mode at all: hence the
+    # torch-npu floor in backends/npu/pyproject.toml.
     _require(
         cache_mode == "Norm",
         op,
@@ -255,12 +302,15 @@ def npu_fused_infer_attention_score(
         _require(given == heads, op, f"num_heads {heads} must equal query's N {given}")
         ends = _tnd_query_ends(actual_seq_lengths, tokens)
     _require(query.is_contiguous(), op, "query must be contiguous")
+    cpu_float32 = query.dtype == torch.float32 and query.device.type == "cpu"
     _require(
-        query.dtype in _HALF or (query.dtype == torch.float32 and query.device.type == "cpu"),
+        query.dtype in _HALF or cpu_float32,
         op,
         f"query must be float16 or bfloat16 (float32 only in this fake, on CPU): {query.dtype}",
     )
     _require(dim % 16 == 0, op, f"head_dim must be a multiple of 16 for float inputs: {dim}")
+    if not decode:
+        _check_tnd_paged(query.dtype, cpu_float32, dim, block_size)
     kv_heads = num_key_value_heads or num_heads
     _require(num_heads % kv_heads == 0, op, "num_heads must be a multiple of num_key_value_heads")
     _require(num_heads // kv_heads <= 64, op, "num_heads / num_key_value_heads must be <= 64")
@@ -293,14 +343,9 @@ def npu_fused_infer_attention_score(
         len(kv_lens) == batch, op, f"actual_seq_lengths_kv must have B = {batch} entries: {kv_lens}"
     )
 
-    if max(query_lens) > 1:
-        _require(
-            block_size % 128 == 0 and 128 <= block_size <= 512,
-            op,
-            f"with PageAttention and Q_S > 1 block_size must be a multiple of 128 in "
-            f"[128, 512]: {block_size}",
-        )
-    else:
+    if decode:
+        # [FIA-old] and [FIA-V4], Q_S = 1 with float16/bfloat16 pages: 16-aligned; [FIA-V4]
+        # caps it at 512 outside head_dim 64/128 GQA.
         _require(
             block_size % 16 == 0 and 16 <= block_size <= 512,
             op,
@@ -363,6 +408,35 @@ def npu_fused_infer_attention_score(
         scores = scores.masked_fill(hidden[None], float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
     return out.view(query.shape), torch.zeros(1)
+
+
+def _check_tnd_paged(dtype: torch.dtype, cpu_float32: bool, dim: int, block_size: int) -> None:
+    """The TND prefill call over paged K/V: CANN, dtype, head_dim and block size."""
+    op = "npu_fused_infer_attention_score"
+    cann = getattr(torch.version, "cann", None) or ""
+    parts = cann.split(".")
+    release = tuple(int(p) for p in parts[:2]) if all(p.isdigit() for p in parts[:2]) else ()
+    _require(
+        len(release) == 2 and release >= _TND_MIN_CANN,
+        op,
+        f"TND over PagedAttention needs CANN >= 8.3: torch.version.cann is {cann!r}",
+    )
+    # [FIA-old] TND with D != 512: bfloat16 only ([FIA-V4] adds float16, not every version).
+    _require(
+        dtype == torch.bfloat16 or cpu_float32,
+        op,
+        f"TND takes bfloat16 only (float32 only in this fake, on CPU): {dtype}",
+    )
+    _require(
+        dim in _TND_HEAD_DIMS,
+        op,
+        f"TND over PagedAttention takes head_dim {' or '.join(map(str, _TND_HEAD_DIMS))}: {dim}",
+    )
+    _require(
+        block_size == _TND_BLOCK_SIZE,
+        op,
+        f"TND over PagedAttention takes block_size {_TND_BLOCK_SIZE} only: {block_size}",
+    )
 
 
 def _tnd_query_ends(actual_seq_lengths: list[int] | None, tokens: int) -> list[int]:

@@ -75,7 +75,7 @@ def test_the_model_is_described_with_hugging_face_field_names(
 ) -> None:
     config = read_config(checkpoints["untied"])
     assert backends("untied").model.config == config
-    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 1, 64)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 1, 128)
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (96, 128, 2)
     # transformers 5 writes the RoPE base inside rope_parameters only.
     data = json.loads((checkpoints["untied"] / "config.json").read_text())

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from pypto_sched_npu import PagedKVCache
 from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
-from pypto_sched_npu.ops._npu_ops import causal_mask
-from pypto_sched_npu.ops._torch_ops import _row_groups
+from pypto_sched_npu.ops._npu_ops import NpuAttention, NpuDecodeAttention, causal_mask
+from pypto_sched_npu.ops._torch_ops import TorchAttention, _row_groups
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=64)
 
@@ -54,7 +54,7 @@ def test_projection_weights_keep_their_shape_and_values_in_each_layout(npu_ops: 
     torch.testing.assert_close(F.linear(x, portable), x @ weight.t())
 
 
-def test_rms_norm_swiglu_and_rotary_agree(npu_ops: NpuOps) -> None:
+def test_rms_norm_swiglu_and_rotary_agree(npu_ops: NpuOps, fake_npu_module: ModuleType) -> None:
     torch_ops = TorchOps()
     x, weight = _random(7, 4, 64), _random(64, seed=1)
     torch.testing.assert_close(
@@ -65,13 +65,15 @@ def test_rms_norm_swiglu_and_rotary_agree(npu_ops: NpuOps) -> None:
     # Each on its own copy: the torch op computes in place in the gate half.
     torch.testing.assert_close(npu_ops.swiglu(gate_up.clone()), gated)
     torch.testing.assert_close(torch_ops.swiglu(gate_up.clone()), gated)
-    angles = _random(7, 32, seed=2)
+    angles = _random(7, 64, seed=2)
     cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
-    for dim in (64, 32):  # 32 takes the portable fallback
+    for dim, kernel_calls in ((128, 1), (64, 0), (32, 0)):  # 64 and 32: the portable rotary
+        fake_npu_module.reset_calls()
         q, k = _random(7, 4, dim, seed=3), _random(7, 2, dim, seed=4)
         expected = torch_ops.rotary(q, k, cos[:, :dim], sin[:, :dim])
         got = npu_ops.rotary(q.clone(), k.clone(), cos[:, :dim], sin[:, :dim])
         torch.testing.assert_close(got, expected)
+        assert fake_npu_module.CALLS["npu_apply_rotary_pos_emb"] == kernel_calls
 
 
 def _dispatch(page: int) -> Any:
@@ -197,7 +199,7 @@ def _generation_dispatches(draw: st.DrawFn) -> tuple[Any, PagePool[int]]:
     the end of contexts whose pages a pool handed out one at a time, round robin, so that
     block tables interleave and a page freed by a finished request is reused."""
     decode_only = draw(st.booleans())
-    page = draw(st.sampled_from([16, 32, 128] if decode_only else [128, 256]))
+    page = draw(st.sampled_from([16, 32, 128] if decode_only else [128]))
     contexts = draw(st.lists(st.integers(1, 300), min_size=1, max_size=5))
     lengths = [1 if decode_only else draw(st.integers(1, min(c, 40))) for c in contexts]
     num_pages = sum(-(-c // page) for c in contexts) + 1
@@ -331,6 +333,73 @@ def test_a_dispatch_with_a_longer_row_takes_the_prefill_call(
     assert dict(fake_npu_module.LAYOUTS) == {"TND": 1}
 
 
+@pytest.mark.parametrize(
+    ("cann", "head_dim", "dtype", "problem"),
+    [
+        ("8.3.RC1", 64, torch.float32, None),  # float32 pages: CPU tensors, the fake only
+        ("8.5.0", 128, torch.bfloat16, None),
+        ("10.0.RC1", 64, torch.bfloat16, None),
+        ("8.2.RC1", 64, torch.bfloat16, "CANN 8.2.RC1 is older than 8.3"),
+        (None, 64, torch.bfloat16, "CANN None is older than 8.3 or unknown"),
+        ("8.3.RC1", 32, torch.bfloat16, "head_dim 32 is not one of [64, 128]"),
+        ("8.3.RC1", 192, torch.bfloat16, "head_dim 192"),
+        ("8.3.RC1", 128, torch.float16, "takes bfloat16, not float16"),
+    ],
+)
+def test_prefill_dispatches_take_the_portable_attention_where_the_tnd_call_cannot_run(
+    cann: str | None,
+    head_dim: int,
+    dtype: torch.dtype,
+    problem: str | None,
+    fake_npu_module: ModuleType,
+) -> None:
+    ops = NpuOps(fake_npu_module, cann_version=cann)
+    shape = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=head_dim)
+    cpu = torch.device("cpu")
+    if problem is None:
+        assert ops.prefill_problem(shape, dtype) is None
+    else:
+        assert problem in (ops.prefill_problem(shape, dtype) or "")
+    arrays, _ = _dispatch(128)
+    prefill = ops.attention(arrays, shape, device=cpu, dtype=dtype)
+    assert isinstance(prefill, NpuAttention if problem is None else TorchAttention)
+    decode, _ = _decode_dispatch(128)  # the decode call has none of these limits
+    assert isinstance(ops.attention(decode, shape, device=cpu, dtype=dtype), NpuDecodeAttention)
+
+
+def test_the_cann_version_is_what_torch_npu_reports(
+    fake_npu_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert NpuOps(fake_npu_module).cann_version == fake_npu_module.CANN_VERSION
+    monkeypatch.setattr(torch.version, "cann", "8.2.RC1", raising=False)
+    assert NpuOps(fake_npu_module).cann_version == "8.2.RC1"
+    monkeypatch.delattr(torch.version, "cann")
+    assert NpuOps(fake_npu_module).cann_version is None
+
+
+def test_the_portable_fallback_writes_and_attends_as_the_torch_path(
+    fake_npu_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under an older CANN a prefill dispatch calls no attention kernel and still gives the
+    torch path's K/V and outputs (the fake would refuse a TND call there)."""
+    monkeypatch.setattr(torch.version, "cann", "8.2.RC1")
+    arrays, tables = _dispatch(128)
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
+    value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
+    fake_npu_module.reset_calls()
+    outputs, caches = [], []
+    for ops in (TorchOps(), NpuOps(fake_npu_module)):
+        cache = _filled_cache(tables, seed=8)
+        attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+        attention.write_kv(key, value, cache.layers[0])
+        outputs.append(attention.attend(query, cache.layers[0]))
+        caches.append(cache)
+    assert not fake_npu_module.CALLS
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    assert torch.equal(caches[0].layers[0].key, caches[1].layers[0].key)
+
+
 def test_float32_pages_become_bfloat16_on_a_real_npu_only(npu_ops: NpuOps) -> None:
     npu: Any = SimpleNamespace(type="npu")
     cpu = torch.device("cpu")
@@ -349,9 +418,9 @@ def _attention_call(page: int = 128) -> dict[str, Any]:
     cache = _filled_cache(tables, seed=9).layers[0]
     table = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
     return {
-        "query": _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim).half(),
-        "key": cache.key.view(tables.num_pages, page, -1).half(),
-        "value": cache.value.view(tables.num_pages, page, -1).half(),
+        "query": _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim).bfloat16(),
+        "key": cache.key.view(tables.num_pages, page, -1).bfloat16(),
+        "value": cache.value.view(tables.num_pages, page, -1).bfloat16(),
         "atten_mask": causal_mask(torch.device("cpu")),
         "block_table": torch.from_numpy(table),
         "input_layout": "TND",
@@ -367,7 +436,16 @@ def _attention_call(page: int = 128) -> dict[str, Any]:
 
 def test_the_fake_accepts_the_npu_paths_attention_call(fake_npu_module: ModuleType) -> None:
     out, _ = fake_npu_module.npu_fused_infer_attention_score(**_attention_call())
-    assert out.dtype == torch.float16
+    assert out.dtype == torch.bfloat16
+
+
+def _narrow_heads(call: dict[str, Any]) -> None:
+    """The same call with head_dim 32 (half of each head)."""
+    call["query"] = call["query"][..., :32].contiguous()
+    for name in ("key", "value"):
+        pages, page, hidden = call[name].shape
+        heads = hidden // SHAPE.head_dim
+        call[name] = call[name].view(pages, page, heads, -1)[..., :32].reshape(pages, page, -1)
 
 
 def _padded_table(call: dict[str, Any]) -> None:
@@ -395,7 +473,12 @@ def _padded_table(call: dict[str, Any]) -> None:
         (lambda c: c.update(atten_mask=c["atten_mask"].T.contiguous()), "strictly above"),
         (lambda c: c.update(sparse_mode=0), "sparse_mode 3"),
         (lambda c: c.update(num_heads=2), "num_heads 2 must equal"),
-        (lambda c: c.update(block_size=64), "block_size 64"),
+        (lambda c: c.update(block_size=64), "block_size 128 only: 64"),
+        (
+            lambda c: c.update({n: c[n].half() for n in ("query", "key", "value")}),
+            "TND takes bfloat16 only",
+        ),
+        (_narrow_heads, "takes head_dim 64 or 128: 32"),
     ],
 )
 def test_the_fake_rejects_a_broken_attention_call(
@@ -407,9 +490,22 @@ def test_the_fake_rejects_a_broken_attention_call(
         fake_npu_module.npu_fused_infer_attention_score(**call)
 
 
-def test_the_fake_rejects_small_blocks_for_prefill(fake_npu_module: ModuleType) -> None:
-    with pytest.raises(AssertionError, match="multiple of 128 in \\[128, 512\\]: 16"):
-        fake_npu_module.npu_fused_infer_attention_score(**_attention_call(page=16))
+@pytest.mark.parametrize("page", [16, 256])
+def test_the_fake_takes_only_128_slot_blocks_for_prefill(
+    page: int, fake_npu_module: ModuleType
+) -> None:
+    with pytest.raises(AssertionError, match=f"block_size 128 only: {page}"):
+        fake_npu_module.npu_fused_infer_attention_score(**_attention_call(page=page))
+
+
+@pytest.mark.parametrize("cann", ["8.2.RC1", "7.0.0", "", None])
+def test_the_fake_refuses_the_prefill_call_before_cann_8_3(
+    cann: str | None, fake_npu_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.version, "cann", cann, raising=False)
+    with pytest.raises(AssertionError, match=r"needs CANN >= 8\.3"):
+        fake_npu_module.npu_fused_infer_attention_score(**_attention_call())
+    fake_npu_module.npu_fused_infer_attention_score(**_decode_call())  # decode: any CANN
 
 
 def _decode_call(page: int = 128) -> dict[str, Any]:
@@ -524,17 +620,18 @@ def test_the_fake_rms_norm_returns_a_tuple(fake_npu_module: ModuleType) -> None:
         fake_npu_module.npu_rms_norm(_random(3, 8), torch.ones(8).half())
 
 
-def test_the_fake_rotary_works_in_place_on_64_or_128_only(fake_npu_module: ModuleType) -> None:
-    q, k = _random(1, 5, 4, 64), _random(1, 5, 2, 64)
-    cos, sin = torch.ones(1, 5, 1, 64), torch.zeros(1, 5, 1, 64)
+def test_the_fake_rotary_works_in_place_on_128_only(fake_npu_module: ModuleType) -> None:
+    q, k = _random(1, 5, 4, 128), _random(1, 5, 2, 128)
+    cos, sin = torch.ones(1, 5, 1, 128), torch.zeros(1, 5, 1, 128)
     q_out, k_out = fake_npu_module.npu_apply_rotary_pos_emb(q, k, cos, sin)
     assert q_out is q
     assert k_out is k
-    small = _random(1, 5, 4, 32)
-    with pytest.raises(AssertionError, match="head_dim must be 64 or 128: 32"):
-        fake_npu_module.npu_apply_rotary_pos_emb(
-            small, small.clone(), cos[..., :32].contiguous(), sin[..., :32].contiguous()
-        )
+    for dim in (64, 32):
+        small = _random(1, 5, 4, dim)
+        with pytest.raises(AssertionError, match=f"head_dim must be 128: {dim}"):
+            fake_npu_module.npu_apply_rotary_pos_emb(
+                small, small.clone(), cos[..., :dim].contiguous(), sin[..., :dim].contiguous()
+            )
 
 
 def test_the_fake_swiglu_gates_with_the_first_half(fake_npu_module: ModuleType) -> None:

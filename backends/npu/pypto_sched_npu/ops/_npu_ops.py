@@ -28,15 +28,35 @@ Per layer, attention is two kernel calls:
     ``actual_seq_lengths=[1] * batch``); its mixed dispatches take the TND call above
     (``_forward_v1_style``).
 
-  The kernel takes pages of 128 to 512 slots in steps of 128 when a query row has more than
-  one token (16 to 512 in steps of 16 for decode only); generation mixes both kinds of
-  dispatch over one cache, so :meth:`NpuOps.check_page_size` asks for the prefill rule when
-  the cache is made. Block-table padding (-1 from the planner) becomes page 0: the kernel
-  does not check block ids, and never reads past a row's context length.
+  Each form has its own documented limits, and a dispatch whose call would break one
+  takes the portable torch attention instead (:meth:`NpuOps.prefill_problem`):
+
+  - **The TND call needs CANN 8.3 or later.** Older releases reject TND queries over
+    PagedAttention (torch_npu's documentation of the op lists "page attention" among what
+    TND with head_dim != 512 does not support; vllm-ascend issue #4373), and vllm-ascend
+    makes this call only when ``torch.version.cann`` (which importing torch_npu sets)
+    starts with "8.3". An unknown version counts as too old.
+  - **TND takes head_dim 64 or 128** here, query, key and value alike (ops-transformer's
+    aclnnFusedInferAttentionScoreV4, TND section; the kernel's own message in vllm-ascend
+    PR #9632; 192 only with a value head of 128, which Qwen3 does not have).
+  - **TND takes bfloat16** (torch_npu's documentation of the op: data type bfloat16 only;
+    aclnnFusedInferAttentionScoreV4 adds float16, but not every version does), so float16
+    models attend prefill and mixed dispatches with the portable torch path and keep their
+    precision; their decode-only dispatches still take the BSH call.
+
+  Pages must be exactly :data:`PAGE_SIZE` (128) slots. The prefill call's documented block
+  sizes differ by version: multiples of 128 in [128, 512] (torch_npu's documentation of
+  the op, Q_S > 1), at most 128 and 16-aligned for a TND query over ``[blocks, block_size,
+  H]`` pages (aclnnFusedInferAttentionScoreV4); 128 is the one size both allow, and the
+  decode call takes it too (16 to 512 in steps of 16). Generation mixes both kinds of
+  dispatch over one cache, so :meth:`NpuOps.check_page_size` asks for it when the cache is
+  made. Block-table padding (-1 from the planner) becomes page 0: the kernel does not check
+  block ids, and never reads past a row's context length.
 
 RMSNorm, SwiGLU and rotary use ``npu_rms_norm`` (which returns ``(y, rstd)``), ``npu_swiglu``
-(gate half first) and ``npu_apply_rotary_pos_emb`` (in place, ``BSND``, head_dim 64 or 128;
-other head sizes use the portable rotary).
+(gate half first) and ``npu_apply_rotary_pos_emb`` (in place, ``BSND``, head_dim 128 only:
+ops-transformer's aclnnApplyRotaryPosEmb requires the last dim D to equal 128 for query,
+key, cos and sin; other head sizes use the portable rotary).
 
 Precision: the attention kernels take float16 and bfloat16 only. A float32 model on an NPU
 device keeps its pages in bfloat16 and casts the query in and the output back
@@ -57,24 +77,29 @@ from pypto_sched import DispatchArrays, InvalidInputError
 
 from .._kv_cache import LayerKV
 from ._protocol import AttentionShape
-from ._torch_ops import rotate_half_embedding
+from ._torch_ops import TorchAttention, rotate_half_embedding
 
 __all__ = [
     "MASK_SIZE",
-    "MAX_PAGE_SIZE",
-    "PAGE_SIZE_STEP",
+    "MIN_CANN_FOR_PREFILL",
+    "PAGE_SIZE",
+    "PREFILL_HEAD_DIMS",
     "ROTARY_HEAD_DIMS",
     "NpuOps",
     "causal_mask",
+    "installed_cann_version",
 ]
 
 #: Side of the compressed causal mask that sparse modes 2-4 require.
 MASK_SIZE = 2048
 #: Head sizes ``npu_apply_rotary_pos_emb`` accepts.
-ROTARY_HEAD_DIMS = frozenset({64, 128})
-#: KV block sizes the attention kernel takes when a query row has more than one token.
-PAGE_SIZE_STEP = 128
-MAX_PAGE_SIZE = 512
+ROTARY_HEAD_DIMS = frozenset({128})
+#: Head sizes the TND prefill call takes over paged K/V (query, key and value alike).
+PREFILL_HEAD_DIMS = frozenset({64, 128})
+#: The first CANN release (major, minor) whose TND prefill call takes paged K/V.
+MIN_CANN_FOR_PREFILL = (8, 3)
+#: The KV block size every documented version of both attention calls takes.
+PAGE_SIZE = 128
 
 
 def causal_mask(device: torch.device) -> torch.Tensor:
@@ -82,11 +107,31 @@ def causal_mask(device: torch.device) -> torch.Tensor:
     return torch.triu(torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.int8, device=device), 1)
 
 
+def installed_cann_version() -> str | None:
+    """The CANN toolkit's version as torch_npu reports it (``torch.version.cann``, set when
+    torch_npu is imported), or None when nothing says."""
+    version = getattr(torch.version, "cann", None)
+    return version if isinstance(version, str) and version else None
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    """``(major, minor)`` of a CANN version such as ``"8.3.RC1"`` or ``"8.5.0"``."""
+    parts = (version or "").split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
 @attrs.frozen(eq=False)
 class NpuOps:
-    """Ops that call ``torch_npu`` (the real module, or the tests' fake)."""
+    """Ops that call ``torch_npu`` (the real module, or the tests' fake).
+
+    ``cann_version`` is the installed CANN's (by default what torch_npu reports); it decides
+    whether prefill dispatches may take the TND kernel (:meth:`prefill_problem`).
+    """
 
     torch_npu: ModuleType
+    cann_version: str | None = attrs.field(factory=installed_cann_version, kw_only=True)
     _masks: dict[torch.device, torch.Tensor] = attrs.field(factory=dict, init=False)
 
     @property
@@ -103,12 +148,26 @@ class NpuOps:
         return weight
 
     def check_page_size(self, page_size: int) -> None:
-        """Prefill PageAttention takes blocks of 128 to 512 slots, in steps of 128."""
-        if page_size % PAGE_SIZE_STEP or not PAGE_SIZE_STEP <= page_size <= MAX_PAGE_SIZE:
+        """Both attention calls take pages of 128 slots (see the module docstring)."""
+        if page_size != PAGE_SIZE:
             raise InvalidInputError(
-                f"'page_size' must be a multiple of {PAGE_SIZE_STEP} in [{PAGE_SIZE_STEP}, "
-                f"{MAX_PAGE_SIZE}] for npu_fused_infer_attention_score: {page_size}"
+                f"'page_size' must be {PAGE_SIZE} for npu_fused_infer_attention_score (the "
+                f"one block size its prefill and decode calls take in every documented "
+                f"version): {page_size}"
             )
+
+    def prefill_problem(self, shape: AttentionShape, page_dtype: torch.dtype) -> str | None:
+        """Why a dispatch with rows longer than one token cannot take the TND kernel over
+        pages of ``page_dtype``, or None when it can (see the module docstring)."""
+        release = _release(self.cann_version)
+        if release is None or release < MIN_CANN_FOR_PREFILL:
+            return f"CANN {self.cann_version} is older than 8.3 or unknown"
+        if shape.head_dim not in PREFILL_HEAD_DIMS:
+            return f"head_dim {shape.head_dim} is not one of {sorted(PREFILL_HEAD_DIMS)}"
+        # float32 pages reach the kernel only off an NPU: the tests' fake (kv_cache_dtype).
+        if page_dtype == torch.float16:
+            return "the TND call takes bfloat16, not float16"
+        return None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         normed: torch.Tensor = self.torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
@@ -139,15 +198,20 @@ class NpuOps:
         *,
         device: torch.device,
         dtype: torch.dtype,
-    ) -> NpuAttention | NpuDecodeAttention:
-        """The decode-only call when every row has one query token, else the TND call."""
+    ) -> NpuAttention | NpuDecodeAttention | TorchAttention:
+        """The decode-only call when every row has one query token, else the TND call, or
+        the portable attention where the TND call cannot run (:meth:`prefill_problem`)."""
+        # A one-token row's query sits at its context's last position (decode rows, and
+        # one-token prefill chunks alike), so it sees its whole context: no mask needed.
+        decode_only = arrays.num_tokens == arrays.num_rows
+        page_dtype = self.kv_cache_dtype(dtype, device)
+        if not decode_only and self.prefill_problem(shape, page_dtype) is not None:
+            return TorchAttention.prepare(arrays, shape, device=device, dtype=dtype)
         tables = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
         block_table = torch.from_numpy(tables).to(device)
         slots = torch.from_numpy(arrays.slot_mapping.astype(np.int32)).to(device)
         seq_lens = [int(length) for length in arrays.seq_lens]
-        # A one-token row's query sits at its context's last position (decode rows, and
-        # one-token prefill chunks alike), so it sees its whole context: no mask needed.
-        if arrays.num_tokens == arrays.num_rows:
+        if decode_only:
             return NpuDecodeAttention(
                 torch_npu=self.torch_npu,
                 shape=shape,
