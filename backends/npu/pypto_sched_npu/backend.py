@@ -28,7 +28,7 @@ from pypto_sched import (
 )
 from pypto_sched.backends import DispatchInput, DispatchOutput
 
-from ._availability import npu_availability
+from ._availability import npu_availability, torch_npu_module
 from ._kv_cache import PagedKVCache
 from ._loader import load_checkpoint
 from ._model import Qwen3Model
@@ -249,6 +249,10 @@ def _device(value: str | torch.device) -> torch.device:
     if isinstance(value, torch.device):
         return value
     if isinstance(value, str):
+        if value.partition(":")[0].strip() == "npu":
+            # Stock torch parses "npu" only once torch_npu has registered the device type;
+            # without torch_npu this raises NpuUnavailableError with the reason.
+            torch_npu_module()
         try:
             return torch.device(value)
         except RuntimeError:  # torch's message lists every device type it knows

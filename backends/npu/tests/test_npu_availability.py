@@ -17,6 +17,7 @@ pytest.importorskip("torch", reason="the npu backend runs on torch")
 
 import torch
 
+from pypto_sched import InvalidInputError
 from pypto_sched_npu import (
     FORCE_CPU_ENV,
     NpuBackend,
@@ -24,6 +25,7 @@ from pypto_sched_npu import (
     npu_availability,
     refresh_availability,
 )
+from pypto_sched_npu.backend import _device
 from pypto_sched_npu.ops import NpuOps, TorchOps, select_ops
 
 
@@ -172,3 +174,38 @@ def test_an_npu_device_selects_the_npu_ops(visible_npu: ModuleType) -> None:
     ops = select_ops(npu_device)
     assert isinstance(ops, NpuOps)
     assert ops.torch_npu is visible_npu
+
+
+@pytest.mark.parametrize("device", ["npu", "npu:0"])
+def test_an_npu_device_without_torch_npu_says_why(
+    device: str, no_torch_npu: None, checkpoints: dict[str, Path]
+) -> None:
+    # Stock torch cannot parse "npu" until torch_npu registers it: the reason must be torch_npu.
+    with pytest.raises(NpuUnavailableError, match="torch_npu is not installed"):
+        NpuBackend.from_checkpoint(checkpoints["tied"], device=device)
+
+
+def test_an_npu_device_with_a_broken_torch_npu_says_why(
+    broken_torch_npu: type[_BrokenTorchNpu],
+) -> None:
+    with pytest.raises(NpuUnavailableError, match=r"libhccl\.so"):
+        _device("npu:0")
+
+
+def test_an_npu_device_is_parsed_once_torch_npu_is_imported(fake_torch_npu: ModuleType) -> None:
+    # The fake names torch's private-use device "npu" on import, as torch_npu does.
+    assert _device("npu") == torch.device("npu")
+    assert _device("npu:1") == torch.device("npu", 1)
+    assert _device("cpu") == torch.device("cpu")
+
+
+def test_npu_ops_on_a_cpu_device_need_a_torch_npu_that_takes_cpu_tensors(
+    fake_torch_npu: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = torch.device("cpu")
+    assert isinstance(select_ops(cpu, choice="npu"), NpuOps)  # the fake says it does
+    monkeypatch.delattr(fake_torch_npu, "TAKES_CPU_TENSORS")  # as the real torch_npu
+    with pytest.raises(InvalidInputError, match=r"'ops'='npu' needs an npu device.*: device cpu"):
+        select_ops(cpu, choice="npu")
+    npu_device: Any = SimpleNamespace(type="npu")
+    assert isinstance(select_ops(npu_device, choice="npu"), NpuOps)

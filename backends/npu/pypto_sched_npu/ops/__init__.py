@@ -20,6 +20,7 @@ from ._torch_ops import TorchOps
 
 __all__ = [
     "OPS_CHOICES",
+    "TAKES_CPU_TENSORS",
     "AttentionShape",
     "DispatchAttention",
     "NpuOps",
@@ -32,6 +33,9 @@ __all__ = [
 OpsChoice = Literal["auto", "torch", "npu"]
 #: The accepted values of ``choice``.
 OPS_CHOICES: tuple[OpsChoice, ...] = get_args(OpsChoice)
+#: The attribute a stand-in torch_npu sets to a true value when its ops take CPU tensors
+#: (the real module has no such attribute).
+TAKES_CPU_TENSORS = "TAKES_CPU_TENSORS"
 
 
 def select_ops(device: torch.device, *, choice: OpsChoice = "auto") -> Ops:
@@ -40,4 +44,10 @@ def select_ops(device: torch.device, *, choice: OpsChoice = "auto") -> Ops:
         raise InvalidInputError(f"'ops' must be one of {OPS_CHOICES}: {choice!r}")
     if choice == "torch" or (choice == "auto" and device.type != "npu"):
         return TorchOps()
-    return NpuOps(torch_npu_module())
+    module = torch_npu_module()
+    if device.type != "npu" and not getattr(module, TAKES_CPU_TENSORS, False):
+        raise InvalidInputError(
+            f"'ops'='npu' needs an npu device: torch_npu's kernels take NPU tensors, so "
+            f"pass device='npu' (or ops='torch' to run on {device.type}): device {device}"
+        )
+    return NpuOps(module)
