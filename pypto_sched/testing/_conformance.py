@@ -169,7 +169,7 @@ def check_backend(
 
     Runs ``max_examples`` prefill examples, then ``generation_examples`` generation
     examples, drawn from ``seed``; each uses a KV page size drawn from ``page_sizes`` (pass
-    the sizes your kernels accept, e.g. ``(128, 256)`` for Ascend's paged attention). Either
+    the sizes your kernels accept, e.g. ``(128,)`` for Ascend's paged attention). Either
     count may be 0, not both. ``name``, when given, is the name the backend was registered
     (or loaded) under, and must be the one it declares. ``oracle``, when given, returns the
     last-token logits of whole prompts from an implementation you trust; each example's

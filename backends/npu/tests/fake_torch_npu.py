@@ -37,7 +37,6 @@ check the NPU kernels really ran, and which form of the attention kernel did.
 from __future__ import annotations
 
 import collections
-import contextlib
 from typing import Any
 
 import torch
@@ -49,9 +48,15 @@ TAKES_CPU_TENSORS = True
 CANN_VERSION = "8.3.RC1"
 
 torch.version.cann = CANN_VERSION  # type: ignore[attr-defined]
-# An earlier copy of this module may have named it already.
-with contextlib.suppress(RuntimeError):
+
+
+def register_npu_device() -> None:
+    """Name torch's private-use device "npu", as torch_npu does on import, so that
+    ``torch.device("npu")`` parses. Process-wide and for good (other libraries then take an
+    NPU to be present: transformers fails to run), so not done on import here: a test that
+    needs it calls it in a subprocess."""
     torch.utils.rename_privateuse1_backend("npu")  # type: ignore[attr-defined]
+
 
 CALLS: collections.Counter[str] = collections.Counter()
 #: ``npu_fused_infer_attention_score`` calls per ``input_layout``.

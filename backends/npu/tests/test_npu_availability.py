@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -192,11 +193,28 @@ def test_an_npu_device_with_a_broken_torch_npu_says_why(
         _device("npu:0")
 
 
-def test_an_npu_device_is_parsed_once_torch_npu_is_imported(fake_torch_npu: ModuleType) -> None:
-    # The fake names torch's private-use device "npu" on import, as torch_npu does.
-    assert _device("npu") == torch.device("npu")
-    assert _device("npu:1") == torch.device("npu", 1)
-    assert _device("cpu") == torch.device("cpu")
+def test_an_npu_device_is_parsed_once_torch_npu_is_imported() -> None:
+    # torch_npu names torch's private-use device "npu" on import; the fake does it when
+    # asked, in a process of its own (naming it is for good, and other libraries then take an
+    # NPU to be present).
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('torch_npu', {str(FAKE)!r})\n"
+        "fake = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(fake)\n"
+        "sys.modules['torch_npu'] = fake\n"
+        "fake.register_npu_device()\n"
+        "import torch\n"
+        "from pypto_sched_npu.backend import _device\n"
+        "assert _device('npu') == torch.device('npu')\n"
+        "assert _device('npu:1') == torch.device('npu', 1)\n"
+        "assert _device('cpu') == torch.device('cpu')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: The fake torch_npu of these tests.
+FAKE = Path(__file__).with_name("fake_torch_npu.py")
 
 
 def test_npu_ops_on_a_cpu_device_need_a_torch_npu_that_takes_cpu_tensors(
