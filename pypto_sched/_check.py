@@ -213,6 +213,16 @@ def _check_request_order(s: ScheduleArrays) -> None:
             "sorted row",
             lambda i: f"request {requests[i]} twice in dispatch {dispatch[i]}",
         )
+    # A dispatch's rows are in request order, as its arrays and final logits are.
+    rows, in_dispatch = s.requests, s.row_dispatch
+    behind = (in_dispatch[1:] == in_dispatch[:-1]) & (rows[1:] < rows[:-1])
+    if behind.any():
+        _fail(
+            "a dispatch's rows must be in request order",
+            behind,
+            "row",
+            lambda i: f"request {rows[i]}, then request {rows[i + 1]} in dispatch {in_dispatch[i]}",
+        )
 
 
 def _check_request_caps(s: ScheduleArrays) -> None:

@@ -51,6 +51,11 @@ _READABLE_VERSIONS: dict[int, Callable[[object], object]] = {1: _config_v1, 2: l
 
 IntArray = npt.NDArray[np.int64]
 
+#: The keys of the JSON format: those a schedule must have, and those it may
+#: (``num_computed_tokens``, zeros when absent; ``summary``, which ``pypto-sched plan`` adds).
+_REQUIRED_KEYS = frozenset({"format", "version", "config", "prompt_lengths", "dispatches"})
+_OPTIONAL_KEYS = frozenset({"num_computed_tokens", "summary"})
+
 
 @attrs.frozen(kw_only=True)
 class Chunk:
@@ -69,7 +74,8 @@ class Chunk:
 
 @attrs.frozen(eq=False, kw_only=True)
 class Dispatch:
-    """One device call: its rows as read-only array views into the schedule."""
+    """One device call: its rows as read-only array views into the schedule. Two dispatches
+    are equal when their index and rows are (whichever schedule they come from)."""
 
     index: int
     requests: npt.NDArray[np.int32]
@@ -84,6 +90,14 @@ class Dispatch:
     @property
     def num_tokens(self) -> int:
         return int(self.lengths.sum(dtype=np.int64))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Dispatch):
+            return NotImplemented
+        return self.index == other.index and self.rows == other.rows
+
+    def __hash__(self) -> int:
+        return hash((self.index, self.rows))
 
     @property
     def rows(self) -> tuple[Chunk, ...]:
@@ -290,16 +304,24 @@ class Schedule:
     def from_dispatches(
         cls,
         config: PlannerConfig,
-        prompt_lengths: Sequence[int | np.integer[Any]],
+        prompt_lengths: Sequence[int | np.integer[Any]] | npt.NDArray[np.integer[Any]],
         dispatches: Sequence[Sequence[Chunk | Sequence[object]]],
         *,
-        num_computed_tokens: Sequence[int | np.integer[Any]] | None = None,
+        num_computed_tokens: Sequence[int | np.integer[Any]]
+        | npt.NDArray[np.integer[Any]]
+        | None = None,
     ) -> Schedule:
         """Build and validate a schedule from explicit rows.
 
-        ``dispatches`` is a list of dispatches, each a list of :class:`Chunk` values or
-        ``[request, start, length, is_final]`` lists (the JSON form).
+        ``prompt_lengths`` and ``num_computed_tokens`` are lists or 1-D integer arrays (a
+        schedule's own, say); ``dispatches`` is a list of dispatches, each a list of
+        :class:`Chunk` values or ``[request, start, length, is_final]`` lists (the JSON form).
         """
+        if not isinstance(config, PlannerConfig):
+            raise InvalidScheduleError(
+                f"'config' must be a PlannerConfig: {type(config).__name__} (load a dict with "
+                f"PlannerConfig.from_dict)"
+            )
         lengths = _int_list("prompt_lengths", prompt_lengths, min_value=1)
         if not lengths:
             raise InvalidScheduleError("'prompt_lengths' must hold at least one request: []")
@@ -376,9 +398,15 @@ class Schedule:
                 f"'version' must be one of {sorted(_READABLE_VERSIONS)} (the versions this "
                 f"library reads): {version!r}"
             )
-        missing = sorted({"config", "prompt_lengths", "dispatches"} - set(data))
+        missing = sorted(_REQUIRED_KEYS - set(data))
         if missing:
             raise InvalidScheduleError(f"'data' must hold the keys {missing}: they are missing")
+        unknown = sorted(map(str, set(data) - _REQUIRED_KEYS - _OPTIONAL_KEYS))
+        if unknown:
+            raise InvalidScheduleError(
+                f"'data' must hold only the keys of the format "
+                f"{sorted(_REQUIRED_KEYS | _OPTIONAL_KEYS)}: {unknown} are not"
+            )
         try:
             config = PlannerConfig.from_dict(_READABLE_VERSIONS[version](data["config"]))
         except InvalidConfigError as error:
@@ -414,6 +442,8 @@ def lower_bound(remaining: IntArray, config: PlannerConfig) -> int:
 
 
 def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
+    if isinstance(values, np.ndarray) and values.ndim == 1:  # a schedule's own arrays too
+        values = values.tolist()
     if not isinstance(values, Sequence) or isinstance(values, str | bytes):
         raise InvalidScheduleError(f"{name!r} must be a list of ints: {type(values).__name__}")
     for index, value in enumerate(values):

@@ -288,6 +288,33 @@ def test_num_computed_tokens_may_be_left_out_of_the_json() -> None:
     data = schedule.to_dict()
     del data["num_computed_tokens"]
     assert Schedule.from_dict(data) == schedule
+    data["summary"] = {"num_dispatches": 4}  # what pypto-sched plan adds
+    assert Schedule.from_dict(data) == schedule
+
+
+def test_from_dispatches_takes_a_schedules_own_arrays_and_refuses_a_config_dict() -> None:
+    schedule = plan_prefill(
+        [5, 3], PlannerConfig(max_num_batched_tokens=4), num_computed_tokens=[1, 0]
+    )
+    rows = [list(dispatch.rows) for dispatch in schedule.dispatches]
+    again = Schedule.from_dispatches(
+        schedule.config,
+        schedule.prompt_lengths,
+        rows,
+        num_computed_tokens=schedule.num_computed_tokens,
+    )
+    assert again == schedule
+    with pytest.raises(InvalidScheduleError, match=r"^'config' must be a PlannerConfig: dict"):
+        Schedule.from_dispatches(schedule.config.to_dict(), [5, 3], rows)  # type: ignore[arg-type]
+
+
+def test_dispatches_are_equal_by_index_and_rows() -> None:
+    config = PlannerConfig(max_num_batched_tokens=4)
+    schedule, other = plan_prefill([5, 3], config), plan_prefill([5, 3, 2], config)
+    assert schedule.dispatch(0) == schedule.dispatch(0) == other.dispatch(0)
+    assert hash(schedule.dispatch(0)) == hash(other.dispatch(0))
+    assert schedule.dispatch(0) != schedule.dispatch(1)
+    assert schedule.dispatch(0) != schedule.dispatch(0).rows
 
 
 # -- tampered JSON -----------------------------------------------------------------------------
@@ -469,6 +496,19 @@ TAMPERED: list[tuple[str, str, Edit, str]] = [
         "packed",
         _set("dispatches", 0, value=[[0, 0, 1, False], [0, 1, 2, False], [1, 0, 3, False]]),
         "at most once per dispatch",
+    ),
+    (
+        "rows out of request order",
+        "packed",
+        _set("dispatches", 0, value=[[1, 0, 3, False], [0, 0, 3, False]]),
+        "a dispatch's rows must be in request order: first at row 0, which has request 1, "
+        "then request 0 in dispatch 0",
+    ),
+    (
+        "an unknown key (a typo)",
+        "round_robin",
+        _set("num_computed_token", value=[0, 0, 0]),
+        r"only the keys of the format .*: \['num_computed_token'\] are not",
     ),
     (
         "unaligned non-final chunk",
