@@ -144,18 +144,42 @@ def generate(
         if request_indices is None
         else per_request_counts(request_indices, len(tokens), name="request_indices", low=0)
     )
-    page_size = check_int("page_size", page_size, min_value=1)
-    lengths = [len(prompt) for prompt in tokens]
     news = per_request_counts(max_new_tokens, len(tokens))
-    longest = max_positions(backend)
-    for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
-        check_positions(f"'prompts[{r}]'", length, longest, max_new_tokens=new)
-    if num_pages is None:
-        num_pages = sum(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
-    state = GenerationState.from_prompt_lengths(
-        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    state = initial_state(
+        [len(prompt) for prompt in tokens],
+        news,
+        max_positions=max_positions(backend),
+        num_pages=num_pages,
+        page_size=page_size,
     )
     return _Run(backend, config, sampling, tokens, stops, on_step, seeds).until_done(state)
+
+
+def initial_state(
+    lengths: Sequence[int],
+    news: Sequence[int],
+    *,
+    max_positions: int | None,
+    num_pages: int | None,
+    page_size: int,
+) -> GenerationState[int]:
+    """The state a generation of prompts of ``lengths`` starts from, ``news[r]`` new tokens
+    for prompt ``r``, in a pool of ``num_pages`` pages of ``page_size`` tokens (default: room
+    for every request at once).
+
+    Every request is checked against the model's ``max_positions`` and, alone, against the
+    pool; errors name it by its index in ``lengths``. A driver that splits a batch (Ray
+    replicas) calls this on the whole batch first, so that they name the request in the batch
+    and come before any part runs.
+    """
+    page_size = check_int("page_size", page_size, min_value=1)
+    for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
+        check_positions(f"'prompts[{r}]'", length, max_positions, max_new_tokens=new)
+    if num_pages is None:
+        num_pages = sum(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
+    return GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
 
 
 def token_lists(

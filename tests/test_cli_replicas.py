@@ -147,3 +147,21 @@ def test_replicas_the_cluster_cannot_hold_are_one_line_at_once(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "asking {'NPU': 1.0} each do not fit the Ray cluster: its nodes have room for 0" in err
+
+
+@pytest.mark.slow
+@needs_ray
+def test_generate_on_replicas_names_a_request_the_pool_cannot_hold_as_one_device_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cluster: None
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lengths = (300, 5, 1, 77, 120, 40, 40, 600, 2, 90)
+    prompts.write_text("".join(json.dumps({"token_ids": [1] * n}) + "\n" for n in lengths))
+    argv = ["generate", "--backend", "reference", "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--max-num-batched-tokens", "64", "--kv-page-size", "16",
+            "--num-kv-pages", "30"]  # fmt: skip
+    assert main(argv) == EXIT_USAGE
+    one = capsys.readouterr().err
+    assert "--num-kv-pages: must hold every request alone: request 7 needs 605 tokens" in one
+    assert main([*argv, "--replicas", "2"]) == EXIT_USAGE
+    assert capsys.readouterr().err == one

@@ -265,6 +265,40 @@ def test_an_error_inside_the_actors_is_raised_as_is_and_the_replicas_still_work(
     np.testing.assert_array_equal(got.greedy_token_ids, want.greedy_token_ids)
 
 
+def test_a_request_the_pool_cannot_hold_is_named_by_its_index_in_the_batch(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    # Pages of 4: request 3 (90 tokens and 4 new) needs 24 pages; every other fits in 20.
+    # It is first in its replica's part, so a replica would call it request 0.
+    kwargs: dict[str, Any] = {"max_new_tokens": 4, "page_size": 4, "num_pages": 20}
+    with pytest.raises(InvalidConfigError) as one:
+        generate(load_backend("reference"), prompts, config=CONFIGS["packed"], **kwargs)
+    with pytest.raises(InvalidConfigError) as two:
+        replicas.generate(prompts, config=CONFIGS["packed"], **kwargs)
+    assert "request 3 needs 93 tokens" in str(one.value)
+    assert str(two.value) == str(one.value)
+
+
+def test_a_request_beyond_the_models_positions_is_named_by_its_index_in_the_batch(
+    cluster: None, prompts: list[np.ndarray]
+) -> None:
+    with RayReplicas(
+        "reference", num_replicas=2, options={"max_position_embeddings": 50},
+        resources=HALF_CPU, start_timeout=60,
+    ) as pool:  # fmt: skip
+        assert pool.max_position_embeddings == 50
+        # Requests 3 (90 tokens) and 5 (64) are too long; 3 is named first.
+        with pytest.raises(InvalidInputError, match=r"^'prompts\[3\]': a prompt of 90 tokens"):
+            pool.prefill(prompts, config=CONFIGS["packed"])
+        with pytest.raises(InvalidInputError, match=r"^'prompts\[3\]': a prompt of 90 tokens"):
+            pool.generate(prompts, config=CONFIGS["packed"], max_new_tokens=2)
+        with pytest.raises(InvalidInputError, match=r"^'request_stop_token_ids\[7\]'"):
+            pool.generate(
+                prompts[:3] * 3 + prompts[:1], config=CONFIGS["packed"], max_new_tokens=2,
+                request_stop_token_ids=[[]] * 7 + [[-1]] + [[]] * 2,
+            )  # fmt: skip
+
+
 def test_a_backend_that_cannot_be_built_is_its_own_error_at_once(cluster: None) -> None:
     from pypto_sched_reference import InvalidModelError
 

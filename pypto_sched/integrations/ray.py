@@ -29,6 +29,11 @@ Faults
   the dead one's place. A part that loses its actor more than ``max_restarts`` times stops
   the job with :class:`ReplicaError`. A part runs from scratch on the new actor and its
   results are filed once, when it completes: nothing is lost or counted twice.
+* The inputs are checked on the whole batch before any part runs, with the checks of
+  :func:`~pypto_sched.generate` and :func:`~pypto_sched.execute_schedule` (token ids, the
+  model's ``max_position_embeddings``, each request alone against ``num_pages``), so an
+  error names the request by its index in the batch, as a one-device run does, never by its
+  place in a part.
 * A deterministic failure (:class:`~pypto_sched.ExecutionError` from the backend, a bad input)
   is raised unchanged, never retried: running it again would fail again.
 * Before starting any actor, the cluster's nodes are checked for room for every replica; when
@@ -61,11 +66,18 @@ import ray.exceptions
 
 from .._config import PlannerConfig
 from .._errors import BackendError, InvalidInputError
-from .._generate import GeneratedSequence, GenerationStats, StepDone, generate
+from .._generate import (
+    GeneratedSequence,
+    GenerationStats,
+    StepDone,
+    generate,
+    initial_state,
+    stop_sets,
+)
 from .._partition import Partition, partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
-from .._validate import check_int, read_only
+from .._validate import check_int, check_positions, read_only
 from ..backends import Backend, BackendFactory, load_backend, max_positions
 from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, execute_schedule
 
@@ -431,6 +443,8 @@ class RayReplicas:
         in input order."""
         tokens = self._prompts(prompts)
         _check_config(config)
+        for r, prompt in enumerate(tokens):  # execute_schedule's check, named in the batch
+            check_positions(f"'prompts[{r}]'", prompt.size, self.max_position_embeddings)
         lengths = np.array([p.size for p in tokens], dtype=np.int64)
         partition = partition_requests(lengths, self.num_replicas)
         start = time.perf_counter()
@@ -482,12 +496,17 @@ class RayReplicas:
         _check_config(config)
         news = _per_request("max_new_tokens", max_new_tokens, len(tokens))
         stops = None if request_stop_token_ids is None else list(request_stop_token_ids)
-        if stops is not None and len(stops) != len(tokens):
-            raise InvalidInputError(
-                f"'request_stop_token_ids' must have one entry per prompt ({len(tokens)}): "
-                f"{len(stops)} entries"
-            )
+        stop_sets(stop_token_ids, stops, len(tokens))
         lengths = np.array([p.size for p in tokens], dtype=np.int64)
+        # generate()'s own checks on the whole batch, before any part runs: a part would name
+        # its requests by their place in the part.
+        initial_state(
+            lengths.tolist(),
+            news.tolist(),
+            max_positions=self.max_position_embeddings,
+            num_pages=num_pages,
+            page_size=page_size,
+        )
         partition = partition_requests(lengths, self.num_replicas, weights=lengths + news)
         common = {
             "config": config,
