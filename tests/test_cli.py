@@ -313,6 +313,23 @@ def test_compare_text_has_a_column_per_varying_setting(
             "configuration partial=2: 'max_num_partial_prefills' applies only to policy",
         ),
         (["--vary", "budget=0"], "'max_num_batched_tokens' must be >= 1: 0"),
+        (
+            ["--vary", "threshold=8", "--vary", "threshold=4"],
+            "--vary: long_prefill_token_threshold is varied twice",
+        ),
+        (
+            ["--config", "threshold=4", "--config", "threshold=8", "--vary", "threshold=2,16"],
+            "--config and --vary both set long_prefill_token_threshold",
+        ),
+        (
+            ["--config", "long-prefill-token-threshold=4", "--vary", "threshold=2"],
+            "--config and --vary both set long_prefill_token_threshold",
+        ),
+        (
+            ["--config", "policy=packed,policy=round_robin"],
+            "--config: policy is given twice in 'policy=packed,policy=round_robin'",
+        ),
+        (["--config", "batch=2,max_num_seqs=4"], "--config: max_num_seqs is given twice"),
     ],
 )
 def test_compare_bad_configs_exit_2_with_one_line(

@@ -95,7 +95,9 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "utilization of max_num_batched_tokens, the largest dispatch in tokens, and the mean "
         "and worst dispatch index (0-based) at which requests finish. The configuration "
         "options give the base; each --config and each combination of --vary values changes "
-        "it. Without either, both policies are compared. Settings are named as the options "
+        "it; a setting may appear once in a --config, in one --vary, and not in both a "
+        "--config and a --vary. Without either, both policies are compared. Settings are "
+        "named as the options "
         "are (e.g. long-prefill-token-threshold) or by their short names: budget, threshold, "
         "batch, page, partial, policy; 'off' switches a limit off (so does a threshold of 0).",
         examples=EXAMPLES,
@@ -107,16 +109,16 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE,...",
-        help="one configuration: changes to the base, e.g. 'policy=packed,batch=16' "
-        "(repeat for more rows)",
+        help="one configuration: changes to the base, e.g. 'policy=packed,batch=16', each "
+        "setting once (repeat for more rows)",
     )
     parser.add_argument(
         "--vary",
         action="append",
         default=[],
         metavar="KEY=V1,V2,...",
-        help="one row per value, e.g. 'threshold=0,256,1024'; several --vary give every "
-        "combination",
+        help="one row per value, e.g. 'threshold=0,256,1024'; several --vary (of different "
+        "settings) give every combination",
     )
     add_format_option(parser, "text: a table; json: the configurations and their figures")
     parser.set_defaults(handler=handle)
@@ -154,6 +156,7 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
     base = engine_args(args)
     specs = [_parse_config_spec(spec) for spec in args.config] or [{}]
     sweeps = [_parse_vary(spec) for spec in args.vary]
+    _check_each_setting_once(specs, sweeps)
     if not args.config and not args.vary:
         sweeps = [[{"policy": policy} for policy in POLICIES]]
     configs = []
@@ -196,6 +199,8 @@ def _parse_config_spec(spec: str) -> dict[str, object]:
         if not sep or not key.strip():
             raise UsageError(f"--config: expected KEY=VALUE[,KEY=VALUE...], got {spec!r}")
         name = _knob(key, "--config")
+        if name in overrides:
+            raise UsageError(f"--config: {name} is given twice in {spec!r}")
         overrides[name] = _knob_value(name, value, "--config")
     return overrides
 
@@ -207,6 +212,25 @@ def _parse_vary(spec: str) -> list[dict[str, object]]:
         raise UsageError(f"--vary: expected KEY=VALUE,VALUE..., got {spec!r}")
     name = _knob(key, "--vary")
     return [{name: _knob_value(name, value, "--vary")} for value in values.split(",")]
+
+
+def _check_each_setting_once(
+    specs: Sequence[Mapping[str, object]], sweeps: Sequence[Sequence[Mapping[str, object]]]
+) -> None:
+    """A row takes each setting from one place: two ``--vary`` of one setting, or a
+    ``--config`` and a ``--vary`` of one, would leave all but the last value unused."""
+    varied: set[str] = set()
+    for sweep in sweeps:
+        (name,) = sweep[0]
+        if name in varied:
+            raise UsageError(f"--vary: {name} is varied twice; give its values once")
+        varied.add(name)
+    both = [name for name in _KNOB_HEADS if name in varied and any(name in s for s in specs)]
+    if both:
+        raise UsageError(
+            f"--config and --vary both set {both[0]}: the --vary values would "
+            "replace the --config ones; set it in one of them"
+        )
 
 
 def _describe(overrides: Mapping[str, object]) -> str:
