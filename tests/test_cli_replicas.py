@@ -27,6 +27,9 @@ LONG_TAILED = [
 RUN = ["run", "--backend", "reference", "--lengths", "300x4,50,700,9",
        "--max-num-batched-tokens", "512", "--policy", "packed"]  # fmt: skip
 
+GENERATE = ["generate", "--backend", "reference", "--prompts", "-", "--max-new-tokens", "1",
+            "--max-num-batched-tokens", "8"]  # fmt: skip
+
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     status = main([*argv, "--format", "json"])
@@ -61,6 +64,17 @@ def test_plan_replicas_text_names_the_balance(capsys: pytest.CaptureFixture[str]
     assert out.count("\n") > 4
 
 
+def test_plan_replicas_text_shows_the_first_16_replicas_and_says_how_many_more(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", *LONG_TAILED, "--replicas", "100000"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.endswith("... and 99,984 more (see --format json)\n")
+    assert out.count("\n") < 60
+    assert main(["plan", *LONG_TAILED, "--replicas", "16"]) == EXIT_OK
+    assert "more (see --format json)" not in capsys.readouterr().out.splitlines()[-1]
+
+
 def test_plan_without_replicas_has_no_partition(capsys: pytest.CaptureFixture[str]) -> None:
     assert "partition" not in run_json(capsys, "plan", *LONG_TAILED)
 
@@ -69,6 +83,12 @@ def test_plan_without_replicas_has_no_partition(capsys: pytest.CaptureFixture[st
     ("argv", "message"),
     [
         (["plan", *LONG_TAILED, "--replicas", "0"], "--replicas: must be >= 1: 0"),
+        (
+            ["plan", *LONG_TAILED, "--replicas", "10000001"],
+            "--replicas: must be <= 100000: 10000001",
+        ),
+        ([*RUN, "--replicas", "100001"], "--replicas: must be <= 100000: 100001"),
+        ([*GENERATE, "--replicas", "100001"], "--replicas: must be <= 100000: 100001"),
         ([*RUN, "--replicas", "2", "--verify"], "--verify runs on one device"),
         ([*RUN, "--ray-address", "auto"], "--ray-address: only with --replicas"),
         ([*RUN, "--replica-resource", "NPU=1"], "--replica-resource: only with --replicas"),

@@ -22,8 +22,9 @@ from .._generate import GenerationResult
 from .._partition import partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
+from .._validate import check_int
 from . import _render
-from ._errors import CommandFailed, UsageError
+from ._errors import CommandFailed, UsageError, flags_named
 from ._render import console
 from ._specs import backend_options
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ..prompts import PromptRequest
 
 __all__ = [
+    "MAX_REPLICAS",
     "add_replica_options",
     "check_replicas",
     "describe",
@@ -47,6 +49,11 @@ __all__ = [
 ]
 
 
+#: Most replicas a command splits a batch over: ``plan`` partitions and plans 100,000 in
+#: about a second; a Ray cluster of more actors, each holding a model, is not in sight.
+MAX_REPLICAS = 100_000
+
+
 def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
     """``--replicas`` (and, for commands that run, ``--ray-address``)."""
     group = parser.add_argument_group("replicas")
@@ -55,9 +62,9 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
             "--replicas",
             type=int,
             metavar="N",
-            help="split the batch by tokens (longest first) over N Ray actors, one backend "
-            "each; starts a local Ray instance unless --ray-address is given (needs "
-            "'pypto-sched[ray]')",
+            help=f"split the batch by tokens (longest first) over N Ray actors (N <= "
+            f"{MAX_REPLICAS}), one backend each; starts a local Ray instance unless "
+            "--ray-address is given (needs 'pypto-sched[ray]')",
         )
         group.add_argument(
             "--ray-address",
@@ -77,17 +84,19 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
             "--replicas",
             type=int,
             metavar="N",
-            help="also show how the batch splits over N replicas, by tokens, longest first "
-            "(nothing runs; no Ray needed)",
+            help=f"also show how the batch splits over N replicas (N <= {MAX_REPLICAS}), by "
+            "tokens, longest first (nothing runs; no Ray needed); the text table shows the "
+            "first 16 replicas, --format json all of them",
         )
 
 
 def check_replicas(args: argparse.Namespace) -> int | None:
-    """``--replicas`` as given (``None`` when left out); a usage error when below 1 or when
-    ``--ray-address`` comes without it."""
+    """``--replicas`` as given (``None`` when left out); a usage error when outside
+    ``[1, MAX_REPLICAS]`` or when ``--ray-address`` comes without it."""
     count: int | None = args.replicas
-    if count is not None and count < 1:
-        raise UsageError(f"--replicas: must be >= 1: {count}")
+    if count is not None:
+        with flags_named(num_replicas="--replicas"):
+            check_int("num_replicas", count, min_value=1, max_value=MAX_REPLICAS)
     if count is None and getattr(args, "ray_address", None) is not None:
         raise UsageError("--ray-address: only with --replicas")
     if count is None and getattr(args, "replica_resource", None):
@@ -143,15 +152,17 @@ def partition_summary(
     }
 
 
-def partition_table(summary: Mapping[str, Any]) -> list[RenderableType]:
-    """The partition as a table: per replica, its requests, tokens and dispatches."""
+def partition_table(summary: Mapping[str, Any], *, limit: int = 16) -> list[RenderableType]:
+    """The partition as a table: per replica (the first ``limit``), its requests, tokens and
+    dispatches, and a note if cut."""
     heading = (
         f"{summary['num_replicas']:,} replicas, longest first by tokens: makespan "
         f"{summary['makespan']:,} tokens, lower bound {summary['lower_bound']:,} "
         f"({summary['imbalance']:.2f}x)"
     )
     table = _render.table("replica", "requests", "tokens", "dispatches", "first requests")
-    for i, replica in enumerate(summary["replicas"]):
+    replicas = summary["replicas"]
+    for i, replica in enumerate(replicas[:limit]):
         requests = replica["requests"]
         more = " ..." if len(requests) > 6 else ""
         table.add_row(
@@ -161,6 +172,8 @@ def partition_table(summary: Mapping[str, Any]) -> list[RenderableType]:
             f"{replica['dispatches']:,}",
             " ".join(str(r) for r in requests[:6]) + more,
         )
+    if len(replicas) > limit:
+        return [heading, table, f"... and {len(replicas) - limit:,} more (see --format json)"]
     return [heading, table]
 
 
