@@ -507,8 +507,62 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
     [
         (["plan", "--lengths", "12,abc", "--max-num-batched-tokens", "8"], "'abc'"),
         (["plan", "--lengths", "12x0", "--max-num-batched-tokens", "8"], "got '12x0'"),
-        (["plan", "--lengths", "0", "--max-num-batched-tokens", "8"], "'prompt_lengths'"),
-        (["plan", "--lengths", "12", "--max-num-batched-tokens", "0"], "'max_num_batched_tokens'"),
+        (
+            ["plan", "--lengths", "0", "--max-num-batched-tokens", "8"],
+            "--lengths: values must be >= 1: item 0 is 0",
+        ),
+        (
+            ["plan", "--lengths", "12", "--max-num-batched-tokens", "0"],
+            "--max-num-batched-tokens: must be >= 1: 0",
+        ),
+        (
+            ["compare", "--lengths", "12", "--max-num-batched-tokens", "0"],
+            "--max-num-batched-tokens: must be >= 1: 0",
+        ),
+        (
+            ["compare", "--lengths", "0", "--max-num-batched-tokens", "8"],
+            "--lengths: values must be >= 1: item 0 is 0",
+        ),
+        (
+            [
+                "plan",
+                "--workload",
+                "uniform",
+                "--num-requests",
+                "0",
+                "--max-num-batched-tokens",
+                "8",
+            ],
+            "--num-requests: must be >= 1: 0",
+        ),
+        (
+            [
+                "plan",
+                "--workload",
+                "uniform",
+                "--num-requests",
+                "10000001",
+                "--max-num-batched-tokens",
+                "8",
+            ],
+            "--num-requests: must be <= 10000000: 10000001",
+        ),
+        (
+            ["plan", "--workload", "uniform", "--max-length", "5", "--max-num-batched-tokens", "8"],
+            "--max-length: must be >= the default --min-length 16 (or give --min-length): 5",
+        ),
+        (
+            ["plan", "--workload", "uniform", "--seed", "-1", "--max-num-batched-tokens", "8"],
+            "--seed: must be >= 0: -1",
+        ),
+        (
+            ["plan", "--lengths", "@", "--max-num-batched-tokens", "8"],
+            "--lengths: no file name after '@'",
+        ),
+        (
+            ["plan", "--lengths-file", "", "--max-num-batched-tokens", "8"],
+            "--lengths-file: an empty file name",
+        ),
         (["plan", "--lengths", "12", "--max-num-batched-tokens", "x"], "invalid int value"),
         (["plan", "--lengths", "12"], "--max-num-batched-tokens"),
         (
@@ -535,15 +589,15 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
                 "--max-num-batched-tokens",
                 "8",
             ],
-            "'min_length' must be <= max_length",
+            "--min-length: must be <= max_length = 3: 9",
         ),
         (
             ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--page-size", "9"],
-            "'page_size'",
+            "--page-size: must be <= the largest chunk",
         ),
         (
             ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--num-computed", "12"],
-            "'num_computed_tokens'",
+            "--num-computed: must be < the prompt length",
         ),
         (["plan", "--lengths", "@/no/such/file", "--max-num-batched-tokens", "8"], "cannot read"),
         (

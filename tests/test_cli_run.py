@@ -396,7 +396,7 @@ def test_run_exits_1_when_chunked_prefill_differs_from_one_shot(
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
     [
-        (["--backend", "nope"], EXIT_USAGE, "'name' must be an installed backend"),
+        (["--backend", "nope"], EXIT_USAGE, "--backend: must be an installed backend"),
         (["--backend", "toy", "--backend-option", "colour=3"], EXIT_USAGE, "colour"),
         (["--backend", "toy", "--backend-option", "oops"], EXIT_USAGE, "expected KEY=VALUE"),
         (
@@ -421,7 +421,11 @@ def test_run_exits_1_when_chunked_prefill_differs_from_one_shot(
             EXIT_USAGE,
             "--kv-page-size: must be >= 1: 0",
         ),
-        (["--backend", "toy", "--max-num-seqs", "0"], EXIT_USAGE, "'max_num_seqs' must be >= 1: 0"),
+        (
+            ["--backend", "toy", "--max-num-seqs", "0"],
+            EXIT_USAGE,
+            "--max-num-seqs: must be >= 1: 0",
+        ),
         (
             ["--backend", "toy", "--backend-option", "device=npu"],
             EXIT_FAILED,
@@ -473,6 +477,6 @@ def test_run_refuses_a_prompt_longer_than_the_model_as_generate_does(
     assert (code, out) == (EXIT_USAGE, "")
     assert err.count("\n") == 1
     assert (
-        "'token_ids[0]': a prompt of 40 tokens runs 40 positions, more than the model's 16 "
+        "--lengths: request 0: a prompt of 40 tokens runs 40 positions, more than the model's 16 "
         "(max_position_embeddings)" in err
     )

@@ -7,7 +7,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator, Mapping
 
-from .._errors import InvalidConfigError, InvalidInputError
+from .._errors import BackendNotFoundError, InvalidConfigError, InvalidInputError
 from .._validate import check_int
 
 __all__ = [
@@ -46,7 +46,7 @@ def flags_named(**flags: str) -> Iterator[None]:
     """
     try:
         yield
-    except (InvalidInputError, InvalidConfigError) as error:
+    except (InvalidInputError, InvalidConfigError, BackendNotFoundError) as error:
         message = str(error)
         for name, flag in flags.items():
             parameter = f"{name!r} "

@@ -15,10 +15,21 @@ from .._plan import plan_prefill
 from .._policies import request_cap
 from .._schedule import Schedule
 from .._workloads import synthetic_lengths
-from ._errors import UsageError
-from ._lengths import MAX_PROMPTS, read_lengths
+from ._errors import UsageError, flags_named
+from ._lengths import parse_lengths, read_lengths, read_text
+from ._options import CONFIG_FLAGS, WORKLOAD_FLAGS
 
-__all__ = ["MAX_CHUNKS", "check_size", "config", "engine_args", "num_computed", "plan", "workload"]
+__all__ = [
+    "MAX_CHUNKS",
+    "check_size",
+    "config",
+    "engine_args",
+    "lengths_flag",
+    "num_computed",
+    "plan",
+    "workload",
+    "workload_flags",
+]
 
 #: Most chunks a command plans: planning 10 million takes about 0.7 GB and 4 s, their JSON
 #: several times that.
@@ -29,6 +40,13 @@ _WORKLOAD_DEFAULTS = {"num_requests": 16, "seed": 0, "min_length": 16, "max_leng
 Lengths = npt.NDArray[np.int64]
 
 
+def lengths_flag(args: argparse.Namespace) -> str:
+    """The flag that gave the prompt lengths, for errors about them."""
+    if args.workload is not None:
+        return "--workload"
+    return "--lengths" if args.lengths_file is None else "--lengths-file"
+
+
 def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
     """The prompt lengths and a short description of where they came from."""
     if args.workload is None:
@@ -37,7 +55,8 @@ def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
                 flag = "--" + option.replace("_", "-")
                 raise UsageError(f"{flag} applies only with --workload, not with a lengths list")
         if args.lengths_file is not None:
-            return read_lengths("@" + args.lengths_file, name="--lengths-file"), "--lengths-file"
+            text = read_text(args.lengths_file, name="--lengths-file")
+            return parse_lengths(text, name="--lengths-file"), "--lengths-file"
         if not isinstance(args.lengths, str):  # CPython 3.11's argparse reads "--lengths=--" as []
             raise UsageError("--lengths: must be a list of prompt lengths, e.g. '3338x16': '--'")
         return read_lengths(args.lengths, name="--lengths"), "--lengths"
@@ -45,9 +64,13 @@ def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
         key: default if getattr(args, key) is None else getattr(args, key)
         for key, default in _WORKLOAD_DEFAULTS.items()
     }
-    if params["num_requests"] > MAX_PROMPTS:
-        raise UsageError(f"--num-requests: must be <= {MAX_PROMPTS}: {params['num_requests']}")
-    lengths = synthetic_lengths(args.workload, **params)
+    if args.min_length is None and params["max_length"] < params["min_length"]:
+        raise UsageError(
+            f"--max-length: must be >= the default --min-length {params['min_length']} "
+            f"(or give --min-length): {params['max_length']}"
+        )
+    with flags_named(**WORKLOAD_FLAGS):
+        lengths = synthetic_lengths(args.workload, **params)
     # The description is the options that draw the same lengths again.
     source = f"--workload {args.workload} --num-requests {params['num_requests']}"
     if args.workload != "seed":
@@ -77,7 +100,8 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def config(args: argparse.Namespace) -> PlannerConfig:
-    return PlannerConfig.from_engine_args(**engine_args(args))
+    with flags_named(**CONFIG_FLAGS):
+        return PlannerConfig.from_engine_args(**engine_args(args))
 
 
 def check_size(lengths: Lengths, computed: Lengths | None, planner: PlannerConfig) -> None:
@@ -108,4 +132,10 @@ def plan(args: argparse.Namespace) -> tuple[Schedule, str]:
     computed = num_computed(args)
     planner = config(args)
     check_size(lengths, computed, planner)
-    return plan_prefill(lengths, planner, num_computed_tokens=computed), source
+    with flags_named(**workload_flags(args)):
+        return plan_prefill(lengths, planner, num_computed_tokens=computed), source
+
+
+def workload_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The planner's parameters for the workload and the flags that gave them."""
+    return {"prompt_lengths": lengths_flag(args), "num_computed_tokens": "--num-computed"}

@@ -107,11 +107,15 @@ def read_lengths(value: str, *, name: str) -> npt.NDArray[np.int64]:
     """``@PATH`` reads the list from a file (``@-``: stdin); anything else is the list."""
     if not value.startswith("@"):
         return parse_lengths(value, name=name)
+    if value == "@":
+        raise UsageError(f"{name}: no file name after '@' (@FILE reads one, @- stdin)")
     return parse_lengths(read_text(value[1:], name=name), name=name)
 
 
 def read_text(path: str, *, name: str) -> str:
     """The UTF-8 text of ``path`` (``-``: stdin), at most :data:`MAX_FILE_BYTES` bytes."""
+    if not path:
+        raise UsageError(f"{name}: an empty file name")
     shown = "stdin" if path == "-" else repr(path)
     try:
         data = _read_bytes(path, limit=MAX_FILE_BYTES + 1)

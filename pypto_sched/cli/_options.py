@@ -14,8 +14,10 @@ from ._errors import UsageError
 from ._lengths import GRAMMAR
 
 __all__ = [
+    "CONFIG_FLAGS",
     "HELP_WIDTH",
     "SEED",
+    "WORKLOAD_FLAGS",
     "Example",
     "Parser",
     "add_command",
@@ -117,6 +119,25 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="tokens already cached per prompt (prefix hits), in the LIST syntax or '@FILE'",
     )
+
+
+#: The planner configuration's fields and the flags that give them, for every command that
+#: takes them (errors name the flag: :func:`~pypto_sched.cli._errors.flags_named`).
+CONFIG_FLAGS = {
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "max_num_seqs": "--max-num-seqs",
+    "page_size": "--page-size",
+    "policy": "--policy",
+    "max_num_partial_prefills": "--max-num-partial-prefills",
+}
+#: The synthetic workload's parameters and their flags.
+WORKLOAD_FLAGS = {
+    "num_requests": "--num-requests",
+    "min_length": "--min-length",
+    "max_length": "--max-length",
+    "seed": "--seed",
+}
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:

@@ -195,11 +195,11 @@ def replicas(
         ) from None
     # Ray's own start-up lines (INFO, a note on token authentication) stay off stderr.
     init = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
-    with (
-        ray_session(args.ray_address, **init),
-        RayReplicas(backend, num_replicas=count, options=options, resources=asked) as pool,
-    ):
-        yield pool
+    with ray_session(args.ray_address, **init):
+        with flags_named(name="--backend"):
+            pool = RayReplicas(backend, num_replicas=count, options=options, resources=asked)
+        with pool:
+            yield pool
 
 
 @contextmanager

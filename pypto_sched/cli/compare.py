@@ -18,9 +18,10 @@ from .._errors import PyptoSchedError
 from .._plan import plan_prefill
 from .._schedule import Schedule
 from . import _render
-from ._errors import EXIT_OK, UsageError
-from ._inputs import check_size, engine_args, num_computed, workload
+from ._errors import EXIT_OK, UsageError, flags_named
+from ._inputs import check_size, engine_args, num_computed, workload, workload_flags
 from ._options import (
+    CONFIG_FLAGS,
     SEED,
     Example,
     Parser,
@@ -130,7 +131,8 @@ def handle(args: argparse.Namespace) -> int:
     configs = configurations(args)
     for config in configs:
         check_size(lengths, computed, config)
-    schedules = [plan_prefill(lengths, c, num_computed_tokens=computed) for c in configs]
+    with flags_named(**workload_flags(args)):
+        schedules = [plan_prefill(lengths, c, num_computed_tokens=computed) for c in configs]
     if args.format == "json":
         first = schedules[0]
         workload_data = {
@@ -163,8 +165,11 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
     for spec in specs:
         for combination in itertools.product(*sweeps):
             overrides = {k: v for override in (spec, *combination) for k, v in override.items()}
+            # A setting the options gave is named by its flag, one a spec gave by the spec.
+            given = {k: flag for k, flag in CONFIG_FLAGS.items() if k not in overrides}
             try:
-                configs.append(PlannerConfig.from_engine_args(**{**base, **overrides}))
+                with flags_named(**given):
+                    configs.append(PlannerConfig.from_engine_args(**{**base, **overrides}))
             except PyptoSchedError as error:
                 raise UsageError(f"configuration {_describe(overrides)}: {error}") from None
     return configs

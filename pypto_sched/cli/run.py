@@ -18,12 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import PyptoSchedError
+from .._validate import check_positions
 from .._verify import Verification, verify_against_one_shot
-from ..backends import Backend, load_backend
+from ..backends import Backend, load_backend, max_positions
 from ..execute import execute_schedule
 from . import _progress, _render, _replicas
-from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError, check_counts
-from ._inputs import plan
+from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError, check_counts, flags_named
+from ._inputs import lengths_flag, plan
 from ._options import (
     Example,
     Parser,
@@ -133,6 +134,7 @@ def handle(args: argparse.Namespace) -> int:
             raise UsageError("--verify runs on one device: leave out --replicas")
         return _run_on_replicas(args, schedule, source, seed, num_replicas)
     backend = _load(args)
+    _check_positions(args, schedule, max_positions(backend))
     prompts = _token_ids(schedule, backend.vocab_size, seed)
     progress = _progress.bar(args)
     with progress("prefill", schedule.num_dispatches) as on_dispatch:
@@ -183,6 +185,7 @@ def _run_on_replicas(
     options = backend_options(args.backend_option)
     progress = _replicas.progress_bar(args)
     with _replicas.replicas(args, args.backend, options, num_replicas) as pool:
+        _check_positions(args, schedule, pool.max_position_embeddings)
         prompts = _token_ids(schedule, pool.vocab_size, seed)
         with progress("prefill") as on_progress:
             result = pool.prefill(
@@ -220,17 +223,30 @@ def _run_on_replicas(
 
 def _load(args: argparse.Namespace) -> Backend:
     options = backend_options(args.backend_option)
-    try:
-        return load_backend(args.backend, **options)
-    except PyptoSchedError:
-        raise
-    except (TypeError, ValueError) as error:
-        # An option the factory does not take, or a value it refuses.
-        raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
-    except Exception as error:
-        raise CommandFailed(
-            f"backend {args.backend!r} could not be created: {type(error).__name__}: {error}"
-        ) from None
+    with flags_named(name="--backend"):
+        try:
+            return load_backend(args.backend, **options)
+        except PyptoSchedError:
+            raise
+        except (TypeError, ValueError) as error:
+            # An option the factory does not take, or a value it refuses.
+            raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
+        except Exception as error:
+            raise CommandFailed(
+                f"backend {args.backend!r} could not be created: {type(error).__name__}: {error}"
+            ) from None
+
+
+def _check_positions(args: argparse.Namespace, schedule: Schedule, longest: int | None) -> None:
+    """``execute_schedule``'s check of the model's positions, before token ids are drawn,
+    naming the request and the option that gave its length."""
+    if longest is None:
+        return
+    over = np.flatnonzero(schedule.prompt_lengths > longest)
+    if over.size:
+        r = int(over[0])
+        where = f"{lengths_flag(args)}: request {r}"
+        check_positions(where, int(schedule.prompt_lengths[r]), longest)
 
 
 def _token_ids(schedule: Schedule, vocab_size: int, seed: int) -> list[npt.NDArray[np.int64]]:
