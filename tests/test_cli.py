@@ -556,6 +556,56 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
             "--seed: must be >= 0: -1",
         ),
         (
+            ["plan", "--workload", "seed", "--min-length", "50", "--max-num-batched-tokens", "8"],
+            "--min-length does not apply to --workload seed (every prompt 3,338 tokens)",
+        ),
+        (
+            ["plan", "--workload", "seed", "--max-length", "5", "--max-num-batched-tokens", "8"],
+            "--max-length does not apply to --workload seed",
+        ),
+        (
+            ["plan", "--workload", "seed", "--seed", "3", "--max-num-batched-tokens", "8"],
+            "--seed does not apply to --workload seed",
+        ),
+        (
+            ["plan", "--lengths", "5", "--seed", "3", "--max-num-batched-tokens", "8"],
+            "--seed applies only with --workload, not with a lengths list",
+        ),
+        (
+            ["compare", "--lengths", "5", "--seed", "3", "--max-num-batched-tokens", "8"],
+            "--seed applies only with --workload, not with a lengths list",
+        ),
+        (
+            ["plan", "--lengths", "5", "--lengths", "6", "--max-num-batched-tokens", "8"],
+            "--lengths: given twice; give it once",
+        ),
+        (
+            [
+                "plan",
+                "--lengths",
+                "5",
+                "--max-num-batched-tokens",
+                "8",
+                "--max-num-batched-tokens",
+                "9",
+            ],
+            "--max-num-batched-tokens: given twice; give it once",
+        ),
+        (
+            [
+                "plan",
+                "--workload",
+                "uniform",
+                "--seed",
+                "1",
+                "--seed",
+                "2",
+                "--max-num-batched-tokens",
+                "8",
+            ],
+            "--seed: given twice; give it once",
+        ),
+        (
             ["plan", "--lengths", "@", "--max-num-batched-tokens", "8"],
             "--lengths: no file name after '@'",
         ),

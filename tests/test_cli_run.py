@@ -480,3 +480,13 @@ def test_run_refuses_a_prompt_longer_than_the_model_as_generate_does(
         "--lengths: request 0: a prompt of 40 tokens runs 40 positions, more than the model's 16 "
         "(max_position_embeddings)" in err
     )
+
+
+def test_run_takes_seed_with_a_lengths_list_for_its_token_ids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("pypto_sched_reference")
+    argv = ["run", "--backend", "reference", "--lengths", "5,9", "--max-num-batched-tokens", "8"]
+    seeded = [run_json(capsys, *argv, "--seed", str(seed))["greedy_token_ids"] for seed in (0, 3)]
+    assert run_json(capsys, *argv)["greedy_token_ids"] == seeded[0]
+    assert seeded[0] != seeded[1]

@@ -14,7 +14,7 @@ from .._config import PlannerConfig
 from .._plan import plan_prefill
 from .._policies import request_cap
 from .._schedule import Schedule
-from .._workloads import synthetic_lengths
+from .._workloads import SEED_PROMPT_LENGTH, synthetic_lengths
 from ._errors import UsageError, flags_named
 from ._lengths import parse_lengths, read_lengths, read_text
 from ._options import CONFIG_FLAGS, WORKLOAD_FLAGS
@@ -49,11 +49,8 @@ def lengths_flag(args: argparse.Namespace) -> str:
 
 def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
     """The prompt lengths and a short description of where they came from."""
+    _refuse_unused(args)
     if args.workload is None:
-        for option in ("num_requests", "min_length", "max_length"):
-            if getattr(args, option) is not None:
-                flag = "--" + option.replace("_", "-")
-                raise UsageError(f"{flag} applies only with --workload, not with a lengths list")
         if args.lengths_file is not None:
             text = read_text(args.lengths_file, name="--lengths-file")
             return parse_lengths(text, name="--lengths-file"), "--lengths-file"
@@ -79,6 +76,24 @@ def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
             f" --max-length {params['max_length']}"
         )
     return lengths, source
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """Refuse a workload option the workload would ignore: the lengths of a list are given,
+    the seed workload's are all 3,338 tokens. ``--seed`` also seeds ``run``'s token ids."""
+    unused = ["min_length", "max_length"]
+    if not getattr(args, "seeds_token_ids", False):
+        unused.append("seed")
+    if args.workload is None:
+        unused.append("num_requests")
+        why = "applies only with --workload, not with a lengths list"
+    elif args.workload == "seed":
+        why = f"does not apply to --workload seed (every prompt {SEED_PROMPT_LENGTH:,} tokens)"
+    else:
+        return
+    for option in WORKLOAD_FLAGS:
+        if option in unused and getattr(args, option) is not None:
+            raise UsageError(f"{WORKLOAD_FLAGS[option]} {why}")
 
 
 def num_computed(args: argparse.Namespace) -> Lengths | None:

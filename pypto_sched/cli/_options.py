@@ -19,6 +19,7 @@ __all__ = [
     "SEED",
     "WORKLOAD_FLAGS",
     "Example",
+    "Once",
     "Parser",
     "add_command",
     "add_config_options",
@@ -43,6 +44,23 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+class Once(argparse.Action):
+    """Store the option's value, refusing it a second time: the first would be ignored."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        given: set[str] = vars(namespace).setdefault("given_once", set())
+        if self.dest in given:
+            raise UsageError(f"{option_string}: given twice; give it once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
 
 
 def epilog(examples: Sequence[Example]) -> str:
@@ -78,44 +96,68 @@ def add_format_option(parser: argparse.ArgumentParser, help: str) -> None:
 def add_workload_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "workload (one of --lengths, --lengths-file, --workload)",
-        description=textwrap.fill(f"LIST syntax: {GRAMMAR}.", width=HELP_WIDTH - 2),
+        description=textwrap.fill(
+            f"LIST syntax: {GRAMMAR}. Each option at most once; an option the workload does "
+            "not use is refused: --num-requests, --min-length and --max-length apply only to "
+            "--workload uniform, lognormal and bimodal (--num-requests to seed too), --seed "
+            "only to those and to run's token ids.",
+            width=HELP_WIDTH - 2,
+            break_on_hyphens=False,
+        ),
     )
     source = group.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--lengths",
+        action=Once,
         metavar="LIST",
         help="prompt lengths, e.g. '3338x16' (16 prompts of 3338 tokens) or '100,200,50x3'; "
         "'@FILE' reads them from a file ('@-' from stdin)",
     )
     source.add_argument(
         "--lengths-file",
+        action=Once,
         metavar="PATH",
         help="read the prompt lengths from a file, in the LIST syntax (same as --lengths @PATH)",
     )
     source.add_argument(
         "--workload",
+        action=Once,
         choices=WORKLOADS,
         metavar="NAME",
         help="a named synthetic workload: seed (prompts of 3338 tokens), uniform, lognormal "
         "(long-tailed), bimodal (4 in 5 short, 1 in 5 long)",
     )
     group.add_argument(
-        "--num-requests", type=int, metavar="N", help="--workload: prompts (default 16)"
+        "--num-requests",
+        action=Once,
+        type=int,
+        metavar="N",
+        help="--workload: prompts (default 16)",
     )
     group.add_argument(
-        "--min-length", type=int, metavar="N", help="--workload: shortest prompt (default 16)"
+        "--min-length",
+        action=Once,
+        type=int,
+        metavar="N",
+        help="--workload: shortest prompt (default 16)",
     )
     group.add_argument(
-        "--max-length", type=int, metavar="N", help="--workload: longest prompt (default 4096)"
+        "--max-length",
+        action=Once,
+        type=int,
+        metavar="N",
+        help="--workload: longest prompt (default 4096)",
     )
     group.add_argument(
         "--seed",
+        action=Once,
         type=int,
         metavar="N",
         help="random seed of --workload (and of run's token ids); default 0",
     )
     group.add_argument(
         "--num-computed",
+        action=Once,
         metavar="LIST",
         help="tokens already cached per prompt (prefix hits), in the LIST syntax or '@FILE'",
     )
@@ -144,12 +186,14 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "planner configuration",
         description=textwrap.fill(
-            "As in vLLM's flags, a threshold of 0 is off; the other limits are off unless given.",
+            "As in vLLM's flags, a threshold of 0 is off; the other limits are off unless "
+            "given. Each option at most once.",
             width=HELP_WIDTH - 2,
         ),
     )
     group.add_argument(
         "--max-num-batched-tokens",
+        action=Once,
         type=int,
         required=True,
         metavar="N",
@@ -157,25 +201,36 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--long-prefill-token-threshold",
+        action=Once,
         type=int,
         default=0,
         metavar="N",
         help="per-request chunk cap; round_robin also lowers the budget to it (0: off)",
     )
     group.add_argument(
-        "--max-num-seqs", type=int, metavar="N", help="most rows per dispatch (default: no limit)"
+        "--max-num-seqs",
+        action=Once,
+        type=int,
+        metavar="N",
+        help="most rows per dispatch (default: no limit)",
     )
     group.add_argument(
-        "--page-size", type=int, metavar="N", help="non-final chunks end on multiples of N"
+        "--page-size",
+        action=Once,
+        type=int,
+        metavar="N",
+        help="non-final chunks end on multiples of N",
     )
     group.add_argument(
         "--policy",
+        action=Once,
         choices=POLICIES,
         default="round_robin",
         help="round_robin: the seed's behaviour (default); packed: co-scheduled chunks",
     )
     group.add_argument(
         "--max-num-partial-prefills",
+        action=Once,
         type=int,
         metavar="N",
         help="packed only: most requests part-way through prefill at once (default: no limit)",

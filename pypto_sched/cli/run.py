@@ -113,7 +113,8 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="show a progress bar on stderr (default: when stderr is a terminal)",
     )
     add_format_option(parser, "text: a summary; json: the summary as an object")
-    parser.set_defaults(handler=handle)
+    # --seed draws the token ids, also of a lengths list (see _inputs.workload).
+    parser.set_defaults(handler=handle, seeds_token_ids=True)
 
 
 def handle(args: argparse.Namespace) -> int:
