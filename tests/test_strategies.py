@@ -581,7 +581,6 @@ def test_prefill_states_shrink_to_one_short_started_request() -> None:
 def test_prefill_states_ids_shrink_to_the_first_ints() -> None:
     state = smallest(prefill_states(), lambda state: len(state) >= 3)
     assert list(state) == [0, 1, 2]
-    assert all(r.prompt_length == 1 and r.num_computed_tokens == 0 for r in state.values())
 
 
 # -- the optional extra -------------------------------------------------------------------------
