@@ -187,8 +187,9 @@ class History:
             None if config.max_num_seqs is None else max(config.max_num_seqs - reserved_rows, 0)
         )
         # packed's work-conserving tail: a request alone, beside no decodes, may run the
-        # whole budget.
-        alone = len(before) == 1 and reserved_tokens == reserved_rows == 0
+        # whole budget. (Reserved rows count only where rows are limited.)
+        rows_reserved = reserved_rows if config.max_num_seqs is not None else 0
+        alone = len(before) == 1 and reserved_tokens == rows_reserved == 0
         cap = config.max_num_batched_tokens if alone and config.policy == "packed" else None
         self.check_rows(plan, room_tokens, room_rows, cap or config.chunk_cap)
         # A dispatch kept to the bound may hold older requests back (the fairness bounds are

@@ -515,7 +515,9 @@ class SteppingMachine(RuleBasedStateMachine):
             return []
         rows_left = len(self.requests) if rows is None else rows
         if packed:
-            alone = len(self.requests) == 1 and reserved_tokens == reserved_rows == 0
+            # (Reserved rows count only where rows are limited.)
+            rows_reserved = reserved_rows if config.max_num_seqs is not None else 0
+            alone = len(self.requests) == 1 and reserved_tokens == rows_reserved == 0
             return self.model_packed(budget if alone else cap, tokens, rows_left, page)
         return self.model_round_robin(cap, tokens, rows, page)
 
