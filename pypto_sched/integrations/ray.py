@@ -72,6 +72,7 @@ from .._generate import (
     StepDone,
     generate,
     initial_state,
+    per_request_counts,
     stop_sets,
 )
 from .._partition import Partition, partition_requests
@@ -494,7 +495,7 @@ class RayReplicas:
         pool (default: room for its whole part). Sequences in input order."""
         tokens = self._prompts(prompts)
         _check_config(config)
-        news = _per_request("max_new_tokens", max_new_tokens, len(tokens))
+        news = np.array(per_request_counts(max_new_tokens, len(tokens)), dtype=np.int64)
         stops = None if request_stop_token_ids is None else list(request_stop_token_ids)
         stop_sets(stop_token_ids, stops, len(tokens))
         lengths = np.array([p.size for p in tokens], dtype=np.int64)
@@ -665,18 +666,6 @@ class RayReplicas:
 def _check_config(config: object) -> None:
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-
-
-def _per_request(name: str, values: int | Sequence[int], count: int) -> IntArray:
-    if isinstance(values, int | np.integer) and not isinstance(values, bool):
-        return np.full(count, check_int(name, values, min_value=1), dtype=np.int64)
-    if not isinstance(values, Sequence) or len(values) != count:
-        raise InvalidInputError(
-            f"'{name}' must be an int or one int per prompt ({count}): {values!r}"
-        )
-    return np.array(
-        [check_int(f"{name}[{r}]", v, min_value=1) for r, v in enumerate(values)], dtype=np.int64
-    )
 
 
 def _check_room(resources: Mapping[str, float], num_replicas: int) -> None:
