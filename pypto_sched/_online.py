@@ -45,7 +45,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ._config import PlannerConfig, Policy
-from ._errors import DuplicateRequestError, InvalidInputError, UnknownRequestError
+from ._errors import (
+    CacheTooSmallError,
+    DuplicateRequestError,
+    InvalidInputError,
+    UnknownRequestError,
+)
 from ._persistent import Frozen, PersistentMap, PersistentQueue
 from ._policies import (
     admits,
@@ -587,8 +592,38 @@ def plan_step(
     to_bound = config if whole and bound_rule_applies(config, num_requests) else None
     step = _Step(state, None if pool is None else _Holds(pool), cap, page, to_bound)
     if config.policy == "packed":
-        return _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
-    return _plan_round_robin(step, room_tokens, rows)
+        plan = _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
+    else:
+        plan = _plan_round_robin(step, room_tokens, rows)
+    if pool is not None and not plan.rows:
+        _check_pool_holds_each(state, pool)
+    return plan
+
+
+def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[RequestId]) -> None:
+    """Raise :class:`CacheTooSmallError` if a request that could take the next pages needs
+    more than ``pool`` has in all: no step could ever finish it, so the run would be stuck.
+
+    Checked when a step plans no row, which is where such a request leaves the run, and only
+    on the requests that can hold pages (the started ones, the pool's owners and the head of
+    the queue): a stuck step costs the owners, never the length of the queue.
+    """
+    requests = state._requests
+    # (An owner the state does not hold, a decode request, gives None; so does a queue head
+    # left behind by a removed request.)
+    candidates = [*state._started, *map(requests.get, pool.owners())]
+    if state._queue:
+        candidates.append(requests.get(state._queue.peek().id))
+    for record in candidates:
+        if record is None:
+            continue
+        needed = pool.pages_for(record.prompt_length)
+        if needed > pool.num_pages:
+            raise CacheTooSmallError(
+                f"the pool must hold every request alone: request {record.id!r} needs "
+                f"{needed} pages of {pool.page_size} for its {record.prompt_length} prompt "
+                f"tokens, and the pool has {pool.num_pages}"
+            )
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})

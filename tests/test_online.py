@@ -650,12 +650,14 @@ def test_a_round_robin_step_stuck_for_pages_asks_the_owners_not_the_queue() -> N
     config = PlannerConfig(max_num_batched_tokens=512, page_size=64)
     peaks = []
     for waiting in (10, 10_000):
-        # "long" holds every page, all in use; the head, 0, holds none.
+        # "x" and "y" hold every page between them, all in use, and each needs more (each
+        # fits the pool alone); the head, 0, holds none.
         state: PrefillState[Any] = PrefillState()
         for request_id in range(waiting):
             state = state.add(request_id, 4096)
-        state = state.add("long", 10**6, num_computed_tokens=256)
-        pool = PagePool[Any](num_pages=4, page_size=64).hold("long", 256)
+        state = state.add("x", 4096, num_computed_tokens=2048)
+        state = state.add("y", 4096, num_computed_tokens=2048)
+        pool = PagePool[Any](num_pages=64, page_size=64).hold("x", 2048).hold("y", 2048)
         tracemalloc.start()
         try:
             plan = plan_step(state, config, pool=pool)

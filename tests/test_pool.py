@@ -591,3 +591,39 @@ class SteppingMachine(RuleBasedStateMachine):
 
 TestSteppingMachine = SteppingMachine.TestCase
 TestSteppingMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=6),
+    num_pages=st.integers(min_value=1, max_value=12),
+    page_size=st.integers(min_value=1, max_value=4),
+    budget=st.integers(min_value=1, max_value=16),
+    policy=st.sampled_from(POLICIES),
+)
+def test_a_request_the_whole_pool_cannot_hold_is_refused_not_left_stuck(
+    lengths: list[int], num_pages: int, page_size: int, budget: int, policy: Policy
+) -> None:
+    config = PlannerConfig(max_num_batched_tokens=budget, policy=policy)
+    state = PrefillState.from_prompt_lengths(lengths)
+    pool = PagePool[int](num_pages=num_pages, page_size=page_size)
+    too_long = [r for r, length in enumerate(lengths) if -(-length // page_size) > num_pages]
+    refused: str | None = None
+    for _ in range(sum(lengths) + 1):  # a step with rows runs a token at least
+        if not state:
+            break
+        try:
+            plan = plan_step(state, config, pool=pool)
+        except CacheTooSmallError as error:
+            refused = str(error)
+            break
+        if not plan.rows:
+            break  # part-way requests hold every page: the caller's to release one
+        state, pool = plan.state, plan.pool
+        for request in plan.finished:
+            pool = pool.release(request)
+    if too_long:
+        assert refused is not None, "a request longer than the pool was never refused"
+        assert any(f"request {r} needs" in refused for r in too_long), refused
+    else:
+        assert refused is None, refused
