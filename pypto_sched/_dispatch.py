@@ -16,7 +16,7 @@ import numpy.typing as npt
 from ._errors import CacheTooSmallError, InvalidInputError
 from ._pages import BlockTables
 from ._schedule import Dispatch
-from ._validate import read_only
+from ._validate import arrays_stay_read_only, read_only
 
 __all__ = ["DispatchArrays", "dispatch_arrays"]
 
@@ -24,6 +24,7 @@ I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 
 
+@arrays_stay_read_only
 @attrs.frozen(eq=False)
 class DispatchArrays:
     """One dispatch in the layout attention kernels expect (rows in dispatch order).

@@ -26,7 +26,7 @@ from ._config import PlannerConfig
 from ._errors import InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
 from ._sampling import SamplingParams, sample_token
-from ._validate import check_callback, check_int, check_positions, read_only
+from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
 from .execute import DEFAULT_PAGE_SIZE, _run, token_array
 
@@ -35,6 +35,7 @@ __all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone
 FinishReason = Literal["length", "stop"]
 
 
+@arrays_stay_read_only
 @attrs.frozen(kw_only=True)
 class GeneratedSequence:
     """What one request generated."""

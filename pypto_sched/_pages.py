@@ -9,11 +9,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import CacheTooSmallError, InvalidInputError
-from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
+from ._validate import MAX_TOKENS, arrays_stay_read_only, as_count_array, check_int, read_only
 
 __all__ = ["BlockTables", "plan_pages"]
 
 
+@arrays_stay_read_only
 @attrs.frozen(eq=False, kw_only=True)
 class BlockTables:
     """Per request, the KV-cache pages holding positions ``0, page_size, 2 * page_size, ...``.

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import InvalidInputError
-from ._validate import as_count_array, check_int, read_only
+from ._validate import arrays_stay_read_only, as_count_array, check_int, read_only
 
 __all__ = ["Partition", "partition_requests"]
 
@@ -52,6 +52,7 @@ IntArray = npt.NDArray[np.int64]
 _RUN_AT_ONCE = 32
 
 
+@arrays_stay_read_only
 @attrs.frozen(kw_only=True, eq=False)
 class Partition:
     """Which replica runs which request: the result of :func:`partition_requests`."""

@@ -29,7 +29,15 @@ from ._errors import InvalidConfigError, InvalidInputError, InvalidScheduleError
 from ._json import load_json
 from ._policies import dispatch_bound
 from ._stats import ScheduleStats
-from ._validate import MAX_TOKENS, is_int, read_only
+from ._validate import (
+    MAX_TOKENS,
+    arrays_stay_read_only,
+    as_count_array,
+    check_bool,
+    check_int,
+    is_int,
+    read_only,
+)
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Chunk", "Dispatch", "Schedule"]
 
@@ -57,14 +65,53 @@ _REQUIRED_KEYS = frozenset({"format", "version", "config", "prompt_lengths", "di
 _OPTIONAL_KEYS = frozenset({"num_computed_tokens", "summary"})
 
 
+def _request(value: object) -> int:
+    return check_int("request", value, min_value=0)
+
+
+def _start(value: object) -> int:
+    return check_int("start", value, min_value=0)
+
+
+def _length(value: object) -> int:
+    return check_int("length", value, min_value=1)
+
+
+def _final(value: object) -> bool:
+    return check_bool("is_final", value)
+
+
+def _dispatch_index(value: object) -> int:
+    return check_int("index", value, min_value=0)
+
+
+def _row_array(name: str, values: object, *, min_value: int) -> npt.NDArray[np.int32]:
+    """``values`` as a read-only int32 row array, checked (an error names ``name``)."""
+    counts = as_count_array(name, values, min_value=min_value, allow_empty=True)
+    return read_only(counts.astype(np.int32))
+
+
+def _requests(values: object) -> npt.NDArray[np.int32]:
+    return _row_array("requests", values, min_value=0)
+
+
+def _starts(values: object) -> npt.NDArray[np.int32]:
+    return _row_array("starts", values, min_value=0)
+
+
+def _lengths(values: object) -> npt.NDArray[np.int32]:
+    return _row_array("lengths", values, min_value=1)
+
+
 @attrs.frozen(kw_only=True)
 class Chunk:
-    """One row of a dispatch: tokens ``start:start + length`` of request ``request``."""
+    """One row of a dispatch: tokens ``start:start + length`` of request ``request``
+    (``request`` and ``start`` at least 0, ``length`` at least 1, ``is_final`` a bool)."""
 
-    request: int
-    start: int
-    length: int
-    is_final: bool
+    request: int = attrs.field(converter=_request)
+    start: int = attrs.field(converter=_start)
+    length: int = attrs.field(converter=_length)
+    is_final: bool = attrs.field(converter=_final)
 
     @property
     def end(self) -> int:
@@ -72,16 +119,60 @@ class Chunk:
         return self.start + self.length
 
 
+def _finality(values: object) -> npt.NDArray[np.bool_]:
+    array = np.asarray(values) if isinstance(values, Sequence) else values
+    if not isinstance(array, np.ndarray) or array.ndim != 1:
+        raise InvalidInputError(
+            f"'is_final' must be a sequence or 1-D array of bools: {type(values).__name__}"
+        )
+    if array.size and array.dtype != np.bool_:
+        raise InvalidInputError(f"'is_final' must hold bools: dtype {array.dtype}")
+    return read_only(array.astype(np.bool_))
+
+
+def _check_rows(dispatch: Dispatch, _attribute: object, _value: object) -> None:
+    """The rows of a dispatch built by hand: one length, each request at most once and in
+    order, within the positions a prompt may have."""
+    sizes = {
+        dispatch.requests.size,
+        dispatch.starts.size,
+        dispatch.lengths.size,
+        dispatch.is_final.size,
+    }
+    if len(sizes) > 1:
+        raise InvalidInputError(
+            f"'requests', 'starts', 'lengths' and 'is_final' must have one length: "
+            f"{dispatch.requests.size}, {dispatch.starts.size}, {dispatch.lengths.size}, "
+            f"{dispatch.is_final.size}"
+        )
+    requests = dispatch.requests
+    if requests.size > 1 and not bool((requests[1:] > requests[:-1]).all()):
+        raise InvalidInputError(
+            f"'requests' must be increasing (each request once, in request order): "
+            f"{requests.tolist()}"
+        )
+    ends = dispatch.starts.astype(np.int64) + dispatch.lengths
+    if ends.size and int(ends.max()) > MAX_TOKENS:
+        raise InvalidInputError(f"'starts' + 'lengths' must be <= {MAX_TOKENS}: {int(ends.max())}")
+
+
+@arrays_stay_read_only
 @attrs.frozen(eq=False, kw_only=True)
 class Dispatch:
-    """One device call: its rows as read-only array views into the schedule. Two dispatches
-    are equal when their index and rows are (whichever schedule they come from)."""
+    """One device call: its rows as read-only arrays (views into the schedule, for a
+    schedule's dispatches). Two dispatches are equal when their index and rows are
+    (whichever schedule they come from).
 
-    index: int
-    requests: npt.NDArray[np.int32]
-    starts: npt.NDArray[np.int32]
-    lengths: npt.NDArray[np.int32]
-    is_final: npt.NDArray[np.bool_]
+    Built by hand, the arrays are checked and copied: ``requests`` increasing (each request
+    at most once, in request order) and at least 0, ``starts`` at least 0, ``lengths`` at
+    least 1, all of one length; ``index`` an int at least 0.
+    """
+
+    index: int = attrs.field(converter=_dispatch_index)
+    requests: npt.NDArray[np.int32] = attrs.field(converter=_requests)
+    starts: npt.NDArray[np.int32] = attrs.field(converter=_starts)
+    lengths: npt.NDArray[np.int32] = attrs.field(converter=_lengths)
+    is_final: npt.NDArray[np.bool_] = attrs.field(converter=_finality, validator=_check_rows)
 
     @property
     def num_rows(self) -> int:
@@ -103,7 +194,7 @@ class Dispatch:
     def rows(self) -> tuple[Chunk, ...]:
         """The rows as :class:`Chunk` values, in order."""
         return tuple(
-            Chunk(request=r, start=s, length=n, is_final=f)
+            _chunk(r, s, n, f)
             for r, s, n, f in zip(
                 self.requests.tolist(),
                 self.starts.tolist(),
@@ -112,6 +203,27 @@ class Dispatch:
                 strict=True,
             )
         )
+
+
+def _chunk(request: int, start: int, length: int, is_final: bool) -> Chunk:
+    """``Chunk(request=request, ...)`` of values already checked, built without its checks."""
+    chunk: Chunk = object.__new__(Chunk)
+    _set_request(chunk, request)
+    _set_start(chunk, start)
+    _set_length(chunk, length)
+    _set_final(chunk, is_final)
+    return chunk
+
+
+_set_request = Chunk.__dict__["request"].__set__
+_set_start = Chunk.__dict__["start"].__set__
+_set_length = Chunk.__dict__["length"].__set__
+_set_final = Chunk.__dict__["is_final"].__set__
+_set_index = Dispatch.__dict__["index"].__set__
+_set_requests = Dispatch.__dict__["requests"].__set__
+_set_starts = Dispatch.__dict__["starts"].__set__
+_set_lengths = Dispatch.__dict__["lengths"].__set__
+_set_is_final = Dispatch.__dict__["is_final"].__set__
 
 
 class _Dispatches(Sequence[Dispatch]):
@@ -139,6 +251,7 @@ class _Dispatches(Sequence[Dispatch]):
             yield self._schedule.dispatch(index)
 
 
+@arrays_stay_read_only
 @attrs.frozen(eq=False, kw_only=True)
 class Schedule:
     """Which tokens of which request run in which dispatch.
@@ -200,13 +313,15 @@ class Schedule:
             raise IndexError(f"'index' must be in [{-count}, {count}): {index}")
         index %= count
         lo, hi = int(self.dispatch_offsets[index]), int(self.dispatch_offsets[index + 1])
-        return Dispatch(
-            index=index,
-            requests=self.requests[lo:hi],
-            starts=self.starts[lo:hi],
-            lengths=self.lengths[lo:hi],
-            is_final=self.is_final[lo:hi],
-        )
+        # (Views of the schedule's checked rows, set through the slots: the checks and
+        # copies of Dispatch's initializer are for dispatches built by hand.)
+        dispatch: Dispatch = object.__new__(Dispatch)
+        _set_index(dispatch, index)
+        _set_requests(dispatch, self.requests[lo:hi])
+        _set_starts(dispatch, self.starts[lo:hi])
+        _set_lengths(dispatch, self.lengths[lo:hi])
+        _set_is_final(dispatch, self.is_final[lo:hi])
+        return dispatch
 
     @property
     def dispatches(self) -> Sequence[Dispatch]:

@@ -7,8 +7,9 @@ error naming the parameter instead of failing deep inside NumPy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -96,9 +97,32 @@ def check_positions(
 
 
 def read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """Mark ``array`` read-only and return it (callers pass arrays they own)."""
+    """A read-only view of ``array``, which is made read-only too (callers pass arrays they
+    own). NumPy lets an array that owns its memory be made writeable again, but not a view
+    of a read-only array: what is handed out stays read-only."""
     array.flags.writeable = False
-    return array
+    return array.view()
+
+
+_Class = TypeVar("_Class", bound=type[Any])
+
+
+def arrays_stay_read_only(cls: _Class) -> _Class:
+    """Make the NumPy arrays of an attrs class's fields read-only again when an instance is
+    unpickled or deep-copied (NumPy restores arrays writeable); apply it above
+    ``@attrs.frozen``."""
+    restore = cls.__setstate__  # attrs's, for a slotted class
+    names = [field.name for field in attrs.fields(cls)]
+
+    def __setstate__(self: Any, state: Any) -> None:
+        restore(self, state)
+        for name in names:
+            value = getattr(self, name)
+            if isinstance(value, np.ndarray):
+                object.__setattr__(self, name, read_only(value))
+
+    cls.__setstate__ = __setstate__
+    return cls
 
 
 def as_count_array(

@@ -31,7 +31,7 @@ from ._errors import InvalidInputError
 from ._pages import plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Schedule
-from ._validate import read_only
+from ._validate import arrays_stay_read_only, read_only
 from .backends import Backend, check_is_backend, make_cache
 from .execute import (
     DEFAULT_PAGE_SIZE,
@@ -48,6 +48,7 @@ __all__ = ["Verification", "compare_results", "verify_against_one_shot"]
 F64 = npt.NDArray[np.float64]
 
 
+@arrays_stay_read_only
 @attrs.frozen(kw_only=True, eq=False)
 class Verification:
     """What :func:`compare_results` found, per request (arrays are read-only).

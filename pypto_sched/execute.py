@@ -27,7 +27,7 @@ from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Dispatch, Schedule
-from ._validate import check_callback, check_int, check_positions, read_only
+from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
 from .backends import (
     Backend,
     DispatchInput,
@@ -74,6 +74,7 @@ class DispatchDone:
         return (self.index + 1) / self.num_dispatches
 
 
+@arrays_stay_read_only
 @attrs.frozen(eq=False)
 class ExecutionResult:
     """The outcome of a complete run, in request order."""

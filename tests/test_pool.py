@@ -619,6 +619,7 @@ def test_a_request_the_whole_pool_cannot_hold_is_refused_not_left_stuck(
             break
         if not plan.rows:
             break  # part-way requests hold every page: the caller's to release one
+        assert plan.pool is not None
         state, pool = plan.state, plan.pool
         for request in plan.finished:
             pool = pool.release(request)

@@ -6,11 +6,13 @@ import ast
 import copy
 import json
 import math
+import pickle
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given
@@ -203,28 +205,90 @@ def test_from_dispatches_takes_numpy_ints_and_bools_as_ints_and_bools() -> None:
     rows = np.array([[0, 0, 4, 0], [1, 0, 3, 1], [0, 4, 1, 1]])
     as_numpy = [[[r, s, n, np.bool_(f)]] for r, s, n, f in rows]  # numpy ints and bools
     schedule = Schedule.from_dispatches(config, [5, 3], as_numpy)
-    chunks = [
-        [Chunk(request=r, start=s, length=n, is_final=np.bool_(f))]  # type: ignore[arg-type]
-        for r, s, n, f in rows
-    ]
+    chunks = [[Chunk(request=r, start=s, length=n, is_final=np.bool_(f))] for r, s, n, f in rows]
     assert Schedule.from_dispatches(config, [np.int64(5), np.int64(3)], chunks) == schedule
     assert schedule == plan_prefill([5, 3], config)
     assert schedule.to_json() == plan_prefill([5, 3], config).to_json()
 
 
-@pytest.mark.parametrize(
-    "row",
-    [[1, 0, 3, 1], Chunk(request=1, start=0, length=3, is_final=1)],  # type: ignore[arg-type]
-    ids=["list", "Chunk"],
-)
-def test_from_dispatches_refuses_an_int_is_final_and_says_a_bool_is_expected(row: Any) -> None:
+def test_from_dispatches_refuses_an_int_is_final_and_says_a_bool_is_expected() -> None:
     config = PlannerConfig(max_num_batched_tokens=4)
     with pytest.raises(
         InvalidScheduleError,
         match=r"^dispatch 1 row 0: is_final must be a bool \(True or False, a NumPy bool too; "
         r"convert 0/1 with bool\(\)\): 1 \(int\)$",
     ):
-        Schedule.from_dispatches(config, [5, 3], [[[0, 0, 4, False]], [row], [[0, 4, 1, True]]])
+        Schedule.from_dispatches(
+            config, [5, 3], [[[0, 0, 4, False]], [[1, 0, 3, 1]], [[0, 4, 1, True]]]
+        )
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"request": -1}, r"^'request' must be >= 0: -1$"),
+        ({"start": -5}, r"^'start' must be >= 0: -5$"),
+        ({"length": 0}, r"^'length' must be >= 1: 0$"),
+        ({"length": True}, r"^'length' must be an int: True \(bool\)$"),
+        ({"is_final": 1}, r"^'is_final' must be a bool: 1 \(int\)$"),
+    ],
+)
+def test_a_chunk_built_by_hand_is_checked(fields: dict[str, Any], match: str) -> None:
+    values: dict[str, Any] = {"request": 0, "start": 0, "length": 1, "is_final": False}
+    with pytest.raises(InvalidInputError, match=match):
+        Chunk(**(values | fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"index": True}, r"^'index' must be an int: True \(bool\)$"),
+        ({"index": -1}, r"^'index' must be >= 0: -1$"),
+        ({"requests": [-1]}, r"^'requests' values must be .*: item 0 is -1$"),
+        ({"starts": [-4]}, r"^'starts' values must be .*: item 0 is -4$"),
+        ({"lengths": [0]}, r"^'lengths' values must be .*: item 0 is 0$"),
+        ({"lengths": [1.5]}, r"^'lengths' must hold ints: item 0 is 1.5 \(float\)$"),
+        ({"is_final": [1]}, r"^'is_final' must hold bools: dtype int64$"),
+        ({"is_final": [[True]]}, r"^'is_final' must be a sequence or 1-D array of bools"),
+        (
+            {"requests": [0, 1], "starts": [0], "lengths": [4], "is_final": [False]},
+            r"must have one length: 2, 1, 1, 1$",
+        ),
+        (
+            {"requests": [1, 1], "starts": [0, 4], "lengths": [4, 4], "is_final": [False] * 2},
+            r"^'requests' must be increasing \(each request once, in request order\): \[1, 1\]$",
+        ),
+        ({"starts": [2**31 - 1], "lengths": [4]}, r"^'starts' \+ 'lengths' must be <= "),
+    ],
+)
+def test_a_dispatch_built_by_hand_is_checked(fields: dict[str, Any], match: str) -> None:
+    # Its arrays go to dispatch_arrays, where a negative request or start would index
+    # another request's pages.
+    values: dict[str, Any] = {
+        "index": 0,
+        "requests": [0],
+        "starts": [0],
+        "lengths": [4],
+        "is_final": [False],
+    }
+    with pytest.raises(InvalidInputError, match=match):
+        Dispatch(**(values | fields))
+
+
+def test_a_dispatch_built_by_hand_holds_read_only_copies_and_equals_the_planned_one() -> None:
+    schedule = plan_prefill([5, 3], PlannerConfig(max_num_batched_tokens=4, policy="packed"))
+    requests = np.array([0, 1])
+    built = Dispatch(
+        index=1, requests=requests, starts=[4, 0], lengths=[1, 3], is_final=[True, True]
+    )
+    requests[0] = 1
+    assert built == schedule.dispatch(1)
+    assert built.requests.dtype == np.int32
+    assert built.is_final.dtype == np.bool_
+    for array in (built.requests, built.starts, built.lengths, built.is_final):
+        assert not array.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            array.flags.writeable = True
 
 
 def test_validate_rejects_a_schedule_built_directly_from_bad_arrays() -> None:
@@ -696,3 +760,34 @@ def test_a_broken_invariant_names_the_value_found() -> None:
         InvalidScheduleError, match=r"chunk cap \(4\) tokens: first at row 0, which has length 5"
     ):
         bad.validate()
+
+
+def _read_only_values() -> list[Any]:
+    schedule = plan_prefill([5, 3, 9], PlannerConfig(max_num_batched_tokens=4, policy="packed"))
+    tables = pypto_sched.plan_pages([5, 3, 9], page_size=2, num_pages=16)
+    return [
+        schedule,
+        schedule.dispatch(1),
+        tables,
+        pypto_sched.partition_requests([5, 3, 9], 2),
+        pypto_sched.dispatch_arrays(schedule.dispatch(1), tables),
+    ]
+
+
+@pytest.mark.parametrize("value", _read_only_values(), ids=lambda value: type(value).__name__)
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_arrays_stay_read_only_and_cannot_be_made_writeable_after_a_copy(
+    value: Any, how: str
+) -> None:
+    # NumPy restores arrays writeable, and lets an array that owns its memory be made
+    # writeable again: neither may open a value's arrays to writes.
+    copied = pickle.loads(pickle.dumps(value)) if how == "pickle" else copy.deepcopy(value)
+    fields = attrs.asdict(copied, recurse=False)
+    for name, original in attrs.asdict(value, recurse=False).items():
+        assert np.array_equal(fields[name], original), name
+    arrays = [v for v in fields.values() if isinstance(v, np.ndarray)]
+    assert arrays
+    for array in arrays:
+        assert not array.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            array.flags.writeable = True
