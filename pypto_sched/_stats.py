@@ -6,11 +6,14 @@ import ``_schedule.py``, which imports it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 import numpy.typing as npt
+
+from ._validate import as_count_array, check_int
 
 __all__ = ["ScheduleStats"]
 
@@ -37,16 +40,28 @@ class ScheduleStats:
     def from_arrays(
         cls,
         *,
-        tokens_per_dispatch: npt.NDArray[np.int64],
-        finish_dispatch: npt.NDArray[np.int64],
+        tokens_per_dispatch: npt.NDArray[np.int64] | Sequence[int],
+        finish_dispatch: npt.NDArray[np.int64] | Sequence[int],
         max_num_batched_tokens: int,
         lower_bound: int,
     ) -> ScheduleStats:
         """The figures of a schedule whose dispatches carry ``tokens_per_dispatch`` tokens and
         whose requests finish in dispatches ``finish_dispatch`` (what
-        :attr:`Schedule.stats` returns, cached)."""
-        tokens = tokens_per_dispatch
-        utilization = tokens / max_num_batched_tokens
+        :attr:`Schedule.stats` returns, cached).
+
+        Each is checked: at least one dispatch, each of 1 to ``max_num_batched_tokens``
+        tokens; at least one request, each finishing in one of those dispatches; a lower
+        bound of at least 1. Sequences of ints are taken as arrays are.
+        """
+        budget = check_int("max_num_batched_tokens", max_num_batched_tokens, min_value=1)
+        tokens = as_count_array(
+            "tokens_per_dispatch", tokens_per_dispatch, min_value=1, max_value=budget
+        )
+        finish_dispatch = as_count_array(
+            "finish_dispatch", finish_dispatch, min_value=0, max_value=tokens.size - 1
+        )
+        lower_bound = check_int("lower_bound", lower_bound, min_value=1)
+        utilization = tokens / budget
         return cls(
             num_requests=int(finish_dispatch.size),
             num_tokens=int(tokens.sum()),

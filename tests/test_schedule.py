@@ -791,3 +791,39 @@ def test_arrays_stay_read_only_and_cannot_be_made_writeable_after_a_copy(
         assert not array.flags.writeable
         with pytest.raises(ValueError, match="WRITEABLE"):
             array.flags.writeable = True
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"tokens_per_dispatch": []}, r"^'tokens_per_dispatch' must hold at least one value"),
+        ({"tokens_per_dispatch": [1.5]}, r"^'tokens_per_dispatch' must hold ints"),
+        ({"tokens_per_dispatch": [0]}, r"^'tokens_per_dispatch' values must be in \[1, 8\]"),
+        ({"tokens_per_dispatch": [9]}, r"^'tokens_per_dispatch' values must be in \[1, 8\]"),
+        ({"finish_dispatch": []}, r"^'finish_dispatch' must hold at least one value"),
+        ({"finish_dispatch": [1]}, r"^'finish_dispatch' values must be in \[0, 0\]"),
+        ({"max_num_batched_tokens": 0}, r"^'max_num_batched_tokens' must be >= 1: 0$"),
+        ({"lower_bound": True}, r"^'lower_bound' must be an int: True \(bool\)$"),
+        ({"tokens_per_dispatch": np.ones((1, 1), dtype=np.int64)}, r"must be 1-D"),
+    ],
+)
+def test_stats_from_arrays_checks_its_arguments(fields: dict[str, Any], match: str) -> None:
+    values: dict[str, Any] = {
+        "tokens_per_dispatch": [5],
+        "finish_dispatch": [0],
+        "max_num_batched_tokens": 8,
+        "lower_bound": 1,
+    }
+    with pytest.raises(InvalidInputError, match=match):
+        ScheduleStats.from_arrays(**(values | fields))
+
+
+def test_stats_from_arrays_takes_lists_as_a_schedule_takes_arrays() -> None:
+    schedule = plan_prefill([5, 3, 9], PlannerConfig(max_num_batched_tokens=4, policy="packed"))
+    stats = ScheduleStats.from_arrays(
+        tokens_per_dispatch=schedule.tokens_per_dispatch.tolist(),
+        finish_dispatch=schedule.finish_dispatch.tolist(),
+        max_num_batched_tokens=4,
+        lower_bound=schedule.lower_bound,
+    )
+    assert stats == schedule.stats
