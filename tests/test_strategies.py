@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
@@ -266,6 +267,14 @@ def test_the_discard_count_sees_a_filter() -> None:
 # -- part-way states ------------------------------------------------------------------------------
 
 
+PACKED_SMALL_CAP = PlannerConfig(
+    max_num_batched_tokens=512, long_prefill_token_threshold=8, policy="packed"
+)
+PACKED_VLLM = PlannerConfig(
+    max_num_batched_tokens=8192, long_prefill_token_threshold=512, policy="packed"
+)
+
+
 @pytest.mark.parametrize(
     "strategy",
     [
@@ -273,6 +282,10 @@ def test_the_discard_count_sees_a_filter() -> None:
         prefill_states(configs=st.just(DOCS_CONFIG), max_size=6),
         prefill_states(configs=st.just(PlannerConfig(max_num_batched_tokens=1)), max_size=1),
         prefill_states(configs=st.just(PlannerConfig(max_num_batched_tokens=96, page_size=32))),
+        # Under packed a request alone runs the whole budget, more than four chunks here.
+        prefill_states(configs=st.just(PACKED_SMALL_CAP)),
+        prefill_states(configs=st.just(PACKED_SMALL_CAP), max_size=1),
+        prefill_states(configs=st.just(PACKED_VLLM), max_size=1),
     ],
     ids=repr,
 )
@@ -281,6 +294,27 @@ def test_at_least_a_quarter_of_prefill_states_are_part_way(
 ) -> None:
     states, _ = generate(strategy, max_examples=300)
     assert sum(map(is_part_way, states)) >= len(states) / 4
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        PlannerConfig(max_num_batched_tokens=8),
+        PlannerConfig(
+            max_num_batched_tokens=8,
+            long_prefill_token_threshold=2,
+            policy="packed",
+            max_num_partial_prefills=2,
+        ),
+    ],
+    ids=repr,
+)
+def test_prefill_states_reach_several_part_way_requests(config: PlannerConfig) -> None:
+    # round_robin's steady state has many requests part-way; the partial limit needs at
+    # least its count of them to bind.
+    states, _ = generate(prefill_states(configs=st.just(config)), max_examples=300)
+    part_way = [sum(request.is_started for request in s.values()) for s in states]
+    assert sum(count >= 2 for count in part_way) >= len(states) / 20, part_way
 
 
 # -- bounded defaults ------------------------------------------------------------------------------
@@ -601,3 +635,9 @@ except ImportError as error:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert "pip install 'pypto-sched[testing]'" in result.stdout
+
+
+@given(prompt_lengths(min_value=np.int64(3), max_value=10.0))  # type: ignore[arg-type]
+def test_prompt_lengths_take_bounds_as_st_integers_does(length: int) -> None:
+    assert type(length) is int
+    assert 3 <= length <= 10

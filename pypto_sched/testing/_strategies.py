@@ -50,6 +50,7 @@ from pypto_sched import (
     plan_prefill,
 )
 from pypto_sched._online import PrefillState, plan_step
+from pypto_sched._policies import request_cap
 from pypto_sched._validate import MAX_TOKENS
 
 __all__ = [
@@ -89,13 +90,14 @@ def prompt_lengths(draw: st.DrawFn, *, min_value: int = 1, max_value: int | None
     """Prompt lengths: ints in ``[min_value, max_value]``.
 
     ``max_value=None`` means ``min_value + 4095`` (lengths up to 4,096 with the default
-    ``min_value``); the largest length the planner accepts is ``2**31 - 1``.
+    ``min_value``); the largest length the planner accepts is ``2**31 - 1``. As with
+    ``st.integers``, a bound may be a NumPy int or an integral float.
     """
-    low = _check_int("min_value", min_value, min_value=1, max_value=MAX_TOKENS)
+    low = _check_int("min_value", _bound(min_value), min_value=1, max_value=MAX_TOKENS)
     if max_value is None:
         high = min(low + _LENGTH_SPAN - 1, MAX_TOKENS)
     else:
-        high = _check_int("max_value", max_value, min_value=1, max_value=MAX_TOKENS)
+        high = _check_int("max_value", _bound(max_value), min_value=1, max_value=MAX_TOKENS)
     if low > high:
         raise InvalidArgument(f"min_value={low} must be <= max_value={high}")
     return draw(st.integers(min_value=low, max_value=high))
@@ -350,7 +352,9 @@ def prefill_states(
     waiting, part-way (started, not finished) or just arrived, and the state may be in the
     middle of a run of the config's policy (``state.policy``). With the default
     ``prompt_lengths``, at least a quarter of the states drawn hold a part-way request,
-    whatever the config (if ``max_size >= 1``). To step the state further you need its
+    whatever the config (if ``max_size >= 1``, and unless a request alone may run
+    ``2**31 - 1`` tokens, the longest prompt: a ``packed`` budget that large), and some
+    hold several. To step the state further you need its
     config: draw both with :func:`prefill_states_with_configs`.
 
     ``request_ids`` defaults to distinct ints in ``range(max_size)`` (an id may come back
@@ -438,6 +442,9 @@ def _draw_state(
     actions = st.lists(st.sampled_from(_ACTIONS), max_size=_ACTIONS_PER_ID * capacity)
     history.run(draw(actions))
     if draw(st.sampled_from(_LEAVE_PART_WAY)):
+        # (Arrivals first, so that the steps can leave several requests part-way.)
+        for _ in range(draw(st.integers(min_value=0, max_value=len(history.free)))):
+            history.arrive()
         history.leave_part_way()
     missing = max(low - len(history.state), 0)
     room = capacity - len(history.state)
@@ -485,22 +492,22 @@ class _History:
                 rows = self.draw(st.integers(min_value=0, max_value=self.config.max_num_seqs or 0))
                 self.step(reserved_tokens=tokens, reserved_rows=rows)
 
-    def arrive(self, *, longer_than_a_chunk: bool = False) -> None:
-        """Add a request with a free id; ``longer_than_a_chunk`` (default lengths only)
-        leaves it more than ``chunk_cap`` tokens to prefill."""
+    def arrive(self, *, longer_than_alone: bool = False) -> None:
+        """Add a request with a free id; ``longer_than_alone`` (default lengths only) leaves
+        it more to prefill than a request alone runs in one step (:func:`_lone_run`)."""
         # (Popping in place keeps the pool's order, so ids shrink towards its first ones.)
         request_id = self.free.pop(
             self.draw(st.integers(min_value=0, max_value=len(self.free) - 1))
         )
-        cap = self.config.chunk_cap
+        longest = _longest_default(self.config.chunk_cap)
         if self.lengths is not None:
             length = self.lengths.pop()
         else:
-            shortest = cap + 1 if longer_than_a_chunk else 1
-            length = self.draw(st.integers(min_value=shortest, max_value=_longest_default(cap)))
+            shortest = _lone_run(self.config) + 1 if longer_than_alone else 1
+            length = self.draw(st.integers(min_value=shortest, max_value=max(shortest, longest)))
         cached = 0
         if self.allow_prefix_hits:
-            most = length - cap - 1 if longer_than_a_chunk else length - 1
+            most = length - _lone_run(self.config) - 1 if longer_than_alone else length - 1
             cached = self.draw(st.integers(min_value=0, max_value=most))
         self.state = self.state.add(request_id, length, num_computed_tokens=cached)
 
@@ -517,22 +524,35 @@ class _History:
         return any(request.is_started for request in self.state.values())
 
     def leave_part_way(self) -> None:
-        """Step with no reservations until a request is part-way.
+        """Step with no reservations until a request is part-way, then up to a drawn number
+        of steps more that keep one part-way, which leave more requests part-way (under
+        ``round_robin`` each step starts the next request in turn).
 
         A step with no reservations runs at least the first request in the state's order,
-        at most ``chunk_cap`` tokens of it, so it leaves that request part-way if more
-        remain, and otherwise finishes every request it runs: after at most ``len(state)``
-        steps a request is part-way or the state is empty. An empty state gets a request
-        longer than a chunk (if the default lengths can draw one), which one step leaves
-        part-way.
+        at most ``chunk_cap`` tokens of it (the whole budget under ``packed`` when it is
+        alone), so it leaves that request part-way if more remain, and otherwise finishes
+        every request it runs: after at most ``len(state)`` steps a request is part-way or
+        the state is empty. An empty state gets a request longer than a request alone runs
+        (if the default lengths can draw one), which one step leaves part-way.
         """
         while self.state and not self.is_part_way():
             if not self.step():  # cannot happen (see above); never loop forever if it does
                 return
-        can_be_long = self.lengths is None and self.config.chunk_cap < MAX_TOKENS
+        can_be_long = self.lengths is None and _lone_run(self.config) < MAX_TOKENS
         if not self.state and self.free and can_be_long:
-            self.arrive(longer_than_a_chunk=True)
+            self.arrive(longer_than_alone=True)
             self.step()
+        for _ in range(self.draw(st.integers(min_value=0, max_value=len(self.state)))):
+            plan = plan_step(self.state, self.config)
+            if not any(request.is_started for request in plan.state.values()):
+                return  # (that step would leave no request part-way: not taken)
+            self.state = plan.state
+            self.free.extend(plan.finished)
+
+
+def _lone_run(config: PlannerConfig) -> int:
+    """The most tokens a request alone in a state runs in a step without reservations."""
+    return request_cap(config, 1, 0, 0)
 
 
 def _draw_id_pool(
@@ -600,6 +620,15 @@ def _check_int(name: str, value: object, *, min_value: int, max_value: int | Non
         raise InvalidArgument(f"{name}={value} must be >= {min_value}")
     if max_value is not None and value > max_value:
         raise InvalidArgument(f"{name}={value} must be <= {max_value}")
+    return value
+
+
+def _bound(value: object) -> object:
+    """A bound as ``st.integers`` takes it: a NumPy int or an integral float is its int."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
