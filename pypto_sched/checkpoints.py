@@ -23,7 +23,9 @@ the file and, where there is one, the tensor.
   :data:`MAX_HEADER_BYTES`; the tensors' byte ranges, sorted, must tile the data exactly (no
   gap, no overlap, nothing past the end), each as long as its dtype and shape say.
 * The tensors a Qwen3 model reads, with their shapes, are data: :func:`expected_tensors`.
-  A tied checkpoint may still store ``lm_head.weight``; it is ignored.
+  Tying is decided as transformers 5 decides it, by what is stored as well as by the config:
+  a stored ``lm_head.weight`` is the LM head even when ``tie_word_embeddings`` says tied (the
+  loaded config then says untied); see :func:`_tied_as_stored`.
 
 bfloat16 has no NumPy dtype: a BF16 tensor is returned as its raw ``uint16`` bits with the
 tag ``"BF16"``; :meth:`Tensor.widened` turns BF16 and F16 into float32 exactly, and torch
@@ -36,7 +38,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -290,14 +292,17 @@ def _rope_theta(data: Mapping[str, Any], source: str) -> Any:
 # -- the tensors a Qwen3 model reads -------------------------------------------------------
 
 
+_EMBED, _LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
 def _expected(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     hidden, inner, head = config.hidden_size, config.intermediate_size, config.head_dim
     q_size = config.num_attention_heads * head
     kv_size = config.num_key_value_heads * head
-    yield "model.embed_tokens.weight", (config.vocab_size, hidden)
+    yield _EMBED, (config.vocab_size, hidden)
     yield "model.norm.weight", (hidden,)
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", (config.vocab_size, hidden)
+        yield _LM_HEAD, (config.vocab_size, hidden)
     for i in range(config.num_hidden_layers):
         layer = f"model.layers.{i}."
         yield layer + "input_layernorm.weight", (hidden,)
@@ -597,8 +602,9 @@ def _plain_file_name(name: str) -> bool:
 
 @attrs.frozen(kw_only=True, eq=False)
 class Checkpoint:
-    """A loaded checkpoint: its config and exactly the tensors :func:`expected_tensors`
-    names, shape-checked, in their stored dtypes."""
+    """A loaded checkpoint: its config (as transformers runs it: untied when the LM head is
+    stored) and exactly the tensors :func:`expected_tensors` names for it, shape-checked, in
+    their stored dtypes."""
 
     directory: Path
     config: ModelConfig
@@ -645,9 +651,21 @@ def _stored_tensors(root: Path) -> dict[str, tuple[Path, SafetensorsHeader]]:
     return stored
 
 
+def _tied_as_stored(config: ModelConfig, stored: Container[str]) -> ModelConfig:
+    """The config as transformers 5 runs the checkpoint: it ties the LM head to the embedding
+    only when ``lm_head.weight`` is not stored (when it is, transformers warns and uses it), so
+    a tied config with a stored LM head describes an untied model."""
+    if config.tie_word_embeddings and _LM_HEAD in stored:
+        return attrs.evolve(config, tie_word_embeddings=False)
+    return config
+
+
 def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     """Read ``directory``'s config and every tensor the model reads, checking names, shapes
-    and dtypes (float) against the config. Tensors are memory-mapped, in their stored dtype."""
+    and dtypes (float) against the config. Tensors are memory-mapped, in their stored dtype.
+
+    The returned config is untied when ``lm_head.weight`` is stored, whatever
+    ``tie_word_embeddings`` says, as transformers 5 loads it (:func:`_tied_as_stored`)."""
     if not isinstance(directory, str | os.PathLike):
         raise CheckpointError(
             f"the checkpoint directory must be a path (str or os.PathLike): {directory!r} "
@@ -658,6 +676,7 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(f"{root}: the checkpoint directory does not exist")
     config = read_config(root)
     stored = _stored_tensors(root)
+    config = _tied_as_stored(config, stored)
     by_file: dict[Path, tuple[SafetensorsHeader, list[str]]] = {}
     # Lazily, so a config claiming billions of layers fails at the first missing tensor.
     for name, shape in _expected(config):

@@ -411,6 +411,25 @@ def test_the_base_of_the_hostile_cases_is_valid(tmp_path: Path) -> None:
             (tmp_path / name).unlink()
 
 
+def write(directory: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def test_a_stored_lm_head_is_used_even_when_the_config_ties_it_as_in_transformers(
+    tmp_path: Path,
+) -> None:
+    # transformers 5 ties only when lm_head.weight is absent: a stored one is the LM head.
+    tensors = tensors_of(TINY) | {"lm_head.weight": np.full((8, 8), 0.5, np.float32)}
+    write(tmp_path, single_file(**{WEIGHTS_FILE: encode_safetensors(tensors)}))
+    loaded = load_checkpoint(tmp_path)
+    assert read_config(tmp_path).tie_word_embeddings
+    assert loaded.config == attrs.evolve(TINY, tie_word_embeddings=False)
+    assert set(loaded.tensors) == set(expected_tensors(loaded.config))
+    np.testing.assert_array_equal(loaded.tensors["lm_head.weight"].array, tensors["lm_head.weight"])
+
+
 def test_a_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=rf"{tmp_path / 'nowhere'}: .* does not exist"):
         load_checkpoint(tmp_path / "nowhere")

@@ -45,8 +45,8 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Load ``directory``'s config and weights, converting the weights to ``dtype``.
 
-    Tensors the forward pass does not read (an untied ``lm_head.weight`` in a tied
-    checkpoint, rotary buffers of old exports) are ignored.
+    Tensors the forward pass does not read (rotary buffers of old exports) are ignored; a
+    stored ``lm_head.weight`` is read even when the config says tied, as transformers does.
     """
     loaded = checkpoints.load_checkpoint(directory)
     tensors = {name: to_torch(tensor).to(dtype) for name, tensor in loaded.tensors.items()}

@@ -10,10 +10,12 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pypto_sched import CheckpointError
+from pypto_sched import CheckpointError, PlannerConfig, plan_prefill
 from pypto_sched.checkpoints import expected_tensors, read_config
+from pypto_sched.execute import execute_schedule
 
 pytest.importorskip("torch", reason="the npu backend runs on torch")
 pytest.importorskip("safetensors", reason="the tests write checkpoints with it")
@@ -104,6 +106,29 @@ def test_weights_of_any_float_dtype_load_into_the_compute_dtype(
     name = "model.layers.1.mlp.down_proj.weight"
     assert loaded.tensors[name].dtype == torch.float32
     assert torch.equal(loaded.tensors[name], original[name].to(stored).float())
+
+
+def _assert_runs_as_transformers(directory: Path) -> None:
+    """The checkpoint's chunked logits on the CPU path equal transformers' on it."""
+    transformers = pytest.importorskip("transformers", reason="the oracle")
+    backend = NpuBackend.from_checkpoint(directory, device="cpu", ops="torch")
+    prompt = np.arange(40, dtype=np.int64) * 5 % backend.vocab_size
+    schedule = plan_prefill([40], PlannerConfig(max_num_batched_tokens=16))
+    logits = execute_schedule(schedule, backend, [prompt], page_size=4).logits
+    model = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with torch.inference_mode():
+        expected = model.eval()(input_ids=torch.from_numpy(prompt)[None]).logits[0, -1]
+    assert logits is not None
+    assert np.abs(logits[0] - expected.numpy()).max() <= 1e-4
+
+
+def test_a_tied_config_with_a_stored_lm_head_runs_as_transformers_runs_it(
+    copy_of: Callable[[str], Path],
+) -> None:
+    # An untied model whose config says tied: transformers uses the stored lm_head.
+    directory = copy_of("untied")
+    _edit_config(directory, tie_word_embeddings=True)
+    _assert_runs_as_transformers(directory)
 
 
 def _missing_config(d: Path) -> None:

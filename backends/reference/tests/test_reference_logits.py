@@ -245,3 +245,31 @@ def test_the_transformers_4_layout_of_the_same_config_gives_the_same_logits(
     assert a is not None
     assert b is not None
     np.testing.assert_array_equal(a, b)
+
+
+def _edited_copy(source: Path, target: Path, **config: Any) -> Path:
+    """A copy of the checkpoint ``source`` in ``target`` with ``config`` fields changed."""
+    for file in source.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    data = json.loads((target / "config.json").read_text()) | config
+    (target / "config.json").write_text(json.dumps(data))
+    return target
+
+
+def _assert_runs_as_transformers(directory: Path) -> None:
+    """The checkpoint's chunked logits equal transformers' on it, for a 40-token prompt."""
+    backend = ReferenceBackend.from_checkpoint(directory, dtype="float32")
+    prompt = np.arange(40, dtype=np.int64) * 5 % VOCAB_SIZE
+    schedule = plan_prefill([40], PlannerConfig(max_num_batched_tokens=16))
+    logits = execute_schedule(schedule, backend, [prompt], page_size=4).logits
+    expected = Oracle({"model": directory}).last_logits("model", prompt)
+    assert logits is not None
+    assert np.abs(logits[0] - expected).max() <= FLOAT32_TOLERANCE
+
+
+def test_a_tied_config_with_a_stored_lm_head_runs_as_transformers_runs_it(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    # An untied model whose config says tied: transformers uses the stored lm_head.
+    untied = checkpoints["untied, one KV head, biases, RoPE base 500"]
+    _assert_runs_as_transformers(_edited_copy(untied, tmp_path, tie_word_embeddings=True))

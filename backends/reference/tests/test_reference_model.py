@@ -256,13 +256,18 @@ def test_a_saved_checkpoint_loads_back_identically(
     assert backend.dtype == np.float32
 
 
-def test_a_tied_checkpoint_that_still_stores_lm_head_uses_the_embedding(tmp_path: Path) -> None:
+def test_a_tied_checkpoint_that_still_stores_lm_head_uses_it_as_transformers_does(
+    tmp_path: Path,
+) -> None:
     weights = Weights.random(attrs.evolve(TINY_MODEL, tie_word_embeddings=True), seed=2)
     save_checkpoint(weights, tmp_path)
     tensors = {n: t.array for n, t in read_safetensors(tmp_path / "model.safetensors").items()}
     tensors["lm_head.weight"] = np.zeros_like(tensors["model.embed_tokens.weight"])
     (tmp_path / "model.safetensors").write_bytes(encode_safetensors(tensors))
-    assert load_checkpoint(tmp_path).lm_head is None
+    loaded = load_checkpoint(tmp_path)
+    assert not loaded.config.tie_word_embeddings
+    assert loaded.lm_head is not None
+    np.testing.assert_array_equal(loaded.output_embedding, 0.0)
 
 
 def test_a_checkpoint_missing_a_tensor_names_it(tmp_path: Path) -> None:
