@@ -25,7 +25,8 @@ the file and, where there is one, the tensor.
 * The tensors a Qwen3 model reads, with their shapes, are data: :func:`expected_tensors`.
   Tying is decided as transformers 5 decides it, by what is stored as well as by the config:
   a stored ``lm_head.weight`` is the LM head even when ``tie_word_embeddings`` says tied (the
-  loaded config then says untied); see :func:`_tied_as_stored`.
+  loaded config then says untied), and a tied checkpoint may store its one matrix as
+  ``lm_head.weight`` alone; see :func:`_tied_as_stored`.
 
 bfloat16 has no NumPy dtype: a BF16 tensor is returned as its raw ``uint16`` bits with the
 tag ``"BF16"``; :meth:`Tensor.widened` turns BF16 and F16 into float32 exactly, and torch
@@ -651,21 +652,31 @@ def _stored_tensors(root: Path) -> dict[str, tuple[Path, SafetensorsHeader]]:
     return stored
 
 
-def _tied_as_stored(config: ModelConfig, stored: Container[str]) -> ModelConfig:
-    """The config as transformers 5 runs the checkpoint: it ties the LM head to the embedding
-    only when ``lm_head.weight`` is not stored (when it is, transformers warns and uses it), so
-    a tied config with a stored LM head describes an untied model."""
-    if config.tie_word_embeddings and _LM_HEAD in stored:
-        return attrs.evolve(config, tie_word_embeddings=False)
-    return config
+def _tied_as_stored(
+    config: ModelConfig, stored: Container[str]
+) -> tuple[ModelConfig, dict[str, str]]:
+    """The config as transformers 5 runs the checkpoint, and the stored name of each tensor
+    the model reads under another name.
+
+    transformers ties the LM head and the embedding only when one of the two is not stored: a
+    tied config whose checkpoint stores both describes an untied model (transformers warns and
+    uses the stored head), and a tied checkpoint that stores only ``lm_head.weight`` has it as
+    the embedding too.
+    """
+    if not config.tie_word_embeddings or _LM_HEAD not in stored:
+        return config, {}
+    if _EMBED in stored:
+        return attrs.evolve(config, tie_word_embeddings=False), {}
+    return config, {_EMBED: _LM_HEAD}
 
 
 def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     """Read ``directory``'s config and every tensor the model reads, checking names, shapes
     and dtypes (float) against the config. Tensors are memory-mapped, in their stored dtype.
 
-    The returned config is untied when ``lm_head.weight`` is stored, whatever
-    ``tie_word_embeddings`` says, as transformers 5 loads it (:func:`_tied_as_stored`)."""
+    The returned config is untied when both ``lm_head.weight`` and the embedding are stored,
+    whatever ``tie_word_embeddings`` says, and a tied checkpoint's embedding may be stored as
+    ``lm_head.weight`` alone, as transformers 5 loads them (:func:`_tied_as_stored`)."""
     if not isinstance(directory, str | os.PathLike):
         raise CheckpointError(
             f"the checkpoint directory must be a path (str or os.PathLike): {directory!r} "
@@ -676,26 +687,28 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(f"{root}: the checkpoint directory does not exist")
     config = read_config(root)
     stored = _stored_tensors(root)
-    config = _tied_as_stored(config, stored)
+    config, stored_as = _tied_as_stored(config, stored)
     by_file: dict[Path, tuple[SafetensorsHeader, list[str]]] = {}
     # Lazily, so a config claiming billions of layers fails at the first missing tensor.
     for name, shape in _expected(config):
-        if name not in stored:
+        source = stored_as.get(name, name)
+        if source not in stored:
             files = sorted({path.name for path, _ in stored.values()}) or [WEIGHTS_FILE]
             raise CheckpointError(f"{root}: tensor {name!r} is in none of {files}")
-        path, header = stored[name]
-        info = header.tensors[name]
+        path, header = stored[source]
+        info = header.tensors[source]
         if info.shape != shape:
             raise CheckpointError(
-                f"{path}: tensor {name!r} must have shape {list(shape)} for this config: "
+                f"{path}: tensor {source!r} must have shape {list(shape)} for this config: "
                 f"{list(info.shape)}"
             )
         if info.dtype not in FLOAT_DTYPES:
             raise CheckpointError(
-                f"{path}: tensor {name!r} must be one of {list(FLOAT_DTYPES)}: {info.dtype}"
+                f"{path}: tensor {source!r} must be one of {list(FLOAT_DTYPES)}: {info.dtype}"
             )
-        by_file.setdefault(path, (header, []))[1].append(name)
-    tensors: dict[str, Tensor] = {}
+        by_file.setdefault(path, (header, []))[1].append(source)
+    mapped: dict[str, Tensor] = {}
     for path, (header, names) in by_file.items():
-        tensors |= _map_tensors(path, header, names)
+        mapped |= _map_tensors(path, header, names)
+    tensors = {name: mapped[stored_as.get(name, name)] for name, _ in _expected(config)}
     return Checkpoint(directory=root, config=config, tensors=tensors)

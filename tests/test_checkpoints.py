@@ -430,6 +430,29 @@ def test_a_stored_lm_head_is_used_even_when_the_config_ties_it_as_in_transformer
     np.testing.assert_array_equal(loaded.tensors["lm_head.weight"].array, tensors["lm_head.weight"])
 
 
+def test_a_tied_checkpoint_may_store_its_one_matrix_as_the_lm_head_as_in_transformers(
+    tmp_path: Path,
+) -> None:
+    tensors = tensors_of(TINY)
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    write(tmp_path, single_file(**{WEIGHTS_FILE: encode_safetensors(tensors)}))
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == TINY
+    assert set(loaded.tensors) == set(expected_tensors(TINY))
+    embedding = loaded.tensors["model.embed_tokens.weight"].array
+    np.testing.assert_array_equal(embedding, tensors["lm_head.weight"])
+
+
+def test_an_untied_checkpoint_without_the_embedding_is_refused(tmp_path: Path) -> None:
+    untied = attrs.evolve(TINY, tie_word_embeddings=False)
+    tensors = tensors_of(untied)
+    del tensors["model.embed_tokens.weight"]
+    config = json.dumps(untied.to_hf_config()).encode()
+    write(tmp_path, {CONFIG_FILE: config, WEIGHTS_FILE: encode_safetensors(tensors)})
+    with pytest.raises(CheckpointError, match=r"tensor 'model\.embed_tokens\.weight' is in none"):
+        load_checkpoint(tmp_path)
+
+
 def test_a_directory_that_does_not_exist_is_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=rf"{tmp_path / 'nowhere'}: .* does not exist"):
         load_checkpoint(tmp_path / "nowhere")

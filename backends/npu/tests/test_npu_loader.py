@@ -131,6 +131,17 @@ def test_a_tied_config_with_a_stored_lm_head_runs_as_transformers_runs_it(
     _assert_runs_as_transformers(directory)
 
 
+def test_a_tied_checkpoint_storing_only_the_lm_head_runs_as_transformers_runs_it(
+    copy_of: Callable[[str], Path],
+) -> None:
+    # transformers ties the embedding to a stored lm_head.weight when the embedding is absent.
+    directory = copy_of("tied")
+    _rewrite_weights(
+        directory, lambda t: t.update({"lm_head.weight": t.pop("model.embed_tokens.weight")})
+    )
+    _assert_runs_as_transformers(directory)
+
+
 def _missing_config(d: Path) -> None:
     (d / "config.json").unlink()
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pypto_sched import POLICIES, PlannerConfig, plan_pages, plan_prefill
+from pypto_sched.checkpoints import encode_safetensors, read_safetensors
 from pypto_sched.execute import ExecutionResult, execute_schedule, write_prefixes
 from pypto_sched_reference import ReferenceBackend
 
@@ -273,3 +274,15 @@ def test_a_tied_config_with_a_stored_lm_head_runs_as_transformers_runs_it(
     # An untied model whose config says tied: transformers uses the stored lm_head.
     untied = checkpoints["untied, one KV head, biases, RoPE base 500"]
     _assert_runs_as_transformers(_edited_copy(untied, tmp_path, tie_word_embeddings=True))
+
+
+def test_a_tied_checkpoint_storing_only_the_lm_head_runs_as_transformers_runs_it(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    # transformers ties the embedding to a stored lm_head.weight when the embedding is absent.
+    directory = _edited_copy(checkpoints["tied, RoPE base 1e6"], tmp_path)
+    weights = directory / "model.safetensors"
+    tensors = {name: tensor.array for name, tensor in read_safetensors(weights).items()}
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    weights.write_bytes(encode_safetensors(tensors, metadata={"format": "pt"}))
+    _assert_runs_as_transformers(directory)
