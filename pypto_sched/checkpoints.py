@@ -21,7 +21,9 @@ the file and, where there is one, the tensor.
   mapping each tensor name to exactly ``dtype``, ``shape`` and ``data_offsets`` (an optional
   ``__metadata__`` maps strings to strings), then the tensor bytes. The header is at most
   :data:`MAX_HEADER_BYTES`; the tensors' byte ranges, sorted, must tile the data exactly (no
-  gap, no overlap, nothing past the end), each as long as its dtype and shape say.
+  gap, no overlap, nothing past the end), each as long as its dtype and shape say. Every
+  dtype of the format is valid in a file; only a tensor that is read must have one NumPy
+  holds (:data:`SAFETENSORS_DTYPES`), and a weight a float one (:data:`FLOAT_DTYPES`).
 * The tensors a Qwen3 model reads, with their shapes, are data: :func:`expected_tensors`.
   Tying is decided as transformers 5 decides it, by what is stored as well as by the config:
   a stored ``lm_head.weight`` is the LM head even when ``tie_word_embeddings`` says tied (the
@@ -101,6 +103,32 @@ SAFETENSORS_DTYPES: Mapping[str, np.dtype[Any]] = {
 }
 #: The dtypes a weight may be stored in.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+#: Every dtype tag of the safetensors format -> bits per element. A file may hold tensors of
+#: any of them (quantisation scales, masks); only those of SAFETENSORS_DTYPES can be read.
+_DTYPE_BITS: Mapping[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
 #: Largest model dimension accepted: kernels index with int32.
 MAX_DIMENSION = 2**31 - 1
 
@@ -338,7 +366,8 @@ class TensorInfo:
     """One header entry of a safetensors file: where a tensor's bytes are."""
 
     name: str
-    #: The safetensors dtype tag, a key of :data:`SAFETENSORS_DTYPES`.
+    #: The safetensors dtype tag: any of the format's, including those NumPy cannot hold
+    #: (BOOL, F8_E4M3, ...), which are checked for size but not read.
     dtype: str
     shape: tuple[int, ...]
     #: Byte range ``[begin, end)`` relative to the start of the data (after the header).
@@ -417,9 +446,11 @@ def _entry(name: str, entry: object, source: str) -> TensorInfo:
         keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise _bad(source, f"{where} must have exactly {sorted(_ENTRY_KEYS)}: {keys}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BITS:
         raise _bad(
-            source, f"{where}: 'dtype' must be one of {sorted(SAFETENSORS_DTYPES)}: {dtype!r}"
+            source,
+            f"{where}: 'dtype' must be a safetensors dtype, one of {sorted(_DTYPE_BITS)}: "
+            f"{dtype!r}",
         )
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise _bad(source, f"{where}: 'shape' must be a list of ints >= 0: {shape!r}")
@@ -430,7 +461,13 @@ def _entry(name: str, entry: object, source: str) -> TensorInfo:
     ):
         raise _bad(source, f"{where}: 'data_offsets' must be two ints >= 0: {offsets!r}")
     begin, end = offsets
-    nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+    nbytes, odd_bits = divmod(math.prod(shape) * _DTYPE_BITS[dtype], 8)
+    if odd_bits:
+        raise _bad(
+            source,
+            f"{where}: 'shape' must fill whole bytes at {_DTYPE_BITS[dtype]} bits per {dtype} "
+            f"element: {shape}",
+        )
     if end - begin != nbytes:
         raise _bad(
             source,
@@ -502,7 +539,7 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
 
 def read_safetensors(path: str | Path, names: Iterable[str] | None = None) -> dict[str, Tensor]:
     """Tensors ``names`` (default: all) of the safetensors file ``path``, memory-mapped and
-    read-only. Nothing is unpickled."""
+    read-only, each of a dtype in :data:`SAFETENSORS_DTYPES`. Nothing is unpickled."""
     path = Path(path)
     header = read_safetensors_header(path)
     wanted = sorted(header.tensors) if names is None else list(names)
@@ -514,6 +551,13 @@ def read_safetensors(path: str | Path, names: Iterable[str] | None = None) -> di
 
 def _map_tensors(path: Path, header: SafetensorsHeader, names: list[str]) -> dict[str, Tensor]:
     """Tensors ``names`` of ``path``, whose checked header is ``header``."""
+    for name in names:
+        dtype = header.tensors[name].dtype
+        if dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} cannot be read: its dtype {dtype} has no NumPy "
+                f"counterpart (readable: {sorted(SAFETENSORS_DTYPES)})"
+            )
     if not names:
         return {}
     try:

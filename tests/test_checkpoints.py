@@ -36,6 +36,7 @@ from pypto_sched.checkpoints import (
     load_checkpoint,
     read_config,
     read_safetensors,
+    read_safetensors_header,
 )
 
 #: A tiny valid model: the base every hostile case damages in one place.
@@ -101,6 +102,17 @@ def entry(dtype: str = "F32", shape: Any = (1,), offsets: Any = (0, 4)) -> dict[
     return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
 
 
+def retagged(tensors: dict[str, np.ndarray], name: str, dtype: str) -> bytes:
+    """The safetensors file of ``tensors`` with tensor ``name``, one byte an element, tagged
+    ``dtype`` (a way to write dtypes NumPy lacks)."""
+    raw = {**tensors, name: np.zeros(tensors[name].shape, np.uint8)}
+    encoded = encode_safetensors(raw)
+    (length,) = struct.unpack("<Q", encoded[:8])
+    header = json.loads(encoded[8 : 8 + length])
+    header[name]["dtype"] = dtype
+    return raw_file(header, encoded[8 + length :])
+
+
 @attrs.frozen
 class Case:
     """Files of a checkpoint directory, the file the error must name, and the tensor (if
@@ -155,7 +167,17 @@ CASES: dict[str, Case] = {
     "negative shape": header_case({NORM: entry(shape=(-1,))}, bytes(4), r"list of ints >= 0"),
     "bool shape": header_case({NORM: entry(shape=(True,))}, bytes(4), r"list of ints >= 0"),
     "float shape": header_case({NORM: entry(shape=(1.0,))}, bytes(4), r"list of ints >= 0"),
-    "unknown dtype": header_case({NORM: entry(dtype="F8_E4M3")}, bytes(4), r"'dtype' must be"),
+    "dtype unknown to safetensors": header_case(
+        {NORM: entry(dtype="F9")}, bytes(4), r"'dtype' must be a safetensors dtype, .*: 'F9'"
+    ),
+    "sub-byte elements not filling whole bytes": header_case(
+        {NORM: entry(dtype="F6_E2M3", shape=(2,), offsets=(0, 2))},
+        bytes(2),
+        r"'shape' must fill whole bytes at 6 bits per F6_E2M3 element: \[2\]",
+    ),
+    "sub-byte dtype of the wrong span": header_case(
+        {NORM: entry(dtype="F4", shape=(4,), offsets=(0, 4))}, bytes(4), r"must span 2 bytes"
+    ),
     "extra entry key": header_case(
         {NORM: {**entry(), "extra": 1}}, bytes(4), r"exactly \['data_offsets', 'dtype', 'shape'\]"
     ),
@@ -204,6 +226,12 @@ CASES: dict[str, Case] = {
         WEIGHTS_FILE,
         NORM,
         r"must be one of \['F64', 'F32', 'F16', 'BF16'\]: I32",
+    ),
+    "weight in a dtype NumPy lacks": Case(
+        single_file(**{WEIGHTS_FILE: retagged(tensors_of(TINY), NORM, "F8_E4M3")}),
+        WEIGHTS_FILE,
+        NORM,
+        r"must be one of \['F64', 'F32', 'F16', 'BF16'\]: F8_E4M3",
     ),
     "tensor of the wrong shape": Case(
         single_file(**{WEIGHTS_FILE: encode_safetensors({**tensors_of(TINY), NORM: np.zeros(7)})}),
@@ -588,6 +616,42 @@ def test_bfloat16_is_returned_as_bits_and_widened_exactly(tmp_path: Path) -> Non
     widened = tensor.widened()
     assert widened.dtype == np.float32
     np.testing.assert_array_equal(widened, values)
+
+
+def test_tensors_of_dtypes_numpy_lacks_are_valid_in_a_file_and_refused_only_when_read(
+    tmp_path: Path,
+) -> None:
+    # Masks, float8 scales and the like that the model never reads must not spoil the file.
+    tensors = tensors_of(TINY) | {"extra.mask": np.zeros(4, np.float32)}
+    weights = retagged(tensors, "extra.mask", "BOOL")
+    write(tmp_path, single_file(**{WEIGHTS_FILE: weights}))
+    loaded = load_checkpoint(tmp_path)
+    assert "extra.mask" not in loaded.tensors
+    path = tmp_path / WEIGHTS_FILE
+    assert read_safetensors(path, [NORM])[NORM].shape == (8,)
+    with pytest.raises(CheckpointError, match=r"tensor 'extra\.mask' cannot be read: .* BOOL"):
+        read_safetensors(path, ["extra.mask"])
+
+
+def test_files_the_safetensors_library_writes_with_dtypes_numpy_lacks_are_valid(
+    tmp_path: Path,
+) -> None:
+    torch = pytest.importorskip("torch", reason="the library writes float8 from torch")
+    library = pytest.importorskip("safetensors.torch", reason="safetensors is a test extra")
+    path = tmp_path / "x.safetensors"
+    tensors = {
+        "w": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "mask": torch.ones(5, dtype=torch.bool),
+        "scale": torch.ones(3).to(torch.float8_e4m3fn),
+    }
+    library.save_file(tensors, str(path))
+    header = read_safetensors_header(path)
+    assert {name: info.dtype for name, info in header.tensors.items()} == {
+        "w": "F32",
+        "mask": "BOOL",
+        "scale": "F8_E4M3",
+    }
+    np.testing.assert_array_equal(read_safetensors(path, ["w"])["w"].array, tensors["w"].numpy())
 
 
 def test_float16_is_widened_to_float32() -> None:
