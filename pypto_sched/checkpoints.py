@@ -16,7 +16,9 @@ the file and, where there is one, the tensor.
   ``rope_theta`` and ``rope_type``), and the same defaults for absent fields. Nothing is
   coerced (a boolean must be a JSON boolean, an int an int, a float finite), and every
   feature the backends do not implement is refused with an error naming the field: RoPE
-  scaling, sliding windows, attention types other than full, activations other than SiLU.
+  scaling, a layer with a sliding window (decided as ``Qwen3Config`` decides it, so a config
+  whose window reaches no layer is full attention), attention types other than full,
+  activations other than SiLU.
 * A safetensors file is an 8-byte little-endian header length ``n``, ``n`` bytes of JSON
   mapping each tensor name to exactly ``dtype``, ``shape`` and ``data_offsets`` (an optional
   ``__metadata__`` maps strings to strings), then the tensor bytes. The header is at most
@@ -241,34 +243,63 @@ class ModelConfig:
 _HF_FIELDS = tuple(field.name for field in attrs.fields(ModelConfig) if field.name != "rope_theta")
 
 
+#: ``hidden_act`` values that are SiLU in transformers (``ACT2FN``).
+_SILU_NAMES = ("silu", "swish")
+
+
 def _check_supported(data: Mapping[str, Any], source: str) -> None:
     """Raise unless ``data`` describes a model the backends compute exactly."""
     model_type = data.get("model_type")
     if model_type != "qwen3":
         raise CheckpointError(f"{source}: 'model_type' must be 'qwen3': {model_type!r}")
     activation = data.get("hidden_act", "silu")
-    if activation != "silu":
-        raise CheckpointError(f"{source}: 'hidden_act' must be 'silu': {activation!r}")
-    sliding = data.get("use_sliding_window", False)
-    if sliding is not False:
+    if activation not in _SILU_NAMES:
         raise CheckpointError(
-            f"{source}: 'use_sliding_window' must be false (sliding-window attention is not "
-            f"implemented): {sliding!r}"
+            f"{source}: 'hidden_act' must be one of {list(_SILU_NAMES)} (SiLU): {activation!r}"
         )
-    layer_types = data.get("layer_types")
-    if layer_types is not None and (
-        not isinstance(layer_types, list) or any(kind != "full_attention" for kind in layer_types)
-    ):
-        raise CheckpointError(
-            f"{source}: 'layer_types' must list only 'full_attention' (other attention types "
-            f"are not implemented): {layer_types!r}"
-        )
-    if layer_types is not None and len(layer_types) != data.get("num_hidden_layers", 32):
-        raise CheckpointError(
-            f"{source}: 'layer_types' must have one entry per layer "
-            f"({data.get('num_hidden_layers', 32)!r}): {len(layer_types)}"
-        )
+    _check_full_attention(data, source)
     _check_full_rotary(data, source)
+
+
+def _check_full_attention(data: Mapping[str, Any], source: str) -> None:
+    """Every layer must attend to its whole context, decided as transformers' ``Qwen3Config``
+    decides it: the window is ``sliding_window`` only with ``use_sliding_window`` (else
+    none), and absent ``layer_types`` are sliding from layer ``max_window_layers`` on when
+    there is a window."""
+    use_window = data.get("use_sliding_window", False)
+    if type(use_window) is not bool:
+        raise CheckpointError(f"{source}: 'use_sliding_window' must be a bool: {use_window!r}")
+    window = data.get("sliding_window", 4096) if use_window else None
+    layers = data.get("num_hidden_layers", 32)
+    layer_types = data.get("layer_types")
+    if layer_types is not None:
+        _check_layer_types(layer_types, layers=layers, window=window, source=source)
+    elif window is not None and type(layers) is int:  # (ModelConfig checks num_hidden_layers)
+        first = data.get("max_window_layers", 28)
+        if type(first) is not int or first < layers:
+            raise CheckpointError(
+                f"{source}: 'max_window_layers' must be an int >= 'num_hidden_layers' "
+                f"({layers}) while 'use_sliding_window' is true and 'sliding_window' is "
+                f"{window!r} (sliding-window attention is not implemented): {first!r}"
+            )
+
+
+def _check_layer_types(layer_types: object, *, layers: object, window: object, source: str) -> None:
+    # Without a window, a 'sliding_attention' layer attends to its whole context.
+    allowed = ["full_attention"] if window is not None else ["full_attention", "sliding_attention"]
+    if not isinstance(layer_types, list) or any(kind not in allowed for kind in layer_types):
+        rule = f"only {allowed}"
+        if window is not None:
+            rule += f" while 'use_sliding_window' is true and 'sliding_window' is {window!r}"
+        raise CheckpointError(
+            f"{source}: 'layer_types' must list {rule} (sliding-window and other attention "
+            f"types are not implemented): {layer_types!r}"
+        )
+    if len(layer_types) != layers:
+        raise CheckpointError(
+            f"{source}: 'layer_types' must have one entry per layer ({layers!r}): "
+            f"{len(layer_types)}"
+        )
 
 
 def _check_full_rotary(parameters: Mapping[str, Any], where: str) -> None:

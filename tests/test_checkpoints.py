@@ -391,18 +391,32 @@ CASES: dict[str, Case] = {
     "partial rotary": config_case(
         r"'partial_rotary_factor' must be 1\.0", partial_rotary_factor=0.5
     ),
-    "sliding window": config_case(r"'use_sliding_window' must be false", use_sliding_window=True),
+    "sliding window from a layer": config_case(
+        r"'max_window_layers' must be an int >= 'num_hidden_layers' \(2\) while "
+        r"'use_sliding_window' is true and 'sliding_window' is 4096 .*: 1",
+        use_sliding_window=True,
+        max_window_layers=1,
+    ),
     "string sliding window": config_case(
-        r"'use_sliding_window' must be false.*'false'", use_sliding_window="false"
+        r"'use_sliding_window' must be a bool: 'false'", use_sliding_window="false"
     ),
     "sliding layer types": config_case(
-        r"'layer_types' must list only 'full_attention'",
+        r"'layer_types' must list only \['full_attention'\] while 'use_sliding_window' is "
+        r"true and 'sliding_window' is 8 .*'sliding_attention'\]",
         layer_types=["full_attention", "sliding_attention"],
+        use_sliding_window=True,
+        sliding_window=8,
+    ),
+    "another layer type": config_case(
+        r"'layer_types' must list only \['full_attention', 'sliding_attention'\] .*chunked",
+        layer_types=["full_attention", "chunked_attention"],
     ),
     "layer types of the wrong length": config_case(
         r"'layer_types' must have one entry per layer \(2\): 1", layer_types=["full_attention"]
     ),
-    "another activation": config_case(r"'hidden_act' must be 'silu': 'gelu'", hidden_act="gelu"),
+    "another activation": config_case(
+        r"'hidden_act' must be one of \['silu', 'swish'\] \(SiLU\): 'gelu'", hidden_act="gelu"
+    ),
     "missing config": Case(
         {WEIGHTS_FILE: encode_safetensors(tensors_of(TINY))}, CONFIG_FILE, None, r"cannot read"
     ),
@@ -757,3 +771,50 @@ def test_partial_configs_in_either_layout_read_as_transformers_reads_them(
     ours = ModelConfig.from_hf_config(json.loads(json.dumps(data)))
     theirs = transformers.Qwen3Config.from_dict(json.loads(json.dumps(data)))
     assert attrs.asdict(ours) == _hf_fields(theirs)
+
+
+@st.composite
+def attention_fields(draw: st.DrawFn) -> dict[str, Any]:
+    """The fields transformers decides sliding-window attention by, any of them absent."""
+    layers = draw(st.integers(1, 4))
+    kinds = st.sampled_from(["full_attention", "sliding_attention"])
+    optional = {
+        "use_sliding_window": st.booleans(),
+        "sliding_window": st.none() | st.integers(1, 64),
+        "max_window_layers": st.integers(0, 5),
+        "layer_types": st.lists(kinds, min_size=layers, max_size=layers),
+    }
+    return {"num_hidden_layers": layers} | draw(st.fixed_dictionaries({}, optional=optional))
+
+
+def _some_layer_slides(config: Any) -> bool:
+    """Whether transformers' Qwen3 gives some layer a window (its attention layers take
+    ``config.sliding_window`` where ``layer_types`` says sliding)."""
+    return config.sliding_window is not None and "sliding_attention" in config.layer_types
+
+
+@settings(max_examples=40)
+@given(values=attention_fields(), saved=st.booleans())
+def test_a_config_is_refused_exactly_when_transformers_gives_some_layer_a_sliding_window(
+    values: dict[str, Any], saved: bool, tmp_path_factory: Any
+) -> None:
+    transformers = pytest.importorskip("transformers", reason="the parity oracle")
+    if saved:  # as transformers writes it: layer_types always, the window only when used
+        directory = tmp_path_factory.mktemp("config")
+        transformers.Qwen3Config(**values).save_pretrained(directory)
+        data = json.loads((directory / CONFIG_FILE).read_text())
+    else:
+        data = {"model_type": "qwen3", **values}
+    theirs = transformers.Qwen3Config.from_dict(json.loads(json.dumps(data)))
+    if _some_layer_slides(theirs):
+        with pytest.raises(CheckpointError, match=r"\(sliding-window .*not implemented\)"):
+            ModelConfig.from_hf_config(data)
+    else:
+        assert ModelConfig.from_hf_config(data).num_hidden_layers == theirs.num_hidden_layers
+
+
+def test_swish_is_silu_as_in_transformers() -> None:
+    # transformers' ACT2FN maps "swish" to torch's SiLU; the logits tests run such a model.
+    transformers = pytest.importorskip("transformers", reason="the parity oracle")
+    data = transformers.Qwen3Config(hidden_act="swish").to_dict()
+    assert ModelConfig.from_hf_config(data) == ModelConfig()

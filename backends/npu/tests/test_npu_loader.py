@@ -167,7 +167,9 @@ def _yarn(d: Path) -> None:
 
 
 def _sliding(d: Path) -> None:
-    _edit_config(d, use_sliding_window=True)
+    # transformers writes layer_types; a window applies to the layers they call sliding.
+    layer_types = ["full_attention", "sliding_attention"]
+    _edit_config(d, use_sliding_window=True, sliding_window=8, layer_types=layer_types)
 
 
 def _bad_header(d: Path) -> None:
@@ -218,7 +220,7 @@ def _untied_without_head(d: Path) -> None:
             r"\[101, 4096\] for this config: \[101, 64\]",
         ),
         (_yarn, r"config\.json: 'rope_parameters': 'rope_type' must be 'default'.*'yarn'"),
-        (_sliding, r"config\.json: 'use_sliding_window' must be false"),
+        (_sliding, r"config\.json: 'layer_types' must list only \['full_attention'\] while"),
         (_no_weights, r"has neither model\.safetensors nor model\.safetensors\.index\.json"),
         (_bad_header, r"model\.safetensors: the safetensors header is not valid JSON"),
         (

@@ -286,3 +286,22 @@ def test_a_tied_checkpoint_storing_only_the_lm_head_runs_as_transformers_runs_it
     tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
     weights.write_bytes(encode_safetensors(tensors, metadata={"format": "pt"}))
     _assert_runs_as_transformers(directory)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        # transformers writes layer_types all full: the window reaches no layer of two.
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 28},
+        {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["full_attention"] * 2},
+        {"hidden_act": "swish"},  # SiLU in transformers
+    ],
+    ids=["window past the last layer", "window with full layer types", "swish"],
+)
+def test_configs_transformers_runs_as_full_attention_silu_run_as_it_runs_them(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
+    sizes = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    spec = {"config": sizes | config}
+    _save(tmp_path, spec | {"save": {}}, seed=7)
+    _assert_runs_as_transformers(tmp_path)  # a 40-token prompt: 5 windows of 8
