@@ -169,21 +169,24 @@ _OPTIONS = {
 def create_backend(
     *,
     checkpoint: str | Path | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     dtype: str = "float64",
     **config: Any,
 ) -> ReferenceBackend:
     """The ``reference`` entry point: a model loaded from ``checkpoint``, or else one with
-    random weights from ``seed`` whose :class:`~pypto_sched.checkpoints.ModelConfig` fields
-    are ``config`` (the others those of :data:`TINY_MODEL`)."""
+    random weights from ``seed`` (default 0) whose
+    :class:`~pypto_sched.checkpoints.ModelConfig` fields are ``config`` (the others those of
+    :data:`TINY_MODEL`). The random-weight options are refused with ``checkpoint``."""
     if checkpoint is not None:
-        if config:
+        ignored = sorted(config) + ([] if seed is None else ["seed"])
+        if ignored:
             raise InvalidModelError(
-                f"model sizes come from the checkpoint; drop the options {sorted(config)}"
+                f"the weights and model sizes come from the checkpoint; drop the options {ignored}"
             )
         return ReferenceBackend.from_checkpoint(checkpoint, dtype=dtype)
     known = {field.name for field in attrs.fields(ModelConfig)}
     unknown = sorted(set(config) - known)
     if unknown:
         raise InvalidModelError(f"unknown options {unknown}; model options: {sorted(known)}")
-    return ReferenceBackend.from_seed(attrs.evolve(TINY_MODEL, **config), seed=seed, dtype=dtype)
+    model = attrs.evolve(TINY_MODEL, **config)
+    return ReferenceBackend.from_seed(model, seed=0 if seed is None else seed, dtype=dtype)

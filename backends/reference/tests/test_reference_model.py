@@ -317,8 +317,11 @@ def test_create_backend_takes_model_sizes_seed_and_dtype() -> None:
 def test_create_backend_rejects_unknown_or_conflicting_options(tmp_path: Path) -> None:
     with pytest.raises(InvalidModelError, match=r"unknown options \['hiden_size'\]"):
         create_backend(hiden_size=16)
-    with pytest.raises(InvalidModelError, match="model sizes come from the checkpoint"):
+    with pytest.raises(InvalidModelError, match=r"from the checkpoint; drop .* \['hidden_size'\]"):
         create_backend(checkpoint=tmp_path, hidden_size=16)
+    for seed in (0, 123):  # the checkpoint's weights would silently replace the seed's
+        with pytest.raises(InvalidModelError, match=r"from the checkpoint; drop .* \['seed'\]$"):
+            load_backend("reference", checkpoint=tmp_path, seed=seed)
     with pytest.raises(InvalidModelError, match="'dtype' must be one of"):
         create_backend(dtype="float16")
     with pytest.raises(InvalidInputError, match="'hidden_size' must be >= 1: 0"):
