@@ -57,7 +57,7 @@ class NpuBackend:
         {
             "checkpoint": "a Hugging Face Qwen3 checkpoint directory (required)",
             "dtype": "compute dtype: float32 (default), float16 or bfloat16",
-            "device": "a torch device (default: npu when an NPU is usable, else cpu)",
+            "device": "npu or cpu (default: npu when an NPU is usable, else cpu)",
             "ops": "kernels: auto (by device, the default), torch or npu",
         }
     )
@@ -245,7 +245,23 @@ def _dtype(value: str | torch.dtype) -> torch.dtype:
     raise InvalidInputError(f"'dtype' must be one of {sorted(DTYPES)}: {value!r}")
 
 
+#: The device types the backend runs on: the NPU, and the CPU as the fallback.
+_DEVICE_TYPES = ("npu", "cpu")
+
+
 def _device(value: str | torch.device) -> torch.device:
+    device = _parsed_device(value)
+    if device.type not in _DEVICE_TYPES:
+        # cuda, xpu, ...: the backend is neither built nor tested for them, and torch fails on
+        # them only when allocating (an AssertionError where unbuilt); meta holds no data.
+        raise InvalidInputError(
+            f"'device' must be an NPU or CPU device (type {' or '.join(map(repr, _DEVICE_TYPES))}"
+            f"): {value!r}"
+        )
+    return device
+
+
+def _parsed_device(value: str | torch.device) -> torch.device:
     if isinstance(value, torch.device):
         return value
     if isinstance(value, str):

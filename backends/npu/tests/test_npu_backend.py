@@ -423,6 +423,12 @@ def test_bad_options_are_rejected(checkpoints: dict[str, Path]) -> None:
             InvalidInputError, match=rf"^'device' must be a torch device .*: {device!r}$"
         ):
             NpuBackend.from_checkpoint(checkpoints["tied"], device=device)  # type: ignore[arg-type]
+    # Devices torch names but the backend does not run on: refused before loading anything,
+    # not a bare AssertionError from torch (cuda) or a failure at the first dispatch (meta).
+    for other in ("cuda", "cuda:0", "meta", torch.device("meta"), "xpu"):
+        with pytest.raises(InvalidInputError, match=r"^'device' must be an NPU or CPU device") as e:
+            load_backend("npu", checkpoint=checkpoints["tied"], device=other)
+        assert str(e.value).endswith(f": {other!r}")
     with pytest.raises(
         CheckpointError, match=r"^the checkpoint directory must be a path .*: 5 \(int\)$"
     ):
