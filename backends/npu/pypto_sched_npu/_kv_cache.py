@@ -83,6 +83,33 @@ class PagedKVCache:
         )
         return cls(num_pages=num_pages, page_size=page_size, layers=layers)
 
+    def check_layout(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        """Raise :class:`InvalidInputError` unless every layer's key and value pages are
+        ``[num_pages, page_size, num_kv_heads, head_dim]`` of ``dtype`` on ``device`` (the
+        arguments :meth:`allocate` took): another model's cache would fail inside torch, or,
+        of another dtype, run and silently lose precision."""
+        shape = (self.num_pages, self.page_size, num_kv_heads, head_dim)
+        expected = f"{num_layers} layers of {list(shape)} {dtype} on {device}"
+        if len(self.layers) != num_layers:
+            raise InvalidInputError(
+                f"'cache' must have this backend's layout ({expected}): {len(self.layers)} layers"
+            )
+        for index, layer in enumerate(self.layers):
+            for name, pages in (("key", layer.key), ("value", layer.value)):
+                if (tuple(pages.shape), pages.dtype, pages.device) != (shape, dtype, device):
+                    raise InvalidInputError(
+                        f"'cache' must have this backend's layout ({expected}): layer {index} "
+                        f"{name} pages {list(pages.shape)} {pages.dtype} on {pages.device}"
+                    )
+
     def check_fits(self, arrays: DispatchArrays) -> None:
         """Raise :class:`InvalidInputError` unless ``arrays`` addresses pages of this cache
         and writes each token only to the slot of its position in its row's pages."""

@@ -142,16 +142,20 @@ class NpuBackend:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInputError(f"{name!r} must be an int >= 1: {value!r}")
         self._model.ops.check_page_size(page_size)
-        config = self._model.config
         return PagedKVCache.allocate(
-            num_layers=config.num_hidden_layers,
-            num_pages=num_pages,
-            page_size=page_size,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
-            dtype=self._model.ops.kv_cache_dtype(self.dtype, self.device),
-            device=self.device,
+            num_pages=num_pages, page_size=page_size, **self._cache_layout()
         )
+
+    def _cache_layout(self) -> dict[str, Any]:
+        """The layout of this backend's caches, but for the page count and size."""
+        config = self._model.config
+        return {
+            "num_layers": config.num_hidden_layers,
+            "num_kv_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim,
+            "dtype": self._model.ops.kv_cache_dtype(self.dtype, self.device),
+            "device": self.device,
+        }
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:
         ids = np.asarray(token_ids)
@@ -176,6 +180,10 @@ class NpuBackend:
             raise InvalidInputError(
                 f"'cache' must come from this backend's new_cache: {type(cache).__name__}"
             )
+        # Another backend's cache may hold another model's pages (layers, KV heads, head_dim),
+        # in another dtype or on another device, or pages these ops cannot take.
+        cache.check_layout(**self._cache_layout())
+        self._model.ops.check_page_size(cache.page_size)
         arrays = batch.arrays
         cache.check_fits(arrays)
         with torch.inference_mode():

@@ -296,6 +296,39 @@ def test_a_foreign_cache_is_rejected(backends: Backends) -> None:
         backend.run_dispatch(_batch(arrays, logits=True, greedy=False), object())
 
 
+def test_a_cache_of_another_layout_is_rejected_before_any_kernel_runs(backends: Backends) -> None:
+    # As the reference backend does: another model's pages fail inside torch, and pages of
+    # another dtype run and silently lose precision (bfloat16 pages for a float32 model).
+    backend = backends("tied")  # 2 layers, 2 KV heads of 64, float32, on the CPU
+    arrays, _ = _one_dispatch([5], [0], 4)
+    batch = _batch(arrays, logits=True, greedy=False)
+    layout = r"'cache' must have this backend's layout \(2 layers of \[2, 4, 2, 64\] "
+    own = backend.new_cache(num_pages=2, page_size=4)
+    others = {
+        "KV heads": (backends("untied"), r"layer 0 key pages \[2, 4, 1, 128\]"),
+        "dtype": (backends("tied", dtype="bfloat16"), r"layer 0 key pages .* torch\.bfloat16"),
+    }
+    for other, found in others.values():
+        with pytest.raises(InvalidInputError, match=layout + r"torch\.float32 on cpu\): " + found):
+            backend.run_dispatch(batch, other.new_cache(num_pages=2, page_size=4))
+    with pytest.raises(InvalidInputError, match=layout + r".*\): 1 layers$"):
+        backend.run_dispatch(batch, attrs.evolve(own, layers=own.layers[:1]))
+    value = attrs.evolve(own.layers[1], value=own.layers[1].value[..., :32])
+    with pytest.raises(InvalidInputError, match=r"layer 1 value pages \[2, 4, 2, 32\]"):
+        backend.run_dispatch(batch, attrs.evolve(own, layers=(own.layers[0], value)))
+
+
+def test_the_npu_path_rejects_another_backends_cache_of_pages_it_cannot_take(
+    backends: Backends,
+) -> None:
+    arrays, _ = _one_dispatch([5], [0], 4)
+    torch_pages = backends("tied").new_cache(num_pages=2, page_size=4)
+    with pytest.raises(InvalidInputError, match=r"'page_size' must be 128 .*: 4$"):
+        backends("tied", ops="npu").run_dispatch(
+            _batch(arrays, logits=True, greedy=False), torch_pages
+        )
+
+
 def test_a_dispatch_paged_differently_from_the_cache_is_rejected(backends: Backends) -> None:
     backend = backends("tied")
     arrays, _ = _one_dispatch([5], [0], 4)
