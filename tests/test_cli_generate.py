@@ -13,6 +13,7 @@ import io
 import json
 import re
 import shlex
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -487,6 +488,27 @@ def test_verify_exits_1_on_a_mismatch(
     assert status == EXIT_FAILED
     assert "FAIL vs transformers generate(): 0/1 equal" in err
     assert "request 0: generated token 1 is" in err
+
+
+def test_verification_is_plain_greedy_whatever_the_checkpoints_generation_config(
+    tmp_path: Path, hf_checkpoint: Path
+) -> None:
+    directory = tmp_path / "qwen3"
+    shutil.copytree(hf_checkpoint, directory)
+    backend = ReferenceBackend.from_checkpoint(directory)
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    result = generate(backend, prompts, config=PlannerConfig(max_num_batched_tokens=24),
+                      max_new_tokens=8, page_size=4)  # fmt: skip
+    generated = [s.token_ids for s in result.sequences]
+    settings_file = directory / "generation_config.json"
+    settings = json.loads(settings_file.read_text())
+    # Each would change greedy tokens; the first bans the first token generated.
+    settings.update(suppress_tokens=[int(generated[0][0])], repetition_penalty=1.5,
+                    no_repeat_ngram_size=1, min_new_tokens=8)  # fmt: skip
+    settings_file.write_text(json.dumps(settings))
+    verification = hf_verify.verify_greedy_generation(directory, prompts, generated,
+                                                      max_new_tokens=8)  # fmt: skip
+    assert verification.passed, verification.describe()
 
 
 # -- help ------------------------------------------------------------------------------------

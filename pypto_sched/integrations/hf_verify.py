@@ -5,8 +5,10 @@
 its tokens with the ones :func:`~pypto_sched.generate` gave, token for token. transformers
 is asked for the full ``max_new_tokens`` with its own EOS switched off (``eos_token_id=None``:
 neither stopping on it nor masking it), and its tokens are cut after the first of the
-request's stop tokens, which is the rule :func:`~pypto_sched.generate` stops by; so the
-checkpoint's generation config cannot make the two disagree on when to stop.
+request's stop tokens, which is the rule :func:`~pypto_sched.generate` stops by. Nothing else
+of the checkpoint's ``generation_config.json`` is used either (no repetition penalty, no
+banned n-grams or tokens...): the comparison is with plain greedy decoding, which is what
+:func:`~pypto_sched.generate` does without sampling.
 
 transformers (and torch) are imported only when a verification runs
 (``pip install 'pypto-sched[transformers]'``); :func:`transformers_missing` says beforehand
@@ -135,23 +137,39 @@ def verify_greedy_generation(
     if dtype not in _DTYPES:
         raise InvalidInputError(f"'dtype' must be one of {list(_DTYPES)}: {dtype!r}")
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype))
     model.eval()  # type: ignore[no-untyped-call]  # torch's Module.eval is untyped here
+    # generate() fills every setting left unset from the model's generation config, which
+    # from_pretrained read from the checkpoint's generation_config.json (a repetition_penalty,
+    # no_repeat_ngram_size, suppress_tokens... there would change the greedy tokens): replace
+    # it with a fresh one, so transformers runs plain greedy decoding and nothing else.
+    model.generation_config = GenerationConfig()  # type: ignore[no-untyped-call]
     mismatches = []
     for index, (prompt, new, stop, mine) in enumerate(zip(ours, news, stops, outputs, strict=True)):
         ids = torch.tensor([prompt], dtype=torch.long)
         with torch.inference_mode():
             output = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                eos_token_id=None, do_sample=False, pad_token_id=0,
-            )  # fmt: skip
+                ids, attention_mask=torch.ones_like(ids), generation_config=_greedy(new)
+            )
         theirs = _until_stop(output[0, len(prompt) :].tolist(), stop)
         mismatch = _first_difference(index, mine, theirs)
         if mismatch is not None:
             mismatches.append(mismatch)
     return TransformersVerification(num_requests=count, mismatches=tuple(mismatches))
+
+
+def _greedy(max_new_tokens: int) -> Any:
+    """The only settings a verification means: greedy decoding for ``max_new_tokens`` tokens,
+    no EOS (the tokens are cut by the run's stop tokens instead), a pad id for the rule that
+    needs one (a single unpadded prompt never uses it)."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(  # type: ignore[no-untyped-call]  # transformers' __init__ is untyped
+        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=None,
+        pad_token_id=0,
+    )  # fmt: skip
 
 
 def _length(values: object) -> str:
