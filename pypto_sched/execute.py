@@ -26,6 +26,7 @@ from ._dispatch import DispatchArrays, dispatch_arrays
 from ._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ._pages import BlockTables, plan_pages
 from ._plan import plan_one_shot
+from ._policies import check_num_computed_tokens
 from ._schedule import Dispatch, Schedule
 from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
 from .backends import (
@@ -194,9 +195,17 @@ def write_prefixes(
     ``cache`` at its pages, as a prefix cache would have, in one dispatch that returns nothing.
 
     Use it to prepare the cache for :func:`execute_schedule` of a schedule planned with
-    ``num_computed_tokens``. Requests without a prefix are left alone.
+    ``num_computed_tokens``, which is checked as :func:`~pypto_sched.plan_prefill` checks it
+    (one count per prompt, each leaving a token to prefill). Requests without a prefix are
+    left alone.
     """
-    computed = [int(c) for c in num_computed_tokens]
+    check_is_backend(backend)
+    prompts = [
+        token_array(f"token_ids[{r}]", prompt, vocab_size=backend.vocab_size)
+        for r, prompt in enumerate(_per_request("token_ids", token_ids))
+    ]
+    lengths = np.array([prompt.size for prompt in prompts], dtype=np.int64)
+    computed = check_num_computed_tokens(num_computed_tokens, lengths).tolist()
     hits = [r for r, c in enumerate(computed) if c > 0]
     if not hits:
         return
@@ -220,7 +229,7 @@ def write_prefixes(
 def _token_ids(
     token_ids: object, schedule: Schedule, backend: Backend
 ) -> list[npt.NDArray[np.int64]]:
-    prompts = _per_request("token_ids", token_ids, schedule)
+    prompts = _per_request("token_ids", token_ids, schedule.num_requests)
     longest = max_positions(backend)
     checked = []
     for r, prompt in enumerate(prompts):
@@ -251,7 +260,7 @@ def token_array(name: str, values: object, *, vocab_size: int) -> npt.NDArray[np
 def _embeddings(
     input_embeddings: object, schedule: Schedule, *, hidden_size: int
 ) -> list[npt.NDArray[np.floating[Any]]]:
-    prompts = _per_request("input_embeddings", input_embeddings, schedule)
+    prompts = _per_request("input_embeddings", input_embeddings, schedule.num_requests)
     checked = []
     for r, prompt in enumerate(prompts):
         array = np.asarray(prompt)
@@ -265,15 +274,18 @@ def _embeddings(
     return checked
 
 
-def _per_request(name: str, values: object, schedule: Schedule) -> Sequence[Any] | npt.NDArray[Any]:
+def _per_request(
+    name: str, values: object, count: int | None = None
+) -> Sequence[Any] | npt.NDArray[Any]:
+    """``values``, a sequence (not text) or an array of one entry per request (``count`` of
+    them, when given)."""
     if not isinstance(values, Sequence | np.ndarray) or isinstance(values, str | bytes):
         raise InvalidInputError(
             f"{name!r} must hold one entry per request: {type(values).__name__}"
         )
-    if len(values) != schedule.num_requests:
+    if count is not None and len(values) != count:
         raise InvalidInputError(
-            f"{name!r} must hold one entry per request ({schedule.num_requests}): "
-            f"{len(values)} entries"
+            f"{name!r} must hold one entry per request ({count}): {len(values)} entries"
         )
     return values
 

@@ -8,6 +8,7 @@ was chunked.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import numpy as np
@@ -473,6 +474,29 @@ def test_write_prefixes_then_execute_equals_the_whole_prompts() -> None:
     result = execute_schedule(schedule, backend, prompts, block_tables=tables, cache=cache)
     assert result.logits is not None
     np.testing.assert_array_equal(result.logits, [expected_logits(p) for p in prompts])
+
+
+@pytest.mark.parametrize(
+    ("computed", "message"),
+    [
+        ([4, 0, 13], "'num_computed_tokens' must have one entry per prompt (4): 3 entries"),
+        ([-1, 0, 0, 0], "'num_computed_tokens' values must be in [0, 2147483647]: item 0 is -1"),
+        ([4.9, 0, 0, 0], "'num_computed_tokens' must hold ints: item 0 is 4.9 (float)"),
+        ([0, LENGTHS[1] + 10, 0, 0], f"item 1 is {LENGTHS[1] + 10} for length {LENGTHS[1]}"),
+        ([0, 0, LENGTHS[2], 0], f"item 2 is {LENGTHS[2]} for length {LENGTHS[2]}"),
+    ],
+)
+def test_write_prefixes_checks_num_computed_tokens_as_plan_prefill_does(
+    computed: list[Any], message: str
+) -> None:
+    backend = CountingBackend()
+    tables = plan_pages(LENGTHS, page_size=3, num_pages=40)
+    cache = backend.new_cache(num_pages=40, page_size=3)
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        write_prefixes(backend, prompts_of(LENGTHS), computed, block_tables=tables, cache=cache)
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        plan_prefill(LENGTHS, CHUNKED, num_computed_tokens=computed)
+    assert backend.batches == []
 
 
 # -- inputs ----------------------------------------------------------------------------------
