@@ -127,7 +127,8 @@ def generate(
 
     ``request_indices[r]`` is the request index that seeds prompt ``r``'s random stream
     (default: ``r``); a part of a larger batch passes its requests' indices in the batch, so
-    that sampling does not depend on how the batch was split.
+    that sampling does not depend on how the batch was split. They must be distinct (two
+    requests with one index would draw the same random tokens).
     """
     check_is_backend(backend)
     if not isinstance(config, PlannerConfig):
@@ -145,6 +146,12 @@ def generate(
         if request_indices is None
         else per_request_counts(request_indices, len(tokens), name="request_indices", low=0)
     )
+    if len(set(seeds)) != len(seeds):  # two requests would draw the same random tokens
+        again = next(r for r, seed in enumerate(seeds) if seed in seeds[:r])
+        raise InvalidInputError(
+            f"'request_indices' must be distinct: item {again} is {seeds[again]}, as is item "
+            f"{seeds.index(seeds[again])}"
+        )
     news = per_request_counts(max_new_tokens, len(tokens))
     state = initial_state(
         [len(prompt) for prompt in tokens],

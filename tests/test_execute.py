@@ -20,6 +20,7 @@ from pypto_sched import (
     ExecutionError,
     InvalidInputError,
     PlannerConfig,
+    SamplingParams,
     generate,
     plan_pages,
     plan_prefill,
@@ -580,6 +581,17 @@ def test_bad_generate_options_are_refused_before_anything_runs(
     with pytest.raises(InvalidInputError, match=message):
         generate(backend, [[1, 2]], config=CHUNKED, max_new_tokens=2, **options)
     assert backend.batches == []
+
+
+def test_generate_refuses_a_request_index_given_twice_before_anything_runs() -> None:
+    backend = CountingBackend()
+    with pytest.raises(
+        InvalidInputError, match=r"^'request_indices' must be distinct: item 2 is 7, as is item 0$"
+    ):
+        generate(backend, [[1], [2], [3]], config=CHUNKED, max_new_tokens=2,
+                 sampling=SamplingParams(temperature=1.0), request_indices=[7, 3, 7])  # fmt: skip
+    assert backend.batches == []
+    generate(backend, [[1], [2], [3]], config=CHUNKED, max_new_tokens=2, request_indices=[7, 3, 0])
 
 
 class ShortModelBackend(CountingBackend):
