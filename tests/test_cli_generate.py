@@ -245,7 +245,9 @@ def test_an_empty_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
 
 def test_a_negative_temperature(capsys: pytest.CaptureFixture[str], prompts_file: str) -> None:
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
-    assert_usage_error(cli(capsys, *args, "--temperature", "-0.5"), "'temperature' must be >= 0")
+    assert_usage_error(
+        cli(capsys, *args, "--temperature", "-0.5"), "error: --temperature: must be >= 0: -0.5"
+    )
 
 
 @pytest.mark.parametrize("top_p", ["0", "1.5", "-1"])
@@ -253,7 +255,24 @@ def test_a_top_p_out_of_range(
     capsys: pytest.CaptureFixture[str], prompts_file: str, top_p: str
 ) -> None:
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
-    assert_usage_error(cli(capsys, *args, "--top-p", top_p), "'top_p' must be a number in (0, 1]")
+    assert_usage_error(
+        cli(capsys, *args, "--top-p", top_p), "error: --top-p: must be a number in (0, 1]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--top-k", "0"], "--top-k: must be >= 1: 0"),
+        (["--sampling-seed", "-1"], "--sampling-seed: must be >= 0: -1"),
+        (["--sampling-seed", str(2**63)], f"--sampling-seed: must be <= {2**63 - 1}: {2**63}"),
+    ],
+)
+def test_a_bad_sampling_option_is_named_by_its_flag(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, option: list[str], message: str
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED, *option]
+    assert_usage_error(cli(capsys, *args), f"pypto-sched: error: {message}\n")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._config import PlannerConfig
-from .._errors import InvalidConfigError
 from .._generate import GenerationResult, StepDone, generate
 from .._sampling import SamplingParams
 from ..backends import Backend, max_positions
@@ -79,6 +78,13 @@ FLAGS = {
     "max_new_tokens": "--max-new-tokens",
     "page_size": "--kv-page-size",
     "num_pages": "--num-kv-pages",
+}
+#: The field of :class:`SamplingParams` each sampling flag gives.
+SAMPLING_FLAGS = {
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "seed": "--sampling-seed",
 }
 
 
@@ -276,13 +282,11 @@ def execute(
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
-    try:
+    with flags_named(**SAMPLING_FLAGS):
         return SamplingParams(
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.sampling_seed,
         )  # fmt: skip
-    except InvalidConfigError as error:
-        raise UsageError(f"sampling options (--temperature, --top-k, --top-p): {error}") from None
 
 
 def _check_verify(args: argparse.Namespace, sampling: SamplingParams) -> None:
