@@ -15,7 +15,7 @@ Like :func:`~pypto_sched.execute_schedule`, it checks every backend output and s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import attrs
@@ -28,7 +28,7 @@ from ._generation import GenerationState, GenerationStep, plan_generation_step
 from ._sampling import SamplingParams, sample_token
 from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
-from .execute import DEFAULT_PAGE_SIZE, _run, token_array
+from .execute import DEFAULT_PAGE_SIZE, TokenIds, _run, token_array
 
 __all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone", "generate"]
 
@@ -104,7 +104,7 @@ class StepDone:
 
 def generate(
     backend: Backend,
-    prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+    prompts: TokenIds,
     *,
     config: PlannerConfig,
     max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
@@ -139,7 +139,9 @@ def generate(
             f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
         )
     tokens = token_lists("prompts", prompts, vocab_size=backend.vocab_size)
-    stops = stop_sets(stop_token_ids, request_stop_token_ids, len(tokens))
+    stops = stop_sets(
+        stop_token_ids, request_stop_token_ids, len(tokens), vocab_size=backend.vocab_size
+    )
     check_callback("on_step", on_step)
     seeds = (
         list(range(len(tokens)))
@@ -193,12 +195,19 @@ def initial_state(
 def token_lists(
     name: str, values: object, *, vocab_size: int, allow_empty: bool = False
 ) -> list[list[int]]:
-    """``values``, a non-empty sequence of token id arrays (one per request), as lists of ids
-    in ``[0, vocab_size)``, each holding at least one unless ``allow_empty``; or an
-    :class:`InvalidInputError` naming ``name`` and the request."""
+    """``values``, a non-empty sequence of token id arrays (one per request) or a 2-D array of
+    one request per row, as lists of ids in ``[0, vocab_size)``, each holding at least one
+    unless ``allow_empty``; or an :class:`InvalidInputError` naming ``name`` and the
+    request."""
+    if isinstance(values, np.ndarray) and values.ndim == 2 and len(values):
+        values = list(values)  # equal-length prompts, one a row; token_array checks the dtype
     if not isinstance(values, Sequence) or isinstance(values, str | bytes) or not values:
+        found = type(values).__name__
+        if isinstance(values, np.ndarray):
+            found += f" of shape {values.shape}"
         raise InvalidInputError(
-            f"{name!r} must be a non-empty sequence of token id arrays: {type(values).__name__}"
+            f"{name!r} must be a non-empty sequence of token id arrays, or a 2-D array of one "
+            f"per row: {found}"
         )
     tokens = [
         token_array(f"{name}[{r}]", ids, vocab_size=vocab_size).tolist()
@@ -231,9 +240,16 @@ def per_request_counts(
 
 
 def stop_sets(
-    common: Collection[int], per_request: Sequence[Collection[int]] | None, count: int
+    common: Collection[int],
+    per_request: Sequence[Collection[int]] | None,
+    count: int,
+    *,
+    vocab_size: int,
 ) -> list[frozenset[int]]:
-    shared = _token_set("stop_token_ids", common)
+    """Each request's stop tokens: ``common`` and its own ``per_request[r]``, token ids in
+    ``[0, vocab_size)`` as prompts' are; or an :class:`InvalidInputError` naming the
+    argument."""
+    shared = _token_set("stop_token_ids", common, vocab_size)
     if per_request is None:
         return [shared] * count
     if not isinstance(per_request, Sequence) or isinstance(per_request, str | bytes):
@@ -247,18 +263,20 @@ def stop_sets(
             f"{len(per_request)} entries"
         )
     return [
-        shared | _token_set(f"request_stop_token_ids[{r}]", ids)
+        shared | _token_set(f"request_stop_token_ids[{r}]", ids, vocab_size)
         for r, ids in enumerate(per_request)
     ]
 
 
-def _token_set(name: str, ids: object) -> frozenset[int]:
-    if not isinstance(ids, Collection) or isinstance(ids, str | bytes):
+def _token_set(name: str, ids: object, vocab_size: int) -> frozenset[int]:
+    # A mapping is a collection of its keys, which is never what was meant.
+    if not isinstance(ids, Collection) or isinstance(ids, str | bytes | Mapping):
         raise InvalidInputError(
             f"{name!r} must be a collection of token ids (ints >= 0): {ids!r} "
             f"({type(ids).__name__})"
         )
-    return frozenset(check_int(name, t, min_value=0) for t in ids)
+    checked = sorted({check_int(name, t, min_value=0) for t in ids})
+    return frozenset(token_array(name, checked, vocab_size=vocab_size).tolist())
 
 
 class _Run:

@@ -315,8 +315,21 @@ class PagePool(Frozen, Generic[RequestId]):
         """The block tables of ``request_ids``, row ``i`` for ``request_ids[i]``.
 
         Rows are as :class:`~pypto_sched.BlockTables` stores them; turn a step's rows into
-        kernel arrays with :func:`~pypto_sched.dispatch_arrays`.
+        kernel arrays with :func:`~pypto_sched.dispatch_arrays`. Every id must own pages (a
+        row with none has nothing to attend to: the id is a mistake); a str is refused
+        rather than read as a sequence of one-character ids.
         """
+        if not isinstance(request_ids, Sequence) or isinstance(request_ids, str | bytes):
+            raise InvalidInputError(
+                f"'request_ids' must be a sequence of request ids ([id] for one): "
+                f"{request_ids!r} ({type(request_ids).__name__})"
+            )
+        for i, request_id in enumerate(request_ids):
+            if self._held(request_id) == 0:
+                raise InvalidInputError(
+                    f"'request_ids' must name requests that own pages: item {i} is "
+                    f"{request_id!r}, which owns none"
+                )
         tables = [self._pages(request_id) for request_id in request_ids]
         counts = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
         offsets = np.zeros(len(tables) + 1, dtype=np.int64)

@@ -572,6 +572,20 @@ def test_an_on_dispatch_that_is_not_callable_is_refused_before_anything_runs() -
             r"prompt: 5 \(int\)$",
         ),
         ({"on_step": 5}, r"^'on_step' must be callable or None: 5 \(int\)$"),
+        (
+            {"stop_token_ids": {3: 1}},
+            r"^'stop_token_ids' must be a collection of token ids .*: \{3: 1\} \(dict\)$",
+        ),
+        (
+            {"stop_token_ids": [3, VOCAB]},
+            rf"^'stop_token_ids' values must be in \[0, {VOCAB}\), the backend's vocabulary: "
+            rf"{VOCAB}$",
+        ),
+        (
+            {"request_stop_token_ids": [[10**6]]},
+            r"^'request_stop_token_ids\[0\]' values must be in \[0, \d+\), the backend's "
+            r"vocabulary: 1000000$",
+        ),
     ],
 )
 def test_bad_generate_options_are_refused_before_anything_runs(
@@ -581,6 +595,28 @@ def test_bad_generate_options_are_refused_before_anything_runs(
     with pytest.raises(InvalidInputError, match=message):
         generate(backend, [[1, 2]], config=CHUNKED, max_new_tokens=2, **options)
     assert backend.batches == []
+
+
+def test_generate_takes_a_2d_array_as_one_prompt_per_row() -> None:
+    prompts = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int32)
+    rows = generate(CountingBackend(), prompts, config=CHUNKED, max_new_tokens=2)
+    lists = generate(CountingBackend(), prompts.tolist(), config=CHUNKED, max_new_tokens=2)
+    assert [s.token_ids.tolist() for s in rows.sequences] == [
+        s.token_ids.tolist() for s in lists.sequences
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        (np.array([1, 2, 3]), r"or a 2-D array of one per row: ndarray of shape \(3,\)$"),
+        (np.zeros((0, 3), dtype=np.int64), r"one per row: ndarray of shape \(0, 3\)$"),
+        (np.array([[1.0, 2.0]]), r"^'prompts\[0\]' must be a 1-D sequence of ints: .*float64$"),
+    ],
+)
+def test_generate_names_prompts_that_are_not_token_id_arrays(prompts: Any, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        generate(CountingBackend(), prompts, config=CHUNKED, max_new_tokens=2)
 
 
 def test_generate_refuses_a_request_index_given_twice_before_anything_runs() -> None:

@@ -197,6 +197,18 @@ def test_a_table_whose_array_cannot_move_is_copied_when_it_grows() -> None:
     assert grown.hold("a", 6).pages("a") == (0, 1, 2, 3, 4, 5)
 
 
+def test_block_tables_refuses_a_str_and_an_id_that_owns_no_pages() -> None:
+    pool = PagePool[str](num_pages=8, page_size=4).hold("a", 5).hold("b", 1)
+    assert pool.block_tables(["b", "a"]).table(1).tolist() == [0, 1]
+    with pytest.raises(InvalidInputError, match=r"^'request_ids' must be a sequence of request "
+                       r"ids \(\[id\] for one\): 'ab' \(str\)$"):  # fmt: skip
+        pool.block_tables("ab")
+    for unknown in ["zz", "c"]:
+        with pytest.raises(InvalidInputError, match=f"^'request_ids' must name requests that "
+                           f"own pages: item 1 is '{unknown}', which owns none$"):  # fmt: skip
+            pool.hold("c", 0).block_tables(["a", unknown])
+
+
 @given(st.integers(min_value=1, max_value=50), st.integers(min_value=1, max_value=9))
 def test_capacity_questions_agree_with_hold(num_pages: int, page_size: int) -> None:
     pool = PagePool[int](num_pages=num_pages, page_size=page_size).hold(0, 1)

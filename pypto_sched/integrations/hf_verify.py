@@ -31,6 +31,7 @@ import numpy.typing as npt
 from .._errors import CheckpointError, InvalidInputError
 from .._generate import per_request_counts, stop_sets, token_lists
 from ..checkpoints import read_config
+from ..execute import TokenIds
 from ..prompts import MissingDependencyError
 
 __all__ = ["INSTALL", "Mismatch", "TransformersVerification", "transformers_missing",
@@ -95,8 +96,8 @@ def transformers_missing() -> str | None:
 
 def verify_greedy_generation(
     checkpoint: str | os.PathLike[str],
-    prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
-    generated: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+    prompts: TokenIds,
+    generated: TokenIds,
     *,
     max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
     stop_token_ids: Collection[int] = (),
@@ -133,7 +134,7 @@ def verify_greedy_generation(
         )
     outputs = token_lists("generated", generated, vocab_size=vocab_size, allow_empty=True)
     news = per_request_counts(max_new_tokens, count)
-    stops = stop_sets(stop_token_ids, request_stop_token_ids, count)
+    stops = stop_sets(stop_token_ids, request_stop_token_ids, count, vocab_size=vocab_size)
     if dtype not in _DTYPES:
         raise InvalidInputError(f"'dtype' must be one of {list(_DTYPES)}: {dtype!r}")
     import torch

@@ -74,13 +74,14 @@ from .._generate import (
     initial_state,
     per_request_counts,
     stop_sets,
+    token_lists,
 )
 from .._partition import Partition, partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int, check_positions, read_only
 from ..backends import Backend, BackendFactory, load_backend, max_positions
-from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, execute_schedule
+from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, execute_schedule
 
 __all__ = [
     "DEFAULT_RESOURCES",
@@ -433,7 +434,7 @@ class RayReplicas:
 
     def prefill(
         self,
-        prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        prompts: TokenIds,
         *,
         config: PlannerConfig,
         return_logits: bool = False,
@@ -480,7 +481,7 @@ class RayReplicas:
 
     def generate(
         self,
-        prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]],
+        prompts: TokenIds,
         *,
         config: PlannerConfig,
         max_new_tokens: int | Sequence[int],
@@ -497,7 +498,7 @@ class RayReplicas:
         _check_config(config)
         news = np.array(per_request_counts(max_new_tokens, len(tokens)), dtype=np.int64)
         stops = None if request_stop_token_ids is None else list(request_stop_token_ids)
-        stop_sets(stop_token_ids, stops, len(tokens))
+        stop_sets(stop_token_ids, stops, len(tokens), vocab_size=self.vocab_size)
         lengths = np.array([p.size for p in tokens], dtype=np.int64)
         # generate()'s own checks on the whole batch, before any part runs: a part would name
         # its requests by their place in the part.
@@ -641,26 +642,12 @@ class RayReplicas:
             raise _cause(error) from None
         return answers[0]
 
-    def _prompts(
-        self, prompts: Sequence[Sequence[int] | npt.NDArray[np.integer[Any]]]
-    ) -> list[IntArray]:
-        if not isinstance(prompts, Sequence) or isinstance(prompts, str | bytes) or not prompts:
-            raise InvalidInputError("'prompts' must be a non-empty sequence of token id arrays")
-        tokens = []
-        for r, prompt in enumerate(prompts):
-            array = np.asarray(prompt)
-            if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
-                raise InvalidInputError(
-                    f"'prompts[{r}]' must be a non-empty 1-D array of token ids: shape "
-                    f"{array.shape}, dtype {array.dtype}"
-                )
-            if array.min() < 0 or array.max() >= self.vocab_size:
-                raise InvalidInputError(
-                    f"'prompts[{r}]' must hold token ids in [0, {self.vocab_size}): "
-                    f"{int(array.min())}..{int(array.max())}"
-                )
-            tokens.append(read_only(array.astype(np.int64)))
-        return tokens
+    def _prompts(self, prompts: TokenIds) -> list[IntArray]:
+        """``prompts`` as :func:`~pypto_sched.generate` reads them, as read-only arrays."""
+        return [
+            read_only(np.array(ids, dtype=np.int64))
+            for ids in token_lists("prompts", prompts, vocab_size=self.vocab_size)
+        ]
 
 
 def _check_config(config: object) -> None:
