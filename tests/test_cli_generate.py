@@ -14,6 +14,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,26 @@ def test_a_progress_bar_asked_for_is_drawn_on_stderr(
     assert status == EXIT_OK
     assert len(outputs(out)) == len(PROMPTS)
     assert "requests" in err.split("5 requests, 82 prompt tokens")[0]
+
+
+def test_generate_needs_no_rich_unless_a_progress_bar_is_asked_for(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, prompts_file: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a bar by default, without rich
+    args = ["--prompts", prompts_file, "--max-new-tokens", "3", *CHUNKED]
+    status, out, err = cli(capsys, *args)
+    assert status == EXIT_OK, err
+    assert len(outputs(out)) == len(PROMPTS)
+    assert err.startswith("5 requests, 82 prompt tokens on backend 'reference' (round_robin)\n")
+    assert re.search(r"^generated {13}\d+ tokens$", err, flags=re.MULTILINE), err
+    status, out, err = cli(capsys, *args, "--progress")
+    assert (status, out) == (EXIT_FAILED, "")
+    assert err == (
+        "pypto-sched: error: --progress needs rich: pip install 'pypto-sched[cli]' "
+        "(or use --no-progress)\n"
+    )
 
 
 # -- bad input: exit 2, one line -----------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from .._errors import PyptoSchedError
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
 from ._parser import build_parser
+from ._progress import wanted
 from ._render import console
 
 __all__ = ["main"]
@@ -20,8 +21,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pypto-sched``; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        if args.format == "text" or getattr(args, "progress", None):
-            console()  # fail now, with the fix, rather than after the work is done
+        # Fail now, with the fix, rather than after the work is done.
+        if args.format == "text":
+            console()
+        if hasattr(args, "progress"):
+            wanted(args)  # --progress without rich
         handler: Callable[[argparse.Namespace], int] = args.handler
         status = handler(args)
         sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit

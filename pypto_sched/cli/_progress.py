@@ -10,9 +10,10 @@ from contextlib import AbstractContextManager, contextmanager
 
 from .._generate import StepDone
 from ..execute import DispatchDone
-from ._render import console
+from ._errors import CommandFailed
+from ._render import RICH, console, has_rich
 
-__all__ = ["OnDispatch", "bar", "generation_bar"]
+__all__ = ["OnDispatch", "bar", "generation_bar", "wanted"]
 
 #: What :func:`~pypto_sched.execute_schedule` calls after each dispatch.
 OnDispatch = Callable[[DispatchDone], None]
@@ -20,14 +21,20 @@ OnDispatch = Callable[[DispatchDone], None]
 Progress = Callable[[str, int], AbstractContextManager[OnDispatch]]
 
 
-def bar(args: argparse.Namespace) -> Progress:
-    """Progress bars as ``--progress`` asks: shown by name, hidden by ``--no-progress``, and
-    by default shown when stderr is a terminal and the output is text."""
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars: as ``--progress`` or ``--no-progress`` says; by default
+    when stderr is a terminal, the output is not JSON and rich (which draws them) is
+    installed. ``--progress`` without rich is an error, not a silent omission."""
     if args.progress is None:
-        show = sys.stderr.isatty() and args.format == "text"
-    else:
-        show = bool(args.progress)
-    if not show:
+        return sys.stderr.isatty() and args.format != "json" and has_rich()
+    if args.progress and not has_rich():
+        raise CommandFailed(f"--progress needs rich: {RICH} (or use --no-progress)")
+    return bool(args.progress)
+
+
+def bar(args: argparse.Namespace) -> Progress:
+    """Progress bars as :func:`wanted` says."""
+    if not wanted(args):
         return _hidden
     return lambda label, total: _shown(label, total, forced=args.progress is not None)
 
@@ -74,10 +81,8 @@ def _shown(label: str, total: int, *, forced: bool) -> Iterator[OnDispatch]:
 def generation_bar(
     args: argparse.Namespace, num_requests: int
 ) -> Iterator[Callable[[StepDone], None]]:
-    """Requests done and tokens per second on stderr, as ``--progress`` asks (default: when
-    stderr is a terminal)."""
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    if not show:
+    """Requests done and tokens per second on stderr, as :func:`wanted` says."""
+    if not wanted(args):
         yield lambda _done: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

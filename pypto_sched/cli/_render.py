@@ -6,6 +6,7 @@ a script reads does not depend on the terminal that ran it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
     from ..integrations.hf_verify import TransformersVerification
 
 __all__ = [
+    "RICH",
     "console",
     "emit",
     "generation_summary",
     "grid",
+    "has_rich",
     "percent",
     "print_json",
     "show",
@@ -38,14 +41,21 @@ _TEXT_COLUMNS = frozenset(
 )
 
 
+#: What to install for text tables and progress bars.
+RICH = "pip install 'pypto-sched[cli]'"
+
+
+def has_rich() -> bool:
+    """Whether rich, which draws tables and progress bars, can be imported."""
+    return importlib.util.find_spec("rich") is not None
+
+
 def console(*, stderr: bool = False) -> Console:
     """A rich console on stdout (or stderr); a clear error when rich is missing."""
     try:
         from rich.console import Console
     except ImportError:
-        raise CommandFailed(
-            "text output needs rich: pip install 'pypto-sched[cli]' (or use --format json)"
-        ) from None
+        raise CommandFailed(f"text output needs rich: {RICH} (or use --format json)") from None
     stream = sys.stderr if stderr else sys.stdout
     # Piped output is never wrapped to a terminal's width: tables keep their natural width.
     width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPED_WIDTH
@@ -111,32 +121,27 @@ def generation_summary(
     config: PlannerConfig,
     result: GenerationResult,
     verification: TransformersVerification | None,
-) -> list[RenderableType]:
-    """``generate``'s summary on stderr: dispatches, preemptions, first tokens, throughput."""
+) -> list[str]:
+    """``generate``'s summary on stderr, as plain lines that need no rich: dispatches,
+    preemptions, first tokens, throughput, in a label column and a value column."""
     stats = result.stats
     preempted = sum(1 for s in result.sequences if s.num_preemptions)
     heading = (
         f"{len(result.sequences):,} requests, {stats.num_prompt_tokens:,} prompt tokens on "
         f"backend {backend_name!r} ({config.policy})"
     )
-    table = grid()
-    table.add_row("generated", f"{stats.num_generated_tokens:,} tokens")
-    table.add_row("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
-                  "prefill and decode)")  # fmt: skip
-    table.add_row(
-        "preemptions",
-        f"{stats.num_preemptions:,} ({preempted:,} request{'' if preempted == 1 else 's'})",
-    )
-    table.add_row(
-        "time to first token",
-        f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
-        f"{stats.max_time_to_first_token:,} at worst",
-    )
-    table.add_row(
-        "throughput",
-        f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, planning "
-        f"{stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})",
-    )
+    rows = [
+        ("generated", f"{stats.num_generated_tokens:,} tokens"),
+        ("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
+                       "prefill and decode)"),
+        ("preemptions",
+         f"{stats.num_preemptions:,} ({preempted:,} request{'' if preempted == 1 else 's'})"),
+        ("time to first token", f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
+                                f"{stats.max_time_to_first_token:,} at worst"),
+        ("throughput", f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, "
+                       f"planning {stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})"),
+    ]  # fmt: skip
     if verification is not None:
-        table.add_row("verify", verification.describe())
-    return [heading, table]
+        rows.append(("verify", verification.describe()))
+    width = max(len(label) for label, _ in rows) + 3  # as grid() pads its label column
+    return [heading, *(f"{label:<{width}}{value}" for label, value in rows)]

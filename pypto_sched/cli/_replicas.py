@@ -23,7 +23,7 @@ from .._partition import partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int
-from . import _render
+from . import _progress, _render
 from ._errors import CommandFailed, UsageError, flags_named
 from ._render import console
 from ._specs import backend_options
@@ -217,12 +217,8 @@ def progress_bar(
     args: argparse.Namespace,
 ) -> Callable[[str], Any]:
     """``progress(label)``: a context whose value is an ``on_progress`` callback, drawn as
-    ``--progress`` asks (the rule of :func:`pypto_sched.cli._progress.bar`)."""
-    if args.progress is None:
-        show = sys.stderr.isatty() and args.format == "text"
-    else:
-        show = bool(args.progress)
-    if not show:
+    :func:`pypto_sched.cli._progress.wanted` says."""
+    if not _progress.wanted(args):
         return _hidden
     return lambda label: _shown(label, forced=args.progress is not None)
 

@@ -40,7 +40,7 @@ from ._inputs import config as planner_config
 from ._lengths import read_text
 from ._options import Example, Parser, add_command, add_config_options
 from ._progress import generation_bar
-from ._render import emit, generation_summary
+from ._render import generation_summary
 from ._specs import backend_options
 from .run import _load
 
@@ -180,7 +180,8 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="show a progress bar on stderr (default: when stderr is a terminal)",
     )
     _replicas.add_replica_options(parser, runs=True)
-    parser.set_defaults(handler=handle, format="text")
+    # Its output is JSON Lines and a summary of plain lines: it needs no rich ("plain").
+    parser.set_defaults(handler=handle, format="plain")
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -247,7 +248,7 @@ def _generate(
     summary = generation_summary(backend.name, config, result, verification)
     if not isinstance(backend, Backend):
         summary.append(f"replicas: {_replicas.describe(replicas)}")
-    emit(*summary, stderr=True)
+    sys.stderr.write("".join(f"{line}\n" for line in summary))
     if verification is not None and not verification.passed:
         return EXIT_FAILED
     return EXIT_OK
