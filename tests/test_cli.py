@@ -95,6 +95,22 @@ def test_plan_summary_of_the_seed_reports_dispatches_and_bound(
     assert all(line == line.rstrip() for line in out.splitlines())
 
 
+@pytest.mark.parametrize(
+    ("command", "lengths", "heading"),
+    [
+        ("plan", "1", "policy round_robin: 1 request, 1 token to prefill\n"),
+        ("plan", "10", "policy round_robin: 1 request, 10 tokens to prefill\n"),
+        ("compare", "1", "1 request, 1 token (--lengths)\n"),
+    ],
+)
+def test_a_heading_counts_one_request_in_the_singular(
+    capsys: pytest.CaptureFixture[str], command: str, lengths: str, heading: str
+) -> None:
+    status, out, err = run(capsys, command, "--lengths", lengths, "--max-num-batched-tokens", "16")
+    assert (status, err) == (EXIT_OK, "")
+    assert out.startswith(heading)
+
+
 def test_plan_json_has_dispatch_rows_and_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, "plan", *SEED_256)
     assert len(data["dispatches"]) == 224

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RICH",
     "console",
+    "counted",
     "emit",
     "generation_summary",
     "grid",
@@ -103,6 +104,12 @@ def grid() -> Table:
     return result
 
 
+def counted(number: int, noun: str) -> str:
+    """``number`` with commas and ``noun``, plural unless it is 1: ``1 request``,
+    ``1,024 requests``."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
 def percent(value: float) -> str:
     return f"{value:.1%}"
 
@@ -127,15 +134,16 @@ def generation_summary(
     stats = result.stats
     preempted = sum(1 for s in result.sequences if s.num_preemptions)
     heading = (
-        f"{len(result.sequences):,} requests, {stats.num_prompt_tokens:,} prompt tokens on "
-        f"backend {backend_name!r} ({config.policy})"
+        f"{counted(len(result.sequences), 'request')}, "
+        f"{counted(stats.num_prompt_tokens, 'prompt token')} on backend {backend_name!r} "
+        f"({config.policy})"
     )
     rows = [
         ("generated", f"{stats.num_generated_tokens:,} tokens"),
         ("dispatches", f"{stats.num_dispatches:,} ({stats.num_mixed_dispatches:,} mixed "
                        "prefill and decode)"),
         ("preemptions",
-         f"{stats.num_preemptions:,} ({preempted:,} request{'' if preempted == 1 else 's'})"),
+         f"{stats.num_preemptions:,} ({counted(preempted, 'request')})"),
         ("time to first token", f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
                                 f"{stats.max_time_to_first_token:,} at worst"),
         ("throughput", f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, "

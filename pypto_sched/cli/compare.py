@@ -258,7 +258,10 @@ def _table(schedules: Sequence[Schedule], source: str) -> list[RenderableType]:
         if k not in varying and dicts[0][k] is not None
     ]
     first = schedules[0]
-    heading = f"{first.num_requests:,} requests, {first.num_tokens:,} tokens ({source})"
+    heading = (
+        f"{_render.counted(first.num_requests, 'request')}, "
+        f"{_render.counted(first.num_tokens, 'token')} ({source})"
+    )
     table = _render.table(*(_KNOB_HEADS[k] for k in varying), *_COLUMNS)
     for schedule, data in zip(schedules, dicts, strict=True):
         stats = schedule.stats

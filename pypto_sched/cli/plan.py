@@ -82,8 +82,8 @@ def handle(args: argparse.Namespace) -> int:
         return EXIT_OK
     stats = schedule.stats
     heading = (
-        f"policy {schedule.config.policy}: {stats.num_requests:,} requests, "
-        f"{stats.num_tokens:,} tokens to prefill"
+        f"policy {schedule.config.policy}: {_render.counted(stats.num_requests, 'request')}, "
+        f"{_render.counted(stats.num_tokens, 'token')} to prefill"
     )
     _render.emit(heading, _summary_grid(schedule), "", *_finish_table(schedule))
     if partition is not None:
