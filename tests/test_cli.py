@@ -320,32 +320,49 @@ def test_compare_text_has_a_column_per_varying_setting(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--config", "speed=3"], "--config: unknown setting 'speed'"),
+        (
+            ["--config", "speed=3"],
+            "--config: unknown setting 'speed'; known: policy, max-num-batched-tokens, "
+            "long-prefill-token-threshold, max-num-seqs, page-size, max-num-partial-prefills, "
+            "budget, threshold, batch, page, partial\n",
+        ),
         (["--config", "policy"], "--config: expected KEY=VALUE"),
-        (["--vary", "threshold=big"], "--vary: long_prefill_token_threshold must be an integer"),
+        (["--vary", "threshold=big"], "--vary: long-prefill-token-threshold must be an integer"),
         (["--vary", "threshold="], "--vary: expected KEY=VALUE,VALUE"),
         (
             ["--vary", "partial=2"],
-            "configuration partial=2: 'max_num_partial_prefills' applies only to policy",
+            "error: --vary max-num-partial-prefills: applies only to policy 'packed'",
         ),
-        (["--vary", "budget=0"], "'max_num_batched_tokens' must be >= 1: 0"),
+        (["--vary", "budget=0"], "error: --vary max-num-batched-tokens: must be >= 1: 0\n"),
+        (
+            ["--config", "policy=bogus"],
+            "error: --config policy: must be one of 'round_robin', 'packed': 'bogus'\n",
+        ),
+        (
+            ["--config", "threshold=512", "--vary", "budget=16,0"],
+            "error: --vary max-num-batched-tokens: must be >= 1: 0\n",
+        ),
+        (
+            ["--config", "max-num-batched-tokens=0"],
+            "error: --config max-num-batched-tokens: must be >= 1: 0\n",
+        ),
         (
             ["--vary", "threshold=8", "--vary", "threshold=4"],
-            "--vary: long_prefill_token_threshold is varied twice",
+            "--vary: long-prefill-token-threshold is varied twice",
         ),
         (
             ["--config", "threshold=4", "--config", "threshold=8", "--vary", "threshold=2,16"],
-            "--config and --vary both set long_prefill_token_threshold",
+            "--config and --vary both set long-prefill-token-threshold",
         ),
         (
             ["--config", "long-prefill-token-threshold=4", "--vary", "threshold=2"],
-            "--config and --vary both set long_prefill_token_threshold",
+            "--config and --vary both set long-prefill-token-threshold",
         ),
         (
             ["--config", "policy=packed,policy=round_robin"],
             "--config: policy is given twice in 'policy=packed,policy=round_robin'",
         ),
-        (["--config", "batch=2,max_num_seqs=4"], "--config: max_num_seqs is given twice"),
+        (["--config", "batch=2,max_num_seqs=4"], "--config: max-num-seqs is given twice"),
     ],
 )
 def test_compare_bad_configs_exit_2_with_one_line(

@@ -164,22 +164,33 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
     configs = []
     for spec in specs:
         for combination in itertools.product(*sweeps):
+            # Each setting with the option that gave it: a --config, a --vary or its own flag.
+            # (Without --config and --vary, the policies compared are not an option's.)
+            sources = {k: f"--config {_setting(k)}" for k in spec}
+            if args.vary:
+                sources.update((k, f"--vary {_setting(k)}") for c in combination for k in c)
             overrides = {k: v for override in (spec, *combination) for k, v in override.items()}
-            # A setting the options gave is named by its flag, one a spec gave by the spec.
             given = {k: flag for k, flag in CONFIG_FLAGS.items() if k not in overrides}
             try:
-                with flags_named(**given):
+                with flags_named(**given, **sources):
                     configs.append(PlannerConfig.from_engine_args(**{**base, **overrides}))
-            except PyptoSchedError as error:
-                raise UsageError(f"configuration {_describe(overrides)}: {error}") from None
+            except PyptoSchedError as error:  # about no one setting
+                options = sorted({source.split()[0] for source in sources.values()})
+                where = " and ".join([*options, f"configuration {_describe(overrides)}"])
+                raise UsageError(f"{where}: {error}") from None
     return configs
+
+
+def _setting(name: str) -> str:
+    """A setting's name as its option spells it: ``max-num-batched-tokens``."""
+    return CONFIG_FLAGS[name].removeprefix("--")
 
 
 def _knob(key: str, option: str) -> str:
     name = key.strip().lower().replace("-", "_")
     name = _KNOB_ALIASES.get(name, name)
     if name not in _KNOB_HEADS:
-        known = ", ".join([*_KNOB_HEADS, *_KNOB_ALIASES])
+        known = ", ".join([*map(_setting, _KNOB_HEADS), *_KNOB_ALIASES])
         raise UsageError(f"{option}: unknown setting {key!r}; known: {known}")
     return name
 
@@ -193,7 +204,7 @@ def _knob_value(name: str, text: str, option: str) -> object:
     if text.isascii() and text.isdigit():
         return int(text)
     allowed = "an integer" if name == "max_num_batched_tokens" else "an integer or 'off'"
-    raise UsageError(f"{option}: {name} must be {allowed}: {text!r}")
+    raise UsageError(f"{option}: {_setting(name)} must be {allowed}: {text!r}")
 
 
 def _parse_config_spec(spec: str) -> dict[str, object]:
@@ -205,7 +216,7 @@ def _parse_config_spec(spec: str) -> dict[str, object]:
             raise UsageError(f"--config: expected KEY=VALUE[,KEY=VALUE...], got {spec!r}")
         name = _knob(key, "--config")
         if name in overrides:
-            raise UsageError(f"--config: {name} is given twice in {spec!r}")
+            raise UsageError(f"--config: {_setting(name)} is given twice in {spec!r}")
         overrides[name] = _knob_value(name, value, "--config")
     return overrides
 
@@ -228,12 +239,12 @@ def _check_each_setting_once(
     for sweep in sweeps:
         (name,) = sweep[0]
         if name in varied:
-            raise UsageError(f"--vary: {name} is varied twice; give its values once")
+            raise UsageError(f"--vary: {_setting(name)} is varied twice; give its values once")
         varied.add(name)
     both = [name for name in _KNOB_HEADS if name in varied and any(name in s for s in specs)]
     if both:
         raise UsageError(
-            f"--config and --vary both set {both[0]}: the --vary values would "
+            f"--config and --vary both set {_setting(both[0])}: the --vary values would "
             "replace the --config ones; set it in one of them"
         )
 
