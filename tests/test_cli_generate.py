@@ -255,7 +255,7 @@ def test_a_bad_backend_option_value_is_named(
 ) -> None:
     result = cli(capsys, "--backend-option", option, "--prompts", prompts_file,
                  "--max-new-tokens", "2", *CHUNKED)  # fmt: skip
-    assert_usage_error(result, f"error: {message}\n")
+    assert_usage_error(result, f"error: --backend-option: backend 'reference': {message}\n")
 
 
 def test_an_empty_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

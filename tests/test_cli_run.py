@@ -50,6 +50,9 @@ def unavailable(**options):
     return ToyBackend(**options)
 
 unavailable.is_available = lambda: (False, "no toy device here")
+
+def needy(checkpoint, *, dtype="float64", **options):
+    return ToyBackend(**options)
 """
 
 
@@ -392,6 +395,25 @@ def test_run_exits_1_when_chunked_prefill_differs_from_one_shot(
     assert verify["problem"].startswith("final logits of request 0 at position 39 differ")
 
 
+def test_a_missing_required_backend_option_is_named_as_the_option_to_give(
+    capsys: pytest.CaptureFixture[str], toy_entry_points: list[EntryPoint]
+) -> None:
+    toy_entry_points.append(EntryPoint("needy", "toy_backend:needy", backends.ENTRY_POINT_GROUP))
+    backends.refresh_backends()
+    argv = ["--lengths", "8x3", "--max-num-batched-tokens", "8"]
+    code, out, err = run(capsys, "run", "--backend", "needy", *argv)
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err == (
+        "pypto-sched: error: --backend-option: backend 'needy' needs --backend-option "
+        "checkpoint=VALUE\n"
+    )
+    code, _, err = run(capsys, "run", "--backend", "needy", "--backend-option", "checkpoint=x",
+                       "--backend-option", "colour=3", *argv)  # fmt: skip
+    assert code == EXIT_USAGE
+    assert err.startswith("pypto-sched: error: --backend-option: backend 'needy': ")
+    assert "colour" in err
+
+
 @pytest.mark.usefixtures("toy_entry_points")
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
@@ -462,7 +484,8 @@ def test_run_refuses_more_tokens_than_it_draws_ids_for(capsys: pytest.CaptureFix
     )
     assert (code, out) == (EXIT_USAGE, "")
     assert err == (
-        "pypto-sched: error: run draws token ids for at most 100,000,000 tokens: 102,000,000\n"
+        "pypto-sched: error: --lengths: run draws token ids for at most 100,000,000 tokens: "
+        "102,000,000\n"
     )
 
 

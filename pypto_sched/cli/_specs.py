@@ -7,13 +7,15 @@ otherwise, so ``dtype=float32`` and ``checkpoint=/models/qwen3`` need no quotes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Mapping, Sequence
 
 from .._errors import InvalidInputError
 from .._json import load_json
+from ..backends import _entry_point, _factory  # one backend's factory, not all of them
 from ._errors import UsageError
 
-__all__ = ["backend_options"]
+__all__ = ["backend_options", "missing_options"]
 
 #: Longest value read as JSON; a longer one stays a string.
 _MAX_JSON_VALUE = 1 << 16
@@ -28,6 +30,22 @@ def backend_options(items: Sequence[str]) -> dict[str, object]:
             raise UsageError(f"--backend-option: expected KEY=VALUE, got {item!r}")
         options[key.strip()] = _value(value)
     return options
+
+
+def missing_options(name: str, options: Mapping[str, object]) -> str | None:
+    """What to add when backend ``name``'s factory requires keywords ``options`` leaves out
+    (``--backend-option checkpoint=VALUE``), or ``None`` (nothing missing, or a factory
+    whose signature cannot be read). For when the factory refused the options."""
+    try:
+        parameters = inspect.signature(_factory(_entry_point(name))).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [
+        p.name for p in parameters
+        if p.kind in named and p.default is p.empty and p.name not in options
+    ]  # fmt: skip
+    return " ".join(f"--backend-option {key}=VALUE" for key in missing) or None
 
 
 def _value(text: str) -> object:

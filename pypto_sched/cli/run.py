@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import PyptoSchedError
+from .._errors import BackendNotFoundError, PyptoSchedError
 from .._validate import check_positions
 from .._verify import Verification, verify_against_one_shot
 from ..backends import Backend, load_backend, max_positions
@@ -33,7 +33,7 @@ from ._options import (
     add_format_option,
     add_workload_options,
 )
-from ._specs import backend_options
+from ._specs import backend_options, missing_options
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -123,7 +123,8 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--num-computed: run starts from an empty KV cache; leave it out")
     if schedule.num_tokens > MAX_RUN_TOKENS:
         raise UsageError(
-            f"run draws token ids for at most {MAX_RUN_TOKENS:,} tokens: {schedule.num_tokens:,}"
+            f"{lengths_flag(args)}: run draws token ids for at most {MAX_RUN_TOKENS:,} tokens: "
+            f"{schedule.num_tokens:,}"
         )
     seed = 0 if args.seed is None else args.seed
     if seed < 0:
@@ -227,10 +228,19 @@ def _load(args: argparse.Namespace) -> Backend:
     with flags_named(name="--backend"):
         try:
             return load_backend(args.backend, **options)
-        except PyptoSchedError:
+        except BackendNotFoundError:
+            raise  # the name at fault: --backend
+        except PyptoSchedError as error:
+            if isinstance(error, ValueError):  # an option or a value the backend refuses
+                raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
             raise
         except (TypeError, ValueError) as error:
-            # An option the factory does not take, or a value it refuses.
+            # An option the factory does not take or needs, or a value it refuses.
+            needed = missing_options(args.backend, options)
+            if isinstance(error, TypeError) and needed is not None:
+                raise UsageError(
+                    f"--backend-option: backend {args.backend!r} needs {needed}"
+                ) from None
             raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
         except Exception as error:
             raise CommandFailed(
