@@ -127,8 +127,9 @@ def generate(
 
     ``request_indices[r]`` is the request index that seeds prompt ``r``'s random stream
     (default: ``r``); a part of a larger batch passes its requests' indices in the batch, so
-    that sampling does not depend on how the batch was split. They must be distinct (two
-    requests with one index would draw the same random tokens).
+    that sampling does not depend on how the batch was split, and so that an error from the
+    backend names a request by its index in the batch. They must be distinct (two requests
+    with one index would draw the same random tokens).
     """
     check_is_backend(backend)
     if not isinstance(config, PlannerConfig):
@@ -343,8 +344,10 @@ class _Run:
             return_logits=not greedy and bool(step.sampled),
             return_greedy=greedy and bool(step.sampled),
         )
-        rows = ", ".join(f"request {r} tokens {c.start}:{c.start + c.length}" for r, c in
-                         list(step.rows.items())[:3])  # fmt: skip
+        # (Requests named by their indices in the batch: a part's error names them as a
+        # one-device run of the whole batch would.)
+        rows = ", ".join(f"request {self.seeds[r]} tokens {c.start}:{c.start + c.length}"
+                         for r, c in list(step.rows.items())[:3])  # fmt: skip
         output = _run(self.backend, batch, cache, index=index, where=f"dispatch {index} ({rows})")
         state = step.state
         for row, request in enumerate(step.sampled):

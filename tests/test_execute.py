@@ -682,3 +682,33 @@ def test_generate_takes_one_max_new_tokens_per_prompt_as_an_array(max_new_tokens
 def test_a_bad_max_new_tokens_array_is_named(max_new_tokens: Any, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         generate(CountingBackend(), [[1, 2], [3]], config=CHUNKED, max_new_tokens=max_new_tokens)
+
+
+class FaultyBackend(CountingBackend):
+    """Fails its fourth dispatch, as a device would."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        if batch.arrays.index == 3:
+            raise RuntimeError("device fault")
+        return super().run_dispatch(batch, cache)
+
+
+def test_a_backend_error_in_generation_names_requests_by_their_request_indices() -> None:
+    # A part of a batch (Ray's) passes its requests' indices in the batch: an error names
+    # the requests as a one-device run of the whole batch would.
+    prompts = prompts_of(LENGTHS)
+    with pytest.raises(ExecutionError, match="device fault") as plain:
+        generate(FaultyBackend(), prompts, config=CHUNKED, max_new_tokens=3)
+    with pytest.raises(ExecutionError, match="device fault") as indexed:
+        generate(
+            FaultyBackend(),
+            prompts,
+            config=CHUNKED,
+            max_new_tokens=3,
+            request_indices=[20 + r for r in range(len(prompts))],
+        )
+    named = re.findall(r"request (\d+) tokens", str(plain.value))
+    assert named
+    assert re.findall(r"request (\d+) tokens", str(indexed.value)) == [
+        str(20 + int(r)) for r in named
+    ]

@@ -33,7 +33,8 @@ Faults
   :func:`~pypto_sched.generate` and :func:`~pypto_sched.execute_schedule` (token ids, the
   model's ``max_position_embeddings``, each request alone against ``num_pages``), so an
   error names the request by its index in the batch, as a one-device run does, never by its
-  place in a part.
+  place in a part; so does an error from the backend while a part generates (its dispatch
+  index is the part's).
 * A deterministic failure (:class:`~pypto_sched.ExecutionError` from the backend, a bad input)
   is raised unchanged, never retried: running it again would fail again.
 * Before starting any actor, the cluster's nodes are checked for room for every replica; when
