@@ -259,10 +259,15 @@ class ReturnsNone(ToyBackend):  # type: ignore[misc]
 
 
 class MutatesItsInputs(ToyBackend):  # type: ignore[misc]
-    """Makes the token ids writeable and reuses them as scratch space."""
+    """Makes the token ids writeable and reuses them as scratch space. (A read-only view
+    of a read-only array cannot be made writeable: it reaches the array that owns them.)"""
 
     def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
         output = super().run_dispatch(batch, cache)
+        owner = batch.token_ids
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        owner.flags.writeable = True
         batch.token_ids.flags.writeable = True
         batch.token_ids[:] = 0
         return output  # type: ignore[no-any-return]
