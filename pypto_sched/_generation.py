@@ -377,6 +377,9 @@ class _GenerationStep(Generic[RequestId]):
         self.next_arrival = state._next_arrival
         self.preempted: list[RequestId] = []
         self.preempted_arrivals: set[int] = set()
+        # The page holders by arrival, youngest last, made at the first preemption; a
+        # holder preempted since is dropped from the end when it is reached.
+        self.holders: list[tuple[int, RequestId]] | None = None
 
     def plan(self) -> GenerationStep[RequestId] | None:
         rows: dict[RequestId, StepChunk] = {}
@@ -427,11 +430,29 @@ class _GenerationStep(Generic[RequestId]):
         return sequence
 
     def preempt_for(self, arrival: int, request_id: RequestId) -> RequestId:
-        """Preempt :func:`preemption_victim` for ``request_id``; return the victim."""
-        holders = ((h, self._sequence(h).arrival) for h in self.pool.owners())
-        victim = cast(RequestId, preemption_victim(request_id, arrival, holders))
+        """Preempt :func:`preemption_victim` for ``request_id``; return the victim.
+
+        The youngest holder younger than the requester is the youngest holder, if it is
+        younger: the rule is asked about that one alone, so that a step with many
+        preemptions costs one sort of the holders, not a walk over them for each.
+        """
+        youngest = self._youngest_holder()
+        victim = cast(RequestId, preemption_victim(request_id, arrival, youngest))
         self.preempt(victim)
         return victim
+
+    def _youngest_holder(self) -> list[tuple[RequestId, int]]:
+        """``[(request, arrival)]`` of the youngest page holder (``[]`` if none)."""
+        holders = self.holders
+        if holders is None:
+            holders = self.holders = sorted(
+                (self._sequence(h).arrival, h) for h in self.pool.owners()
+            )
+        # The holders only shrink while a step is planned: decode rows hold pages already,
+        # and prefill runs after the preemptions.
+        while holders and holders[-1][0] in self.preempted_arrivals:
+            holders.pop()
+        return [(holders[-1][1], holders[-1][0])] if holders else []
 
     def preempt_youngest_holder(self) -> None:
         """Nothing could run: preempt the youngest page holder (never the oldest, which
@@ -445,7 +466,7 @@ class _GenerationStep(Generic[RequestId]):
     def preempt(self, victim: RequestId) -> None:
         sequence = self._sequence(victim)
         self.pool = self.pool.release(victim)
-        self.decoding = _remove(self.decoding, sequence.arrival, victim)
+        # (Its decode entry is dropped when the step is finished, with the others'.)
         # Under ``packed`` the waiting queue is behind every started request, so the victim
         # goes to its front; ``round_robin`` has one queue of turns, and a victim at its front
         # would take the turn of the request it was preempted for.
@@ -482,6 +503,7 @@ class _GenerationStep(Generic[RequestId]):
             if not is_decode:
                 started.append((arrival, request_id))
         sequences = sequences.update(grown)  # (one pass over the map, not one per row)
+        gone |= self.preempted_arrivals
         if gone:
             decoding = tuple(pair for pair in decoding if pair[0] not in gone)
         if started:  # oldest first: arrivals are unique
