@@ -204,11 +204,19 @@ class PagePool(Frozen, Generic[RequestId]):
                     freed = rest
                     num_freed -= len(run) - taken
                     missing = end - len(run)
-                got = part if got is None else got + part
+                # (Extended in place: a slice of an array is a copy, so got is its own;
+                # concatenating anew for each run was quadratic over a fragmented list.)
+                if got is None:
+                    got = part
+                else:
+                    got += part
             if missing:  # then pages never used, in ascending order
                 part = _page_range(unused, unused + missing)
                 unused += missing
-                got = part if got is None else got + part
+                if got is None:
+                    got = part
+                else:
+                    got += part
             assert got is not None, "a grow takes at least one page"
             # The pages got, at the end of the table: appended in place when this is the
             # newest table over its array (nothing past its length), so that a table grows
