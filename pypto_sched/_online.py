@@ -317,11 +317,16 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
                 f"'plan' must be planned with {self._policy!r}, the policy of the run in "
                 f"progress: it was planned with {policy!r}"
             )
-        requests, queue, started = self._requests, self._queue, list(self._started)
+        requests, queue = self._requests, self._queue
+        started: list[_Request | None] = list(self._started)  # None: finished here
+        # (Started requests found by a dict made once, not by a walk over them for each
+        # row: a plan of many started rows made apply quadratic.)
+        started_at = {record.id: i for i, record in enumerate(self._started)}
         num_tokens = self._num_tokens
         admitted: list[_Request] = []
         for request_id, chunk in plan.rows.items():
-            record = self._find(request_id)
+            index = _index_of(started_at, request_id)
+            record = requests.get(request_id) if index is None else started[index]
             if record is None:  # removed while the dispatch ran
                 continue
             ends = chunk.end == record.prompt_length
@@ -340,12 +345,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             after = None
             if not chunk.is_final:
                 after = _Request(request_id, record.prompt_length, chunk.end, True)
-            index = next((i for i, r in enumerate(started) if r is record), None)
             if index is not None:  # packed: a started request
-                if after is None:
-                    del started[index]
-                else:
-                    started[index] = after
+                started[index] = after
             elif after is None:  # finished: its queue entry dies
                 requests = requests.delete(request_id)
             elif policy == "round_robin":  # back to the tail of the queue
@@ -354,7 +355,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             else:  # packed: it leaves the queue, started
                 requests = requests.delete(request_id)
                 admitted.append(after)
-        return self._evolve(requests, queue, (*started, *admitted), num_tokens, policy)
+        still = tuple(record for record in started if record is not None)
+        return self._evolve(requests, queue, (*still, *admitted), num_tokens, policy)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -456,6 +458,14 @@ _set_queue = PrefillState.__dict__["_queue"].__set__
 _set_started = PrefillState.__dict__["_started"].__set__
 _set_num_tokens = PrefillState.__dict__["_num_tokens"].__set__
 _set_policy = PrefillState.__dict__["_policy"].__set__
+
+
+def _index_of(positions: dict[Any, int], request_id: object) -> int | None:
+    """``positions.get(request_id)``, ``None`` for an unhashable id too (it is in no state)."""
+    try:
+        return positions.get(request_id)
+    except TypeError:
+        return None
 
 
 def _left(record: _Request) -> int:
