@@ -73,7 +73,10 @@ class PersistentQueue(Generic[T]):
 
     Invariant: the front list is empty only when the whole queue is, so :meth:`peek` never
     has to reverse anything; the reversal happens in the :meth:`pop` that takes the last item
-    of the front, and the queue it returns keeps the result.
+    of the front, and the queue it returns keeps the result. So does the queue popped: its
+    :meth:`pop` returns that queue again, so popping one queue twice (planning again from the
+    same state) reverses once, not once a call. (A cache of a value that never changes: the
+    queue stays immutable.)
 
     Built with a ``rank`` (an int >= 0 per item), it also keeps the two highest-ranked items
     (:meth:`best`): each front node holds those of itself and the nodes after it, each back
@@ -81,22 +84,25 @@ class PersistentQueue(Generic[T]):
     pop still.
     """
 
-    __slots__ = ("_back", "_front", "_rank")
+    __slots__ = ("_back", "_front", "_popped", "_rank")
 
     _front: _Link  # oldest item first
     _back: _Link  # newest item first
     _rank: Callable[[T], int] | None
+    _popped: PersistentQueue[T] | None  # pop()'s result, kept when it reversed the back
 
     def __init__(self, rank: Callable[[T], int] | None = None) -> None:
         self._front = None
         self._back = None
         self._rank = rank
+        self._popped = None
 
     def _make(self, front: _Link, back: _Link) -> PersistentQueue[T]:
         new: PersistentQueue[T] = object.__new__(PersistentQueue)
         new._front = front
         new._back = back
         new._rank = self._rank
+        new._popped = None
         return new
 
     def _link(self, item: T, rest: _Link) -> _Link:
@@ -131,10 +137,14 @@ class PersistentQueue(Generic[T]):
         if self._front is None:
             raise IndexError("pop from an empty PersistentQueue")
         front, back = self._front[1], self._back
-        if front is None:  # the front ran out: the back list, reversed, becomes the front
+        if front is None and back is not None:  # the back list, reversed, becomes the front
+            if self._popped is not None:
+                return self._popped
             while back is not None:
                 front = self._link(back[0], front)
                 back = back[1]
+            self._popped = self._make(front, back)
+            return self._popped
         return self._make(front, back)
 
     def best(self) -> Best:

@@ -169,3 +169,17 @@ def test_a_ranked_queue_knows_its_two_highest_ranks_after_any_pushes_and_pops(
         assert item1 is None or item1[0] == rank1
         assert item2 is None or item2[0] == rank2
         assert item1 is None or item1 is not item2
+
+
+@given(st.integers(min_value=2, max_value=50), st.integers(min_value=1, max_value=3))
+def test_popping_one_queue_again_reverses_its_back_once(size: int, pops: int) -> None:
+    # Planning twice from one state pops one queue twice: the second pop must not reverse
+    # the back list again (it cost O(n) a call), and both pops give the same queue.
+    queue: PersistentQueue[int] = PersistentQueue(lambda item: item)
+    for item in range(size):
+        queue = queue.push(item)
+    popped = [queue.pop() for _ in range(pops)]
+    assert all(p is popped[0] for p in popped)
+    assert list(popped[0]) == list(range(1, size))
+    assert popped[0].best()[:3:2] == (size - 1, size - 2 if size > 2 else -1)
+    assert list(queue) == list(range(size))  # the queue popped is unchanged
