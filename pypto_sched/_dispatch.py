@@ -6,6 +6,7 @@ backends call :func:`dispatch_arrays` instead of re-deriving positions and slots
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,8 +48,6 @@ class DispatchArrays:
     token_ends: I32
     #: ``[tokens]``: each token's absolute position in its prompt.
     positions: I32
-    #: ``[rows, longest chunk]``: the same positions per row, padded with -1.
-    padded_positions: I32
     #: ``[rows + 1]``: cumulative query (chunk) lengths, starting at 0, per row plus one.
     cu_seqlens: I32
     #: ``[rows]``: context length once the chunk has run: cached prefix and earlier chunks
@@ -66,6 +65,17 @@ class DispatchArrays:
     #: ``[final rows]``: flat indices of each final row's last token: the only logits to
     #: compute, in row order.
     logits_indices: I64
+
+    @functools.cached_property
+    def padded_positions(self) -> I32:
+        """``[rows, longest chunk]``: the positions per row, padded with -1. Made when first
+        read (it holds rows times the longest chunk: a long chunk beside many decode rows
+        made it the largest array of a step, and no backend here reads it)."""
+        starts = self.token_starts.astype(np.int64)
+        lengths = np.diff(self.cu_seqlens).astype(np.int64)
+        column = np.arange(int(lengths.max()) if lengths.size else 0)
+        padded = np.where(column[None, :] < lengths[:, None], starts[:, None] + column, -1)
+        return read_only(padded.astype(np.int32))
 
     @property
     def num_rows(self) -> int:
@@ -122,7 +132,6 @@ class DispatchArrays:
             token_starts=read_only(seq_lens - 1),
             token_ends=read_only(seq_lens),
             positions=read_only(self.positions[keep]),
-            padded_positions=read_only(self.positions[keep][:, None]),
             cu_seqlens=read_only(np.arange(count + 1, dtype=np.int32)),
             seq_lens=read_only(seq_lens),
             slot_mapping=read_only(self.slot_mapping[keep]),
@@ -185,14 +194,14 @@ def _dispatch_arrays(
     table_base = block_tables.offsets[:-1][requests]
     page_ids = block_tables.pages[table_base[token_row] + positions // page].astype(np.int64)
     slots = page_ids * page + positions % page
-    width = int(sizes.max()) if sizes.size else 0
-    column = np.arange(width)
-    padded = np.where(column[None, :] < sizes[:, None], starts[:, None] + column, -1)
     table_width = int(pages_needed.max()) if pages_needed.size else 0
-    table_column = np.arange(table_width)
-    in_table = table_column[None, :] < pages_needed[:, None]
     tables = np.full((requests.size, table_width), -1, dtype=np.int32)
-    tables[in_table] = block_tables.pages[(table_base[:, None] + table_column)[in_table]]
+    # Each row's pages, placed by flat indices: temporaries as large as the pages placed,
+    # not rows times the widest table.
+    row_of_page = np.repeat(np.arange(requests.size), pages_needed)
+    table_starts = np.cumsum(pages_needed) - pages_needed
+    column = np.arange(row_of_page.size) - table_starts[row_of_page]
+    tables[row_of_page, column] = block_tables.pages[table_base[row_of_page] + column]
     final = dispatch.is_final.copy()
     return DispatchArrays(
         index=dispatch.index,
@@ -200,7 +209,6 @@ def _dispatch_arrays(
         token_starts=read_only(starts.astype(np.int32)),
         token_ends=read_only(ends.astype(np.int32)),
         positions=read_only(positions.astype(np.int32)),
-        padded_positions=read_only(padded.astype(np.int32)),
         cu_seqlens=read_only(cu.astype(np.int32)),
         seq_lens=read_only(ends.astype(np.int32)),
         slot_mapping=read_only(slots),
