@@ -33,6 +33,11 @@ states, pools and plans are built through their slots (in a third of the time at
 ``__init__`` takes). In the steady state of a long prefill (the started requests run a
 chunk each and fill the budget again) a step touches only them, never the queue or the map.
 ``benchmarks/bench_online.py`` and ``benchmarks/bench_vs_vllm.py`` measure all of this.
+
+What still grows with the requests (docs/serving.md, "Cost"): keeping to the bound reads up to
+``budget + 1`` waiting requests, and with a pool checks that it holds every request
+(:func:`_pool_holds_everything`); removing one of the two longest waiting requests rebuilds the
+queue's summary; ``add``, ``remove`` and ``in`` scan the started requests.
 """
 
 from __future__ import annotations
