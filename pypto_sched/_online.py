@@ -998,6 +998,9 @@ def _pool_holds_everything(state: PrefillState[RequestId], holds: _Holds[Request
     if holds is None:
         return True
     pool = holds.base
+    # (More tokens left than the whole pool holds: no need to count them request by request.)
+    if state._num_tokens > pool.num_pages * pool.page_size:
+        return False
     missing = sum(pool.missing_pages(r.id, r.prompt_length) for r in state._in_order())
     return missing <= pool.num_free
 
