@@ -217,12 +217,14 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         """
         lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1, allow_empty=True)
         computed = check_num_computed_tokens(num_computed_tokens, lengths)
-        state: PrefillState[int] = PrefillState()
-        for index, (length, cached) in enumerate(
-            zip(lengths.tolist(), computed.tolist(), strict=True)
-        ):
-            state = state.add(index, length, num_computed_tokens=cached)
-        return state
+        # (Built at once, as add after add would build it: a map updated once and a queue.)
+        records = tuple(
+            _Request(index, length, cached, False)
+            for index, (length, cached) in enumerate(
+                zip(lengths.tolist(), computed.tolist(), strict=True)
+            )
+        )
+        return _restore((), records, int((lengths - computed).sum()), None)
 
     # -- changes -----------------------------------------------------------------------------
 
@@ -488,9 +490,9 @@ def _restore(
     policy: Policy | None,
 ) -> PrefillState[Any]:
     requests: PersistentMap[Any, _Request] = PersistentMap()
+    requests = requests.update((record.id, record) for record in queued)
     queue: PersistentQueue[_Request] = _NO_QUEUE
     for record in queued:
-        requests = requests.set(record.id, record)
         queue = queue.push(record)
     return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
 
