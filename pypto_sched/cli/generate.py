@@ -216,6 +216,9 @@ def _generate(
     )
     checkpoint = _checkpoint(args)
     eos = () if checkpoint is None or args.ignore_eos else eos_token_ids(checkpoint)
+    # An EOS id outside the vocabulary (a small model that kept its family's EOS) can never be
+    # generated: it stops nothing, and generate() refuses stop ids outside the vocabulary.
+    eos = tuple(token for token in eos if token < backend.vocab_size)
     if isinstance(backend, Backend):
         with generation_bar(args, len(requests)) as on_step:
             result = execute(
