@@ -33,7 +33,6 @@ from ._validate import (
     MAX_TOKENS,
     arrays_stay_read_only,
     as_count_array,
-    check_bool,
     check_int,
     is_int,
     read_only,
@@ -78,7 +77,13 @@ def _length(value: object) -> int:
 
 
 def _final(value: object) -> bool:
-    return check_bool("is_final", value)
+    # An int is not a bool here, as a bool is not an int: 0 and 1 are refused, not guessed.
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidInputError(
+            f"'is_final' must be a bool (True or False, a NumPy bool too; convert 0/1 with "
+            f"bool()): {value!r} ({type(value).__name__})"
+        )
+    return bool(value)
 
 
 def _dispatch_index(value: object) -> int:
@@ -131,8 +136,9 @@ def _finality(values: object) -> npt.NDArray[np.bool_]:
 
 
 def _check_rows(dispatch: Dispatch, _attribute: object, _value: object) -> None:
-    """The rows of a dispatch built by hand: one length, each request at most once and in
-    order, within the positions a prompt may have."""
+    """The rows of a dispatch built by hand: one length, each request at most once, within
+    the positions a prompt may have. (Their order is free here: a schedule's dispatches keep
+    request order, which :meth:`Schedule.validate` checks.)"""
     sizes = {
         dispatch.requests.size,
         dispatch.starts.size,
@@ -146,10 +152,9 @@ def _check_rows(dispatch: Dispatch, _attribute: object, _value: object) -> None:
             f"{dispatch.is_final.size}"
         )
     requests = dispatch.requests
-    if requests.size > 1 and not bool((requests[1:] > requests[:-1]).all()):
+    if np.unique(requests).size < requests.size:  # two rows would write the same slots
         raise InvalidInputError(
-            f"'requests' must be increasing (each request once, in request order): "
-            f"{requests.tolist()}"
+            f"'requests' must name each request at most once: {requests.tolist()}"
         )
     ends = dispatch.starts.astype(np.int64) + dispatch.lengths
     if ends.size and int(ends.max()) > MAX_TOKENS:
@@ -163,9 +168,9 @@ class Dispatch:
     schedule's dispatches). Two dispatches are equal when their index and rows are
     (whichever schedule they come from).
 
-    Built by hand, the arrays are checked and copied: ``requests`` increasing (each request
-    at most once, in request order) and at least 0, ``starts`` at least 0, ``lengths`` at
-    least 1, all of one length; ``index`` an int at least 0.
+    Built by hand, the arrays are checked and copied: ``requests`` at least 0, each at most
+    once, ``starts`` at least 0, ``lengths`` at least 1, all of one length; ``index`` an int
+    at least 0.
     """
 
     index: int = attrs.field(converter=_dispatch_index)
@@ -570,22 +575,17 @@ def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
 
 
 def _row(row: object, where: str) -> tuple[int, int, int, bool]:
-    """A row's fields as Python values; a :class:`Chunk` and a list obey the same rules
-    (NumPy ints and bools count as ints and bools, as they do everywhere else)."""
-    if isinstance(row, Chunk):
-        row = (row.request, row.start, row.length, row.is_final)
-    if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
-        raise InvalidScheduleError(f"{where} must be [request, start, length, is_final]: {row!r}")
-    request, start, length, final = row
-    for name, value in (("request", request), ("start", start), ("length", length)):
-        if not is_int(value) or not 0 <= value <= MAX_TOKENS:
+    """A row's fields as Python values; a :class:`Chunk` and a list obey the same rules,
+    :class:`Chunk`'s own (NumPy ints and bools count as ints and bools, as they do
+    everywhere else; 0 and 1 are not bools)."""
+    if not isinstance(row, Chunk):
+        if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
             raise InvalidScheduleError(
-                f"{where}: {name} must be an int in [0, {MAX_TOKENS}]: {value!r}"
+                f"{where} must be [request, start, length, is_final]: {row!r}"
             )
-    # An int is not a bool here, as a bool is not an int above: 0 and 1 are refused, not guessed.
-    if not isinstance(final, bool | np.bool_):
-        raise InvalidScheduleError(
-            f"{where}: is_final must be a bool (True or False, a NumPy bool too; convert 0/1 "
-            f"with bool()): {final!r} ({type(final).__name__})"
-        )
-    return (int(request), int(start), int(length), bool(final))
+        request, start, length, final = row
+        try:
+            row = Chunk(request=request, start=start, length=length, is_final=final)
+        except InvalidInputError as error:
+            raise InvalidScheduleError(f"{where}: {error}") from None
+    return (row.request, row.start, row.length, row.is_final)
