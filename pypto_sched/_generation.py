@@ -343,7 +343,7 @@ def step_arrays(
         lengths=read_only(np.array([c.length for c in chunks], dtype=np.int32)),
         is_final=read_only(np.array([c.is_final for c in chunks], dtype=np.bool_)),
     )
-    return _dispatch_arrays(dispatch, pool.block_tables(ids), request_ids=ids)
+    return _dispatch_arrays(dispatch, pool._block_tables(ids), request_ids=ids)
 
 
 def plan_generation_step(

@@ -31,7 +31,7 @@ without a loop over their pages.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -319,25 +319,32 @@ class PagePool(Frozen, Generic[RequestId]):
 
     # -- for kernels --------------------------------------------------------------------
 
-    def block_tables(self, request_ids: Sequence[RequestId]) -> BlockTables:
-        """The block tables of ``request_ids``, row ``i`` for ``request_ids[i]``.
+    def block_tables(self, request_ids: Iterable[RequestId]) -> BlockTables:
+        """The block tables of ``request_ids`` (any iterable of ids: a list, a dict's keys,
+        an array), row ``i`` for the ``i``-th id.
 
         Rows are as :class:`~pypto_sched.BlockTables` stores them; turn a step's rows into
         kernel arrays with :func:`~pypto_sched.dispatch_arrays`. Every id must own pages (a
         row with none has nothing to attend to: the id is a mistake); a str is refused
         rather than read as a sequence of one-character ids.
         """
-        if not isinstance(request_ids, Sequence) or isinstance(request_ids, str | bytes):
+        if not isinstance(request_ids, Iterable) or isinstance(request_ids, str | bytes):
             raise InvalidInputError(
-                f"'request_ids' must be a sequence of request ids ([id] for one): "
+                f"'request_ids' must be an iterable of request ids ([id] for one): "
                 f"{request_ids!r} ({type(request_ids).__name__})"
             )
-        for i, request_id in enumerate(request_ids):
+        ids = list(request_ids)
+        for i, request_id in enumerate(ids):
             if self._held(request_id) == 0:
                 raise InvalidInputError(
                     f"'request_ids' must name requests that own pages: item {i} is "
                     f"{request_id!r}, which owns none"
                 )
+        return self._block_tables(ids)
+
+    def _block_tables(self, request_ids: Sequence[RequestId]) -> BlockTables:
+        """:meth:`block_tables` unchecked: a request without pages gets an empty table (a
+        step's arrays then name it as a row its table does not cover)."""
         tables = [self._pages(request_id) for request_id in request_ids]
         counts = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
         offsets = np.zeros(len(tables) + 1, dtype=np.int64)

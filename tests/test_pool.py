@@ -7,6 +7,7 @@ import pickle
 from collections.abc import Mapping
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -200,7 +201,11 @@ def test_a_table_whose_array_cannot_move_is_copied_when_it_grows() -> None:
 def test_block_tables_refuses_a_str_and_an_id_that_owns_no_pages() -> None:
     pool = PagePool[str](num_pages=8, page_size=4).hold("a", 5).hold("b", 1)
     assert pool.block_tables(["b", "a"]).table(1).tolist() == [0, 1]
-    with pytest.raises(InvalidInputError, match=r"^'request_ids' must be a sequence of request "
+    # Any iterable of ids but a str: a dict's keys, an array of ids.
+    assert pool.block_tables({"b": 0, "a": 1}.keys()).table(1).tolist() == [0, 1]
+    numbered = PagePool[int](num_pages=8, page_size=4).hold(0, 5).hold(1, 1)
+    assert numbered.block_tables(np.array([1, 0])).table(1).tolist() == [0, 1]
+    with pytest.raises(InvalidInputError, match=r"^'request_ids' must be an iterable of request "
                        r"ids \(\[id\] for one\): 'ab' \(str\)$"):  # fmt: skip
         pool.block_tables("ab")
     for unknown in ["zz", "c"]:
