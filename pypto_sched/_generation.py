@@ -61,7 +61,7 @@ from ._errors import (
 from ._online import PrefillState, StepChunk, _check_hashable, _Rows, _step_chunk, plan_step
 from ._persistent import Frozen, PersistentMap
 from ._policies import preemption_victim
-from ._pool import PagePool, _Holds
+from ._pool import PagePool, _Holds, check_holds_alone
 from ._schedule import Dispatch
 from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
 
@@ -179,14 +179,14 @@ class GenerationState(Frozen, Generic[RequestId]):
             raise InvalidInputError(
                 f"prompt_length + max_new_tokens - 1 must be <= {MAX_TOKENS}: {length + new - 1}"
             )
-        pool = self._pool
-        needed = pool.pages_for(length + new - 1)
-        if needed > pool.num_pages:
-            raise InvalidConfigError(
-                f"'num_pages' must hold every request alone: request {request_id!r} needs "
-                f"{length + new - 1} tokens of KV (a prompt of {length} and {new} new tokens, "
-                f"the last never cached), {needed} pages of {pool.page_size}: {pool.num_pages}"
-            )
+        check_holds_alone(
+            self._pool,
+            request_id,
+            length + new - 1,
+            name="num_pages",
+            what=f"a prompt of {length} and {new} new tokens, the last never cached",
+            error=InvalidConfigError,
+        )
         if request_id in self:
             raise DuplicateRequestError(
                 f"'request_id' must not be in the state already: {request_id!r} is"

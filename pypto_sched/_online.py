@@ -73,7 +73,7 @@ from ._policies import (
     request_cap,
     surely_keeps_to_the_bound,
 )
-from ._pool import PagePool, _Holds
+from ._pool import PagePool, _Holds, check_holds_alone
 from ._validate import MAX_TOKENS, as_count_array, check_bool, check_int
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
@@ -634,13 +634,14 @@ def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[Reques
     for record in candidates:
         if record is None:
             continue
-        needed = pool.pages_for(record.prompt_length)
-        if needed > pool.num_pages:
-            raise CacheTooSmallError(
-                f"the pool must hold every request alone: request {record.id!r} needs "
-                f"{needed} pages of {pool.page_size} for its {record.prompt_length} prompt "
-                f"tokens, and the pool has {pool.num_pages}"
-            )
+        check_holds_alone(
+            pool,
+            record.id,
+            record.prompt_length,
+            name="pool",
+            what="its prompt",
+            error=CacheTooSmallError,
+        )
 
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})

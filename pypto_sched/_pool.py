@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from ._errors import CacheTooSmallError, InvalidInputError
+from ._errors import CacheTooSmallError, InvalidConfigError, InvalidInputError
 from ._pages import BlockTables
 from ._persistent import Frozen, PersistentMap, WideMap
 from ._policies import page_room
@@ -404,6 +404,27 @@ class PagePool(Frozen, Generic[RequestId]):
         return (
             f"PagePool(num_pages={self._num_pages}, page_size={self._page_size}, "
             f"num_free={self.num_free}, owners={len(self)})"
+        )
+
+
+def check_holds_alone(
+    pool: PagePool[Any],
+    request_id: object,
+    num_tokens: int,
+    *,
+    name: str,
+    what: str,
+    error: type[InvalidInputError | InvalidConfigError],
+) -> None:
+    """Raise ``error`` naming ``name`` if ``pool`` has too few pages in all for
+    ``request_id``'s ``num_tokens`` tokens of KV (``what`` says what they are): such a
+    request could never run to its end, even alone. The one statement of that rule."""
+    needed = pool.pages_for(num_tokens)
+    if needed > pool.num_pages:
+        raise error(
+            f"{name!r} must hold every request alone: request {request_id!r} needs "
+            f"{num_tokens} tokens of KV ({what}), {needed} pages of {pool.page_size}: "
+            f"{pool.num_pages}"
         )
 
 
