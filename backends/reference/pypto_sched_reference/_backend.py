@@ -153,7 +153,7 @@ def _check_finite(logits: npt.NDArray[np.floating[Any]], requests: npt.NDArray[A
 #: The options of :func:`create_backend`, as ``pypto-sched backends`` lists them.
 _OPTIONS = {
     "checkpoint": "a Hugging Face Qwen3 checkpoint directory (default: random weights)",
-    "seed": "seed of the random weights (default 0)",
+    "seed": "random weights only: their seed (default 0)",
     "dtype": "float64 (default) or float32",
     **{
         field.name: (
