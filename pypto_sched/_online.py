@@ -74,7 +74,15 @@ from ._policies import (
     surely_keeps_to_the_bound,
 )
 from ._pool import PagePool, _Holds, check_holds_alone
-from ._validate import MAX_TOKENS, as_count_array, check_bool, check_int
+from ._validate import (
+    MAX_TOKENS,
+    as_count_array,
+    check_bool,
+    check_int,
+    chunk_is_final,
+    chunk_length,
+    chunk_start,
+)
 
 __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step"]
 
@@ -92,15 +100,36 @@ class _Request(NamedTuple):
     started: bool
 
 
+def _prompt_length(value: object) -> int:
+    return check_int("prompt_length", value, min_value=1)
+
+
+def _computed(value: object) -> int:
+    return check_int("num_computed_tokens", value, min_value=0)
+
+
+def _is_started(value: object) -> bool:
+    return check_bool("is_started", value)
+
+
+def _check_progress(request: PrefillRequest, _field: object, computed: int) -> None:
+    if computed >= request.prompt_length:
+        raise InvalidInputError(
+            f"'num_computed_tokens' must be below 'prompt_length' ({request.prompt_length}), "
+            f"as a request with tokens left to prefill has: {computed}"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class PrefillRequest:
-    """A request's prefill progress, as ``state[request_id]`` reports it."""
+    """A request's prefill progress, as ``state[request_id]`` reports it (checked when
+    built: ``0 <= num_computed_tokens < prompt_length``, ``is_started`` a bool)."""
 
-    prompt_length: int
+    prompt_length: int = attrs.field(converter=_prompt_length)
     #: Tokens already in the KV cache: prefix-cache hits plus the chunks already run.
-    num_computed_tokens: int
+    num_computed_tokens: int = attrs.field(converter=_computed, validator=_check_progress)
     #: Whether it has run a chunk (a prefix-cache hit alone does not start it).
-    is_started: bool
+    is_started: bool = attrs.field(converter=_is_started)
 
     @property
     def num_remaining_tokens(self) -> int:
@@ -109,12 +138,14 @@ class PrefillRequest:
 
 @attrs.frozen(kw_only=True)
 class StepChunk:
-    """One row of a planned step: positions ``start:start + length`` of a request's prompt."""
+    """One row of a planned step: positions ``start:start + length`` of a request's prompt
+    (checked as :class:`~pypto_sched.Chunk`'s: ``start`` at least 0, ``length`` at least 1,
+    ``is_final`` a bool)."""
 
-    start: int
-    length: int
+    start: int = attrs.field(converter=chunk_start)
+    length: int = attrs.field(converter=chunk_length)
     #: Whether it is the request's final chunk (the only one whose logits are sampled).
-    is_final: bool
+    is_final: bool = attrs.field(converter=chunk_is_final)
 
     @property
     def end(self) -> int:
@@ -124,8 +155,8 @@ class StepChunk:
 
 # Every step builds a StepChunk per row. attrs' __init__ sets a frozen class's slots through
 # object.__setattr__ by name; setting them through their slot descriptors builds the same
-# value in about a third of the time. (StepChunk has no validator or converter to skip:
-# tests/test_online.py checks both.)
+# value in about a third of the time. It skips the fields' checks, which the planner's own
+# values pass by construction (tests/test_online.py checks that the two build equal values).
 _new = object.__new__
 _set_start = StepChunk.__dict__["start"].__set__
 _set_length = StepChunk.__dict__["length"].__set__
@@ -526,6 +557,31 @@ class _Rows(dict[RequestId, StepChunk]):
         return _Rows, (dict(self),)
 
 
+def _plan_rows(rows: object) -> Mapping[Any, StepChunk]:
+    """A plan's ``rows`` checked, as a read-only mapping."""
+    if not isinstance(rows, Mapping):
+        raise InvalidInputError(
+            f"'rows' must be a mapping of request ids to StepChunk: {type(rows).__name__}"
+        )
+    for request_id, chunk in rows.items():
+        if not isinstance(chunk, StepChunk):
+            raise InvalidInputError(
+                f"'rows' must map each request id to a StepChunk: {request_id!r} maps to "
+                f"{chunk!r} ({type(chunk).__name__})"
+            )
+    return rows if type(rows) is _Rows else _Rows(rows)
+
+
+def _check_state(_plan: object, _field: object, state: object) -> None:
+    if not isinstance(state, PrefillState):
+        raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
+
+
+def _check_pool(_plan: object, _field: object, pool: PagePool[Any] | None) -> None:
+    if pool is not None and not isinstance(pool, PagePool):
+        raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
+
+
 @attrs.frozen(kw_only=True)
 class StepPlan(Generic[RequestId]):
     """One planned dispatch and the state after it.
@@ -537,11 +593,11 @@ class StepPlan(Generic[RequestId]):
     (to ship them to worker processes).
     """
 
-    rows: Mapping[RequestId, StepChunk]
-    state: PrefillState[RequestId]
+    rows: Mapping[RequestId, StepChunk] = attrs.field(converter=_plan_rows)
+    state: PrefillState[RequestId] = attrs.field(validator=_check_state)
     #: With a pool given to :func:`plan_step`: that pool once the rows' pages are held
     #: (request ids are the state's); else ``None``.
-    pool: PagePool[RequestId] | None = None
+    pool: PagePool[RequestId] | None = attrs.field(default=None, validator=_check_pool)
 
     @property
     def num_rows(self) -> int:
@@ -595,8 +651,7 @@ def plan_step(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
             f"until the state drains: {config.policy!r}"
         )
-    if pool is not None and not isinstance(pool, PagePool):
-        raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
+    _check_pool(None, None, pool)
     num_requests = len(state)
     if num_requests == 0 or room_tokens == 0 or room_rows == 0:
         return _step_plan(_NO_ROWS, state, pool)
@@ -646,8 +701,8 @@ def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[Reques
 
 _NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
 
-# A plan, and a record, built without a Python __init__ (as _step_chunk; a plan is built on
-# every step, and StepPlan has no validator or converter either).
+# A plan, and a record, built without a Python __init__ (as _step_chunk: a plan is built on
+# every step, from rows and a state that need no check).
 _set_rows = StepPlan.__dict__["rows"].__set__
 _set_state = StepPlan.__dict__["state"].__set__
 _set_pool = StepPlan.__dict__["pool"].__set__

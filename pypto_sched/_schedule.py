@@ -34,6 +34,9 @@ from ._validate import (
     arrays_stay_read_only,
     as_count_array,
     check_int,
+    chunk_is_final,
+    chunk_length,
+    chunk_start,
     is_int,
     read_only,
 )
@@ -68,24 +71,6 @@ def _request(value: object) -> int:
     return check_int("request", value, min_value=0)
 
 
-def _start(value: object) -> int:
-    return check_int("start", value, min_value=0)
-
-
-def _length(value: object) -> int:
-    return check_int("length", value, min_value=1)
-
-
-def _final(value: object) -> bool:
-    # An int is not a bool here, as a bool is not an int: 0 and 1 are refused, not guessed.
-    if not isinstance(value, bool | np.bool_):
-        raise InvalidInputError(
-            f"'is_final' must be a bool (True or False, a NumPy bool too; convert 0/1 with "
-            f"bool()): {value!r} ({type(value).__name__})"
-        )
-    return bool(value)
-
-
 def _dispatch_index(value: object) -> int:
     return check_int("index", value, min_value=0)
 
@@ -114,9 +99,9 @@ class Chunk:
     (``request`` and ``start`` at least 0, ``length`` at least 1, ``is_final`` a bool)."""
 
     request: int = attrs.field(converter=_request)
-    start: int = attrs.field(converter=_start)
-    length: int = attrs.field(converter=_length)
-    is_final: bool = attrs.field(converter=_final)
+    start: int = attrs.field(converter=chunk_start)
+    length: int = attrs.field(converter=chunk_length)
+    is_final: bool = attrs.field(converter=chunk_is_final)
 
     @property
     def end(self) -> int:

@@ -62,6 +62,28 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
+def chunk_start(value: object) -> int:
+    """A chunk's ``start`` checked (an int at least 0): the converter of :class:`Chunk` and
+    :class:`StepChunk`, which state a row's fields by one rule."""
+    return check_int("start", value, min_value=0)
+
+
+def chunk_length(value: object) -> int:
+    """A chunk's ``length`` checked (an int at least 1; see :func:`chunk_start`)."""
+    return check_int("length", value, min_value=1)
+
+
+def chunk_is_final(value: object) -> bool:
+    """A chunk's ``is_final`` checked (see :func:`chunk_start`)."""
+    # An int is not a bool here, as a bool is not an int: 0 and 1 are refused, not guessed.
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidInputError(
+            f"'is_final' must be a bool (True or False, a NumPy bool too; convert 0/1 with "
+            f"bool()): {value!r} ({type(value).__name__})"
+        )
+    return bool(value)
+
+
 def check_callback(
     name: str, value: object, *, error: type[PyptoSchedError] = InvalidInputError
 ) -> None:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from oracle import _admitted, _bound, _page_fill, _within_rows, oracle_plan
 
 from pypto_sched import (
+    Chunk,
     DuplicateRequestError,
     InvalidInputError,
     PagePool,
@@ -669,12 +670,9 @@ def test_a_round_robin_step_stuck_for_pages_asks_the_owners_not_the_queue() -> N
 
 
 def test_the_fast_builders_of_rows_and_plans_build_what_the_constructors_build() -> None:
-    # _online builds StepChunk and StepPlan through their slots, skipping attrs' __init__:
-    # right only while neither has a validator, a converter or a field it does not set.
-    for cls in (StepChunk, StepPlan):
-        for field in attrs.fields(cls):
-            assert field.validator is None, field
-            assert field.converter is None, field
+    # _online builds StepChunk and StepPlan through their slots, skipping attrs' __init__
+    # and its checks (which the planner's values pass): right only while they set every
+    # field, to what the constructors would.
     assert [f.name for f in attrs.fields(StepChunk)] == ["start", "length", "is_final"]
     assert [f.name for f in attrs.fields(StepPlan)] == ["rows", "state", "pool"]
     chunk = _step_chunk(3, 4, True)
@@ -685,6 +683,64 @@ def test_the_fast_builders_of_rows_and_plans_build_what_the_constructors_build()
     assert plan == StepPlan(rows={}, state=state, pool=None)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         chunk.start = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"start": -1, "length": 2, "is_final": True}, "'start' must be >= 0: -1"),
+        ({"start": 0, "length": 0, "is_final": True}, "'length' must be >= 1: 0"),
+        ({"start": 0, "length": -3, "is_final": False}, "'length' must be >= 1: -3"),
+        ({"start": True, "length": 2, "is_final": True}, "'start' must be an int: True"),
+        ({"start": 0, "length": 2**40, "is_final": True}, "'length' must be <= "),
+        ({"start": 0, "length": 2, "is_final": 1}, "'is_final' must be a bool"),
+        ({"start": 0, "length": 2, "is_final": None}, "'is_final' must be a bool"),
+    ],
+)
+def test_a_step_chunk_is_checked_as_a_schedule_chunk_is(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        StepChunk(**fields)
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        Chunk(request=0, **fields)
+    chunk = StepChunk(start=np.int64(3), length=np.int32(4), is_final=np.bool_(True))
+    assert chunk == StepChunk(start=3, length=4, is_final=True)
+    assert type(chunk.start) is int
+    assert type(chunk.is_final) is bool
+
+
+def test_a_plan_built_by_hand_is_checked_and_its_rows_stay_read_only() -> None:
+    state = PrefillState().add("a", 10)
+    with pytest.raises(InvalidInputError, match="'rows' must map each request id to a StepChunk"):
+        StepPlan(rows={"a": (0, 1, False)}, state=state)
+    with pytest.raises(InvalidInputError, match="'rows' must be a mapping"):
+        StepPlan(rows=[("a", StepChunk(start=0, length=1, is_final=False))], state=state)
+    with pytest.raises(InvalidInputError, match="'state' must be a PrefillState: NoneType"):
+        StepPlan(rows={}, state=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="'pool' must be a PagePool or None: int"):
+        StepPlan(rows={}, state=state, pool=3)  # type: ignore[arg-type]
+    rows = {"a": StepChunk(start=0, length=4, is_final=False)}
+    plan = StepPlan(rows=rows, state=state)
+    rows.clear()  # the plan holds its own copy
+    assert plan.num_rows == 1
+    with pytest.raises(TypeError, match="read-only"):
+        plan.rows["b"] = StepChunk(start=0, length=1, is_final=True)  # type: ignore[index]
+    # Applied, such a plan runs like a planned one.
+    assert state.apply(plan)["a"] == PrefillRequest(
+        prompt_length=10, num_computed_tokens=4, is_started=True
+    )
+
+
+def test_a_prefill_request_is_checked_when_built() -> None:
+    with pytest.raises(InvalidInputError, match="'prompt_length' must be >= 1: 0"):
+        PrefillRequest(prompt_length=0, num_computed_tokens=0, is_started=False)
+    with pytest.raises(InvalidInputError, match="'num_computed_tokens' must be >= 0: -3"):
+        PrefillRequest(prompt_length=10, num_computed_tokens=-3, is_started=True)
+    with pytest.raises(InvalidInputError, match=r"must be below 'prompt_length' \(10\)"):
+        PrefillRequest(prompt_length=10, num_computed_tokens=10, is_started=True)
+    with pytest.raises(InvalidInputError, match="'is_started' must be a bool"):
+        PrefillRequest(prompt_length=10, num_computed_tokens=0, is_started=0)
 
 
 # -- errors, and states never half-changed ----------------------------------------------------
