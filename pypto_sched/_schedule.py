@@ -50,10 +50,16 @@ FORMAT_VERSION = 2
 
 
 def _config_v1(config: object) -> object:
-    """Version 1 named ``max_num_seqs`` ``max_batch_size``; nothing else changed."""
-    if isinstance(config, dict) and "max_batch_size" in config and "max_num_seqs" not in config:
-        config = {("max_num_seqs" if k == "max_batch_size" else k): v for k, v in config.items()}
-    return config
+    """Version 1 named ``max_num_seqs`` ``max_batch_size``; nothing else changed. (A version
+    1 config holding the version 2 name is refused, not read as either.)"""
+    if not isinstance(config, dict):
+        return config  # refused by PlannerConfig.from_dict, naming what it is
+    if "max_num_seqs" in config:
+        raise InvalidScheduleError(
+            "config: version 1 names the row limit 'max_batch_size', not 'max_num_seqs' "
+            '(a version 2 key; write "version": 2 with it)'
+        )
+    return {("max_num_seqs" if k == "max_batch_size" else k): v for k, v in config.items()}
 
 
 #: Each version this library reads, with how its config becomes the current one.

@@ -669,6 +669,13 @@ def test_version_1_json_still_loads_with_its_old_knob_name() -> None:
     data["version"] = 1
     data["config"]["max_batch_size"] = data["config"].pop("max_num_seqs")
     assert Schedule.from_dict(data) == schedule
+    # The version 2 name in a version 1 document is refused, alone or beside the old one.
+    data["config"]["max_num_seqs"] = 2
+    with pytest.raises(InvalidScheduleError, match="version 1 names the row limit"):
+        Schedule.from_dict(data)
+    del data["config"]["max_batch_size"]
+    with pytest.raises(InvalidScheduleError, match="version 1 names the row limit"):
+        Schedule.from_dict(data)
 
 
 # -- module structure ------------------------------------------------------------------------
