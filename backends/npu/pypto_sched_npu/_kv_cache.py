@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from pypto_sched import DispatchArrays, InvalidInputError
@@ -45,6 +46,13 @@ class PagedKVCache:
     num_pages: int
     page_size: int
     layers: tuple[LayerKV, ...]
+    #: Per page: how many of its leading slots a dispatch has written (host memory). A
+    #: dispatch may read only positions written before it (see :meth:`check_fits`); pages
+    #: filled by other means are declared with :meth:`mark_written`.
+    filled: npt.NDArray[np.int64] = attrs.field(
+        default=attrs.Factory(lambda cache: np.zeros(cache.num_pages, np.int64), takes_self=True),
+        repr=False,
+    )
 
     @property
     def num_slots(self) -> int:
@@ -111,8 +119,10 @@ class PagedKVCache:
                     )
 
     def check_fits(self, arrays: DispatchArrays) -> None:
-        """Raise :class:`InvalidInputError` unless ``arrays`` addresses pages of this cache
-        and writes each token only to the slot of its position in its row's pages."""
+        """Raise :class:`InvalidInputError` unless ``arrays`` addresses pages of this cache,
+        writes each token only to the slot of its position in its row's pages, and reads
+        only context positions some dispatch has written (a prefix not cached would be read
+        as zeros: silently wrong logits)."""
         if arrays.page_size != self.page_size:
             raise InvalidInputError(
                 f"the dispatch's page_size must match the cache's {self.page_size}: "
@@ -124,6 +134,41 @@ class PagedKVCache:
                 f"page {int(arrays.block_tables.max())}"
             )
         self._check_writes(arrays)
+        self._check_reads(arrays)
+
+    def mark_written(self, slots: npt.ArrayLike) -> None:
+        """Record that ``slots`` hold K/V for every layer, each with the slots before it in
+        its page: what a dispatch does once it has written them, and what a caller that
+        fills pages by hand (an external prefix cache) does before dispatches read them."""
+        given = np.asarray(slots, dtype=np.int64).ravel()
+        if given.size and not 0 <= int(given.min()) <= int(given.max()) < self.num_slots:
+            raise InvalidInputError(
+                f"'slots' must be in [0, {self.num_slots}): {int(given.min())}..{int(given.max())}"
+            )
+        np.maximum.at(self.filled, given // self.page_size, given % self.page_size + 1)
+
+    def _check_reads(self, arrays: DispatchArrays) -> None:
+        # Row r reads positions 0 .. token_starts[r] - 1 before its own: the pages before
+        # the one holding its first position whole, and that one up to its offset.
+        starts = arrays.token_starts.astype(np.int64)
+        full, part = np.divmod(starts, self.page_size)
+        columns = np.arange(arrays.block_tables.shape[1])
+        tables = arrays.block_tables.astype(np.int64)
+        filled = np.where(tables >= 0, self.filled[np.maximum(tables, 0)], 0)
+        need = np.where(
+            columns < full[:, None],
+            self.page_size,
+            np.where(columns == full[:, None], part[:, None], 0),
+        )
+        short = filled < need
+        if short.any():
+            row, column = (int(i) for i in np.argwhere(short)[0])
+            position = column * self.page_size + int(filled[row, column])
+            raise InvalidInputError(
+                f"row {row} reads position {position} of request {int(arrays.requests[row])}, "
+                f"which no dispatch has written (its prefix is not cached: fill it with "
+                f"write_prefixes, or declare pages filled by hand with mark_written)"
+            )
 
     def _check_writes(self, arrays: DispatchArrays) -> None:
         rows = np.repeat(np.arange(arrays.num_rows), np.diff(arrays.cu_seqlens))

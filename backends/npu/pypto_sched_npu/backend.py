@@ -188,6 +188,7 @@ class NpuBackend:
         cache.check_fits(arrays)
         with torch.inference_mode():
             final_hidden = self._model.forward(self._inputs(batch), arrays, cache)
+            cache.mark_written(arrays.slot_mapping)
             if not (batch.return_logits or batch.return_greedy):
                 return DispatchOutput()
             logits = self._model.logits(final_hidden)  # final rows only

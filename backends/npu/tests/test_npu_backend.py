@@ -141,6 +141,7 @@ def test_kv_is_written_only_at_the_dispatch_slots(ops: str, backends: Backends) 
     for layer in cache.layers:
         layer.key.fill_(sentinel)
         layer.value.fill_(sentinel)
+    cache.mark_written(np.arange(cache.num_slots))  # the rows' prefixes, filled by hand
     backend.run_dispatch(_batch(arrays, logits=True, greedy=False), cache)
     written = np.zeros(cache.num_slots, dtype=bool)
     written[arrays.slot_mapping] = True
@@ -148,6 +149,31 @@ def test_kv_is_written_only_at_the_dispatch_slots(ops: str, backends: Backends) 
         for pages in (layer.key, layer.value):
             untouched = (pages.reshape(cache.num_slots, -1) == sentinel).all(dim=1).numpy()
             np.testing.assert_array_equal(untouched, ~written)
+
+
+@pytest.mark.parametrize("ops", PATHS)
+def test_a_context_no_dispatch_wrote_is_refused_not_read_as_zeros(
+    ops: str, backends: Backends
+) -> None:
+    backend = backends("untied", ops=ops)
+    page = PAGE[ops]
+    # Request 1 starts a page and 3 positions in: position page + 1 is its first unwritten.
+    arrays, tables = _one_dispatch([9, page + 8], [0, page + 3], page)
+    cache = backend.new_cache(num_pages=tables.num_pages, page_size=page)
+    slots = arrays.context_slots(1)  # request 1 is row 1
+    cache.mark_written(slots[: page + 1])
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"row 1 reads position {page + 1} of request 1, which no dispatch has written",
+    ):
+        backend.run_dispatch(_batch(arrays, logits=True, greedy=False), cache)
+    cache.mark_written(slots[page + 2 : page + 3])  # the rest of its prefix
+    backend.run_dispatch(_batch(arrays, logits=True, greedy=False), cache)
+    # What a dispatch writes, the next one may read: request 0 goes on from 9 tokens.
+    later, _ = _one_dispatch([12, page + 8], [9, page + 3], page)
+    backend.run_dispatch(_batch(later, logits=True, greedy=False), cache)
+    with pytest.raises(InvalidInputError, match=r"'slots' must be in \[0, "):
+        cache.mark_written([cache.num_slots])
 
 
 @pytest.mark.parametrize("ops", PATHS)
@@ -229,11 +255,10 @@ def test_a_decode_only_dispatch_takes_the_bsh_decode_call_in_every_layer(
 ) -> None:
     backend = backends("tied", ops="npu")
     arrays, tables = _one_dispatch([130, 5, 1], [129, 4, 0], 128)
+    cache = backend.new_cache(num_pages=tables.num_pages, page_size=128)
+    cache.mark_written(np.arange(cache.num_slots))  # the contexts, as if decoded before
     fake_npu_module.reset_calls()
-    output = backend.run_dispatch(
-        _batch(arrays, logits=True, greedy=True),
-        backend.new_cache(num_pages=tables.num_pages, page_size=128),
-    )
+    output = backend.run_dispatch(_batch(arrays, logits=True, greedy=True), cache)
     assert output.greedy_token_ids is not None
     assert output.greedy_token_ids.shape == (3,)
     layers = backend.model.config.num_hidden_layers
