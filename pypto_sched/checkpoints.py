@@ -353,6 +353,8 @@ def _rope_theta(data: Mapping[str, Any], source: str) -> Any:
 
 
 _EMBED, _LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+#: The prefix of the base model's tensors in a causal LM's checkpoint.
+_BASE_PREFIX = "model."
 
 
 def _expected(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -762,14 +764,25 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(f"{root}: the checkpoint directory does not exist")
     config = read_config(root)
     stored = _stored_tensors(root)
-    config, stored_as = _tied_as_stored(config, stored)
+    # The model's name of each stored tensor: a base model's checkpoint (Qwen3Model's
+    # save_pretrained) stores its tensors without the "model." prefix, which transformers
+    # adds when Qwen3ForCausalLM loads it.
+    base = _EMBED not in stored and _EMBED.removeprefix(_BASE_PREFIX) in stored
+    named = {(_BASE_PREFIX + n if base and n != _LM_HEAD else n): n for n in stored}
+    config, stored_as = _tied_as_stored(config, named)
     by_file: dict[Path, tuple[SafetensorsHeader, list[str]]] = {}
     # Lazily, so a config claiming billions of layers fails at the first missing tensor.
     for name, shape in _expected(config):
-        source = stored_as.get(name, name)
-        if source not in stored:
+        source = named.get(stored_as.get(name, name))
+        if source is None:
             files = sorted({path.name for path, _ in stored.values()}) or [WEIGHTS_FILE]
-            raise CheckpointError(f"{root}: tensor {name!r} is in none of {files}")
+            hint = (
+                " (the checkpoint of a base model, without an LM head: an untied config "
+                "needs lm_head.weight)"
+                if base and name == _LM_HEAD
+                else ""
+            )
+            raise CheckpointError(f"{root}: tensor {name!r} is in none of {files}{hint}")
         path, header = stored[source]
         info = header.tensors[source]
         if info.shape != shape:
@@ -785,5 +798,5 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     mapped: dict[str, Tensor] = {}
     for path, (header, names) in by_file.items():
         mapped |= _map_tensors(path, header, names)
-    tensors = {name: mapped[stored_as.get(name, name)] for name, _ in _expected(config)}
+    tensors = {name: mapped[named[stored_as.get(name, name)]] for name, _ in _expected(config)}
     return Checkpoint(directory=root, config=config, tensors=tensors)

@@ -22,7 +22,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pypto_sched import CheckpointError, InvalidInputError
+from pypto_sched import (
+    CheckpointError,
+    InvalidInputError,
+    execute_schedule,
+    load_backend,
+    plan_one_shot,
+)
 from pypto_sched.checkpoints import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -483,6 +489,53 @@ def test_a_tied_checkpoint_may_store_its_one_matrix_as_the_lm_head_as_in_transfo
     assert set(loaded.tensors) == set(expected_tensors(TINY))
     embedding = loaded.tensors["model.embed_tokens.weight"].array
     np.testing.assert_array_equal(embedding, tensors["lm_head.weight"])
+
+
+def test_a_base_models_checkpoint_loads_as_transformers_loads_it_into_a_causal_lm(
+    tmp_path: Path,
+) -> None:
+    # Qwen3Model.save_pretrained stores the tensors without "model."; Qwen3ForCausalLM adds
+    # it, and a tied config takes the LM head from the embedding.
+    tensors = tensors_of(TINY)
+    base = {name.removeprefix("model."): array for name, array in tensors.items()}
+    write(tmp_path, single_file(**{WEIGHTS_FILE: encode_safetensors(base)}))
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == TINY
+    assert set(loaded.tensors) == set(expected_tensors(TINY))
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name].array, array)
+    # Untied, it has no LM head: refused, saying why.
+    untied = tmp_path / "untied"
+    untied.mkdir()
+    config = json.dumps(attrs.evolve(TINY, tie_word_embeddings=False).to_hf_config()).encode()
+    write(untied, {CONFIG_FILE: config, WEIGHTS_FILE: encode_safetensors(base)})
+    with pytest.raises(CheckpointError, match=r"'lm_head\.weight' .*checkpoint of a base model"):
+        load_checkpoint(untied)
+
+
+def test_a_base_model_transformers_saved_gives_its_causal_lms_logits(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers", reason="the parity oracle")
+    torch = pytest.importorskip("torch", reason="transformers runs on torch")
+    config = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    model.model.save_pretrained(tmp_path)
+    ids = [3, 9, 1, 40, 22]
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    backend = load_backend("reference", checkpoint=str(tmp_path))
+    result = execute_schedule(plan_one_shot([len(ids)]), backend, [np.array(ids)])
+    assert result.logits is not None
+    np.testing.assert_allclose(result.logits[0], expected, atol=1e-5)
 
 
 def test_an_untied_checkpoint_without_the_embedding_is_refused(tmp_path: Path) -> None:
