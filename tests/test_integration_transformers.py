@@ -528,6 +528,110 @@ def test_shared_prefixes_hit_the_server_prefix_cache_and_keep_the_tokens(
     assert any(row.start > 0 for row in first_rows.values()), "no prefix-cache hit"
 
 
+def test_a_prefix_cache_hit_runs_in_the_batch_that_finds_it_as_under_fifo(
+    model: Any, reference: Any
+) -> None:
+    """``packed`` without a threshold runs ``"fifo"``'s very batches, prefix-cache hits
+    included: a request the hit moves forward is planned again from there in the same batch
+    (before, its planned room went unused and it ran a batch later: 9 batches, not 5)."""
+    (system,) = random_prompts(5, [4 * PAGE])
+    prompts = [system + tail for tail in random_prompts(6, [5, 17, 2, 30, 9, 12, 20, 3])]
+    fifo_batches: list[list[tuple[str, int]]] = []
+
+    class RecordedFifo(FIFOScheduler):
+        def schedule_batch(self, token_budget: int, cache_budget: int) -> Any:
+            result = super().schedule_batch(token_budget, cache_budget)
+            if result[0]:
+                rows = [(f.state.request_id, f.query_length) for f in result[0]]
+                fifo_batches.append(rows)
+            return result
+
+    SCHEDULER_MAPPING["recorded_fifo"] = RecordedFifo
+    batches: list[ScheduledBatch] = []
+    checked_progress(
+        register(PlannerConfig(max_num_batched_tokens=64, policy="packed"), on_batch=batches.append)
+    )
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=64, max_batch_tokens=64)
+    ours = run_batch(model, prompts, 3, "pypto_sched", server)
+    assert run_batch(model, prompts, 3, "recorded_fifo", server) == ours
+    assert ours == [reference(prompt, 3) for prompt in prompts]
+    assert [[(r.request_id, r.length) for r in b.rows] for b in batches] == fifo_batches
+    assert any(row.start > 0 for batch in batches for row in batch.rows if row.is_prefill)
+
+
+def test_a_lone_request_with_a_prefix_hit_is_served_in_the_first_batch_it_is_asked_for(
+    model: Any, reference: Any
+) -> None:
+    """An empty batch tells the server there is nothing to do (it then sleeps before asking
+    again), so a hit must not leave the batch empty (before, the first batch asked with B
+    waiting was empty)."""
+    (first,) = random_prompts(7, [3 * PAGE])
+    later = [*first, 5, 9, 2, 7, 1, 3]
+    scheduler = register(PlannerConfig(max_num_batched_tokens=64, policy="packed"))
+    asked: list[list[tuple[str, int]] | None] = []
+
+    class Spy(scheduler):  # type: ignore[misc,valid-type]
+        def schedule_batch(self, token_budget: int, cache_budget: int) -> Any:
+            result = super().schedule_batch(token_budget, cache_budget)
+            if "B" in self.active_requests:
+                rows = result[0]
+                asked.append(
+                    None if rows is None else [(f.state.request_id, f.query_length) for f in rows]
+                )
+            return result
+
+    SCHEDULER_MAPPING["spy"] = Spy
+    server = ContinuousBatchingConfig(
+        page_size=PAGE, num_blocks=64, max_batch_tokens=64, scheduler_type="spy"
+    )
+    manager = model.init_continuous_batching(
+        generation_config=generation_config(2), continuous_batching_config=server
+    )
+    manager.start()
+    try:
+        manager.add_request(first, request_id="A")
+        assert manager.get_result(request_id="A", timeout=60).generated_tokens == reference(
+            first, 2
+        )
+        manager.add_request(later, request_id="B")
+        result = manager.get_result(request_id="B", timeout=60)
+    finally:
+        manager.stop(block=True, timeout=30)
+    assert result.generated_tokens == reference(later, 2)
+    assert asked[0] == [("B", len(later) - 3 * PAGE)]  # from the hit, in the first batch
+
+
+def test_a_request_the_server_resets_mid_prefill_joins_the_planner_where_the_server_queues_it(
+    model: Any, reference: Any
+) -> None:
+    """A cache too small for the batch: the server resets starved prefilling requests to
+    their start and queues them last; the planner must not put them ahead of requests the
+    server queued before them (before, they went to the front)."""
+    prompts = random_prompts(8, [24, 24, 24, 24])
+    scheduler = register(
+        PlannerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=12, policy="packed")
+    )
+    resets: list[tuple[str, list[str], list[str]]] = []
+
+    class Spy(scheduler):  # type: ignore[misc,valid-type]
+        def _reconcile(self) -> None:
+            before = dict(self.progress)
+            super()._reconcile()
+            waiting = list(self.waiting_requests_order)
+            for request_id in waiting:
+                was = before.get(request_id)
+                if was and was[1] > 0 and self.waiting_requests[request_id].position_offset == 0:
+                    planner = [r for r in self.prefill_state if r in waiting]
+                    resets.append((request_id, waiting, planner))
+
+    SCHEDULER_MAPPING["spy"] = Spy
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=6, max_batch_tokens=32)
+    assert run_batch(model, prompts, 12, "spy", server) == [reference(p, 12) for p in prompts]
+    assert resets, "no request was reset: the case this test is for"
+    for request_id, waiting, planner in resets:
+        assert planner == waiting, (request_id, waiting, planner)
+
+
 def test_cancelling_a_request_mid_prefill_frees_its_blocks_and_keeps_the_others_tokens(
     model: Any, reference: Any
 ) -> None:

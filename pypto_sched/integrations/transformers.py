@@ -18,10 +18,10 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    the server's request ids. Requests the server has finished, cancelled or failed leave it;
    new ones join it in arrival order, or, with ``order="shortest_first"``, the ones found
    together by fewest prompt tokens left first (see *Admission order*). A request in it
-   whose progress the server changed on its own (a prefix-cache hit, an offload) joins it
-   again where it now is, at the front of the queue; so does a decoding request the server
-   offloaded to the CPU, which its own schedulers serve first; a decoding request it reset
-   to its start joins at the back, as the server queues it.
+   whose progress the server moved forward on its own (a prefix-cache hit, an offload)
+   joins it again where it now is, at the front of the queue; so does a decoding request
+   the server offloaded to the CPU, which its own schedulers serve first; a request it
+   reset to its start (prefilling or decoding) joins at the back, as the server queues it.
 2. *Decode first.* Decoding requests run one token each, in the server's order, within the
    dispatch's tokens and rows (below).
 3. *Prefill.* :func:`~pypto_sched.plan_step` plans the prefill rows with the decode tokens
@@ -30,7 +30,11 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
 4. *The server's checks.* Each planned row then goes through the server's own checks, in
    order: new requests wait while ``block_new_requests`` is set, under the cache's safety
    margin a prefill row runs only in an empty batch, a row must fit the cache budget, and
-   its cache blocks must be allocated. A row refused there does not run; the state advances
+   its cache blocks must be allocated. The server looks up a new request's prefix in its
+   cache as its row is taken: a hit moves the request forward, and the rest of the batch is
+   planned again with it at the front, from where the hit left it (the rows after it were
+   sized for its old start), so it runs in this batch, as under the server's own
+   schedulers. A row refused there does not run; the state advances
    only by the rows that run (the plan restricted to them), so a refused request keeps its
    place and is planned again next batch. If every planned row is refused, the step is
    planned again without them (and without new requests once one found no free block), so
@@ -271,10 +275,10 @@ class PyptoScheduler(Scheduler):
     def _reconcile(self) -> None:
         """Bring the prefill state in line with the server's requests (see the module doc).
 
-        A request whose progress the server changed keeps its place at the front of the
-        queue, as do the requests the server offloaded to the CPU (its own schedulers serve
-        those first); a request reset by the server comes back as a new one, last. New
-        requests join in :attr:`admission_order`.
+        A request whose progress the server moved forward keeps its place at the front of
+        the queue, as do the requests the server offloaded to the CPU (its own schedulers
+        serve those first); a request reset by the server comes back as a new one, last.
+        New requests join in :attr:`admission_order`.
 
         ``self.progress`` mirrors the state's progress in a plain dict (the state's own
         lookups cost microseconds each, and this runs over every request before every batch).
@@ -292,24 +296,37 @@ class PyptoScheduler(Scheduler):
             planned = progress.get(server.request_id)
             if planned is None:
                 (offloaded if server.is_cpu_offloaded else back).append(server)
-            elif planned != _progress(server):
+                continue
+            now = _progress(server)
+            if now == planned:
+                continue
+            if now[1] < planned[1] and not server.is_cpu_offloaded:
+                # reset to its start: it joins where the server queues it, at the back
+                state = state.remove(server.request_id)
+                back.append(server)
+            else:  # a prefix-cache hit, an offload: it keeps its place
                 changed.add(server.request_id)
         # the changed ones in the state's order (rare: a prefix-cache hit, an offload)
         front = [current[r] for r in state if r in changed] if changed else []
-        for request_id in changed:
-            state = state.remove(request_id)
         front += offloaded
+        self.prefill_state = state
         for server in reversed(front):  # each goes ahead of the one after it
-            length, computed = progress[server.request_id] = _progress(server)
-            state = state.add(
-                server.request_id, length, num_computed_tokens=computed, at_front=True
-            )
+            self._requeue_at_front(server)
+        state = self.prefill_state
         if self.admission_order == "shortest_first":
             back.sort(key=lambda server: len(server.remaining_prefill_tokens))  # stable
         for server in back:
             length, computed = progress[server.request_id] = _progress(server)
             state = state.add(server.request_id, length, num_computed_tokens=computed)
         self.prefill_state = state
+
+    def _requeue_at_front(self, server: RequestState) -> None:
+        """Put ``server``'s request in the prefill state where the server now has it, ahead
+        of every waiting request (it keeps its place; see *How a batch is built*)."""
+        length, computed = self.progress[server.request_id] = _progress(server)
+        self.prefill_state = self.prefill_state.discard(server.request_id).add(
+            server.request_id, length, num_computed_tokens=computed, at_front=True
+        )
 
     def _prefilling_requests(self) -> list[RequestState]:
         """The server's requests with prompt tokens left: active ones, then waiting ones,
@@ -360,12 +377,16 @@ class PyptoScheduler(Scheduler):
                 reserved_rows=batch.rows_used(config),
             )
             ran: dict[str, StepChunk] = {}
+            moved: RequestState | None = None
             for request_id, chunk in plan.rows.items():
                 if not batch.in_safety_margin and batch.scheduled:
                     break  # under the safety margin, a prefill row only in an empty batch
                 state = self._server_request(request_id)
                 if state is not None and self._run_prefill_row(state, chunk, batch):
                     ran[request_id] = chunk
+                elif state is not None and state.position_offset != chunk.start:
+                    moved = state  # a prefix-cache hit: the rows after it were sized wrong
+                    break
                 elif state is not None and state.status == RequestStatus.PENDING:
                     new_requests &= not batch.allocation_failed
             self.prefill_state = self.prefill_state.apply(attrs.evolve(plan, rows=ran))
@@ -374,6 +395,13 @@ class PyptoScheduler(Scheduler):
                     del self.progress[request_id]
                 else:
                     self.progress[request_id] = (self.progress[request_id][0], chunk.end)
+            if moved is not None:
+                # Planned again from where the hit left it, first in the room left, as the
+                # server's own schedulers run it in the batch that finds the hit; the rows
+                # that ran keep theirs (one row a request).
+                self._requeue_at_front(moved)
+                skipped.update(ran)
+                continue
             if ran or not plan.rows:
                 return
             skipped.update(plan.rows)
