@@ -348,7 +348,14 @@ class _Run:
         # one-device run of the whole batch would.)
         rows = ", ".join(f"request {self.seeds[r]} tokens {c.start}:{c.start + c.length}"
                          for r, c in list(step.rows.items())[:3])  # fmt: skip
-        output = _run(self.backend, batch, cache, index=index, where=f"dispatch {index} ({rows})")
+        output = _run(
+            self.backend,
+            batch,
+            cache,
+            index=index,
+            where=f"dispatch {index} ({rows})",
+            names=self.seeds,
+        )
         state = step.state
         for row, request in enumerate(step.sampled):
             # ``_run`` checked that what was asked for is there, of the right shape.

@@ -126,6 +126,37 @@ def execute_schedule(
     has run and its output passed the checks (for progress bars); an exception it raises
     stops the run and propagates unchanged.
     """
+    return _execute_schedule(
+        schedule,
+        backend,
+        token_ids,
+        input_embeddings=input_embeddings,
+        return_logits=return_logits,
+        return_greedy=return_greedy,
+        block_tables=block_tables,
+        page_size=page_size,
+        cache=cache,
+        on_dispatch=on_dispatch,
+        names=None,
+    )
+
+
+def _execute_schedule(
+    schedule: Schedule,
+    backend: Backend,
+    token_ids: TokenIds,
+    *,
+    input_embeddings: Embeddings | None,
+    return_logits: bool,
+    return_greedy: bool,
+    block_tables: BlockTables | None,
+    page_size: int | None,
+    cache: Any,
+    on_dispatch: Callable[[DispatchDone], None] | None,
+    names: Sequence[int] | None,
+) -> ExecutionResult:
+    """:func:`execute_schedule`, its errors naming request ``r`` ``names[r]`` (the indices of
+    a part's requests in the whole batch; ``None``: ``r``)."""
     if not isinstance(schedule, Schedule):
         raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
     check_is_backend(backend)
@@ -160,8 +191,10 @@ def execute_schedule(
             return_logits=return_logits and has_final,
             return_greedy=return_greedy and has_final,
         )
-        where = f"dispatch {dispatch.index} of {schedule.num_dispatches} ({_describe(dispatch)})"
-        output = _run(backend, batch, cache, index=dispatch.index, where=where)
+        where = (
+            f"dispatch {dispatch.index} of {schedule.num_dispatches} ({_describe(dispatch, names)})"
+        )
+        output = _run(backend, batch, cache, index=dispatch.index, where=where, names=names)
         if batch.return_logits:
             logits.put(arrays.final_requests, output.logits)
         if batch.return_greedy:
@@ -349,11 +382,17 @@ def _gather(per_request: Sequence[npt.NDArray[Any]], arrays: DispatchArrays) -> 
 
 
 def _run(
-    backend: Backend, batch: DispatchInput, cache: Any, *, index: int, where: str
+    backend: Backend,
+    batch: DispatchInput,
+    cache: Any,
+    *,
+    index: int,
+    where: str,
+    names: Sequence[int] | None = None,
 ) -> DispatchOutput:
     """``backend.run_dispatch`` with every failure, and every output that breaks the
     contract, turned into an :class:`ExecutionError` naming dispatch ``index`` (``where``
-    says which it is, for the message)."""
+    says which it is, for the message) and request ``r`` as ``names[r]`` (``None``: ``r``)."""
     try:
         output = backend.run_dispatch(batch, cache)
     except Exception as error:
@@ -361,7 +400,7 @@ def _run(
             f"backend {backend.name!r} failed on {where}: {type(error).__name__}: {error}",
             dispatch=index,
         ) from error
-    problem = _output_problem(batch, output, backend.vocab_size)
+    problem = _output_problem(batch, output, backend.vocab_size, names)
     if problem is not None:
         raise ExecutionError(
             f"backend {backend.name!r} returned a malformed output for {where}: {problem}",
@@ -370,12 +409,16 @@ def _run(
     return output
 
 
-def _output_problem(batch: DispatchInput, output: object, vocab_size: int) -> str | None:
+def _output_problem(
+    batch: DispatchInput, output: object, vocab_size: int, names: Sequence[int] | None
+) -> str | None:
     """Why ``output`` breaks the contract for ``batch``, or ``None`` when it keeps it."""
     if not isinstance(output, DispatchOutput):
         return f"expected a DispatchOutput, got {type(output).__name__}"
     rows = batch.num_final_rows
-    requests = batch.arrays.final_requests
+    requests = batch.arrays.final_requests.astype(np.int64)
+    if names is not None:
+        requests = np.asarray(names, dtype=np.int64)[requests]
     return (
         _array_problem("logits", output.logits, (rows, vocab_size), "f", asked=batch.return_logits)
         or _array_problem(
@@ -386,7 +429,9 @@ def _output_problem(batch: DispatchInput, output: object, vocab_size: int) -> st
     )
 
 
-def _logits_problem(logits: npt.NDArray[Any] | None, requests: npt.NDArray[np.int32]) -> str | None:
+def _logits_problem(
+    logits: npt.NDArray[Any] | None, requests: npt.NDArray[np.integer[Any]]
+) -> str | None:
     if logits is None:
         return None
     bad = ~np.isfinite(logits)
@@ -400,7 +445,7 @@ def _logits_problem(logits: npt.NDArray[Any] | None, requests: npt.NDArray[np.in
 
 
 def _greedy_problem(
-    greedy: npt.NDArray[Any] | None, requests: npt.NDArray[np.int32], vocab_size: int
+    greedy: npt.NDArray[Any] | None, requests: npt.NDArray[np.integer[Any]], vocab_size: int
 ) -> str | None:
     if greedy is None:
         return None
@@ -436,8 +481,11 @@ def _array_problem(
 _KIND_NAMES = {"f": "float", "iu": "integer"}
 
 
-def _describe(dispatch: Dispatch, *, limit: int = 3) -> str:
-    rows = [f"request {c.request} tokens {c.start}:{c.end}" for c in dispatch.rows[:limit]]
+def _describe(dispatch: Dispatch, names: Sequence[int] | None, *, limit: int = 3) -> str:
+    rows = [
+        f"request {c.request if names is None else names[c.request]} tokens {c.start}:{c.end}"
+        for c in dispatch.rows[:limit]
+    ]
     if dispatch.num_rows > limit:
         rows.append(f"{dispatch.num_rows - limit} more rows")
     return ", ".join(rows)

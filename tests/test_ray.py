@@ -30,6 +30,7 @@ from pypto_sched import (
     execute_schedule,
     generate,
     load_backend,
+    partition_requests,
     plan_prefill,
 )
 
@@ -250,6 +251,51 @@ def test_an_execution_error_is_raised_once_not_retried(
         pool.prefill(prompts, config=CONFIGS["packed"])
     assert error.value.dispatch == 0
     assert log.read_text().splitlines() == ["attempt"]
+
+
+def test_a_backend_error_names_the_request_by_its_index_in_the_batch_in_prefill_and_generate(
+    cluster: None,
+) -> None:
+    """As one device names it, never by its place in a replica's part (before, prefill named
+    request 1, a healthy prompt, for the batch's request 2)."""
+    poison = 7
+
+    def poisoned_backend(**options: Any) -> Any:
+        inner = load_backend("reference")
+
+        class Poisoned:  # the reference backend, failing on any dispatch holding token 7
+            name = "poisoned"
+            tolerance = inner.tolerance
+            vocab_size = inner.vocab_size
+            hidden_size = inner.hidden_size
+
+            def new_cache(self, *, num_pages: int, page_size: int) -> Any:
+                return inner.new_cache(num_pages=num_pages, page_size=page_size)
+
+            def embed(self, token_ids: Any) -> Any:
+                return inner.embed(token_ids)
+
+            def run_dispatch(self, batch: Any, cache: Any) -> Any:
+                if poison in np.asarray(batch.token_ids).tolist():
+                    raise RuntimeError("token 7 is poison")
+                return inner.run_dispatch(batch, cache)
+
+        return Poisoned()
+
+    prompts = [np.array([1, 2, 3, 4]), np.array([5, 6, 8, 9, 10, 11]), np.array([12, 13, poison])]
+    config = PlannerConfig(max_num_batched_tokens=4, policy="packed")
+    # Request 2 is not at place 2 of its part: a name by place would be another request.
+    parts = [part.tolist() for part in partition_requests([4, 6, 3], 2).parts]
+    assert all(part.index(2) != 2 for part in parts if 2 in part)
+    with RayReplicas(
+        poisoned_backend, num_replicas=2, resources=HALF_CPU, start_timeout=60
+    ) as pool:
+        for run in (
+            lambda: pool.prefill(prompts, config=config),
+            lambda: pool.generate(prompts, config=config, max_new_tokens=2),
+        ):
+            with pytest.raises(ExecutionError, match=r"request 2 tokens 0:3"):
+                run()
 
 
 def test_an_error_inside_the_actors_is_raised_as_is_and_the_replicas_still_work(

@@ -82,7 +82,7 @@ from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int, check_positions, read_only
 from ..backends import Backend, BackendFactory, load_backend, max_positions
-from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, execute_schedule
+from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, _execute_schedule
 
 __all__ = [
     "DEFAULT_RESOURCES",
@@ -289,6 +289,7 @@ class _Replica:
         self,
         part: int,
         prompts: list[IntArray],
+        indices: list[int],
         config: PlannerConfig,
         return_logits: bool,
         page_size: int | None,
@@ -304,14 +305,19 @@ class _Replica:
             tokens[0] += done.num_tokens
             self._done = (part, int(finished[done.index]), tokens[0])
 
-        result = execute_schedule(
+        # (Requests named by their indices in the batch, as in generate.)
+        result = _execute_schedule(
             schedule,
             self._get(),
             prompts,
+            input_embeddings=None,
             return_logits=return_logits,
             return_greedy=True,
+            block_tables=None,
             page_size=page_size,
+            cache=None,
             on_dispatch=on_dispatch,
+            names=indices,
         )
         assert result.greedy_token_ids is not None  # asked for, so execute_schedule returns them
         return result.greedy_token_ids, result.logits, schedule.num_dispatches
@@ -456,7 +462,12 @@ class RayReplicas:
             partition,
             [int(lengths[part].sum()) for part in partition.parts],
             lambda actor, i, part: actor.prefill.remote(
-                i, [tokens[r] for r in part.tolist()], config, bool(return_logits), page_size
+                i,
+                [tokens[r] for r in part.tolist()],
+                part.tolist(),
+                config,
+                bool(return_logits),
+                page_size,
             ),
             on_progress,
         )
