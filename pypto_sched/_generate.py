@@ -271,7 +271,9 @@ def stop_sets(
 
 def _token_set(name: str, ids: object, vocab_size: int) -> frozenset[int]:
     # A mapping is a collection of its keys, which is never what was meant.
-    if not isinstance(ids, Collection) or isinstance(ids, str | bytes | Mapping):
+    # (A 0-d array claims to be a collection and is not iterable.)
+    zero_d = isinstance(ids, np.ndarray) and ids.ndim == 0
+    if not isinstance(ids, Collection) or isinstance(ids, str | bytes | Mapping) or zero_d:
         raise InvalidInputError(
             f"{name!r} must be a collection of token ids (ints >= 0): {ids!r} "
             f"({type(ids).__name__})"

@@ -32,6 +32,11 @@ from ._validate import check_int
 __all__ = ["SamplingParams", "sample_token"]
 
 
+def _python_number(value: object) -> object:
+    """A NumPy number as the Python float it holds (checked by the validators after)."""
+    return float(value) if isinstance(value, np.floating | np.integer) else value
+
+
 def _finite_non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
         raise InvalidConfigError(f"'{attribute.name}' must be a finite number: {value!r}")
@@ -68,11 +73,15 @@ class SamplingParams:
     """
 
     #: ``0``: greedy (argmax). Above ``0``: sample from ``softmax(logits / temperature)``.
-    temperature: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    temperature: float = attrs.field(
+        default=0.0, converter=_python_number, validator=_finite_non_negative
+    )
     #: Keep only the ``top_k`` most likely tokens (``None``: all).
     top_k: int | None = attrs.field(default=None, validator=_optional_top_k)
     #: Keep the fewest most likely tokens whose probability reaches ``top_p`` (``None``: all).
-    top_p: float | None = attrs.field(default=None, validator=_optional_top_p)
+    top_p: float | None = attrs.field(
+        default=None, converter=_python_number, validator=_optional_top_p
+    )
     #: Seeds every request's random stream, with the request index and the token index.
     seed: int = attrs.field(default=0, validator=_seed)
 

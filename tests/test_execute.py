@@ -571,6 +571,14 @@ def test_an_on_dispatch_that_is_not_callable_is_refused_before_anything_runs() -
             r"^'request_stop_token_ids' must be None or one collection of token ids per "
             r"prompt: 5 \(int\)$",
         ),
+        (
+            {"stop_token_ids": np.array(3)},
+            r"^'stop_token_ids' must be a collection of token ids .*: array\(3\) \(ndarray\)$",
+        ),
+        (
+            {"request_stop_token_ids": [np.array(3)]},
+            r"^'request_stop_token_ids\[0\]' must be a collection of token ids .*\(ndarray\)$",
+        ),
         ({"on_step": 5}, r"^'on_step' must be callable or None: 5 \(int\)$"),
         (
             {"stop_token_ids": {3: 1}},

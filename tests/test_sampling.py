@@ -132,6 +132,18 @@ def test_bad_params_name_the_field(kwargs: dict[str, float], match: str) -> None
         SamplingParams(**kwargs)  # type: ignore[arg-type]
 
 
+def test_numpy_numbers_are_taken_as_the_python_floats_they_hold() -> None:
+    params = SamplingParams(temperature=np.float32(0.5), top_p=np.float32(0.25))
+    assert params == SamplingParams(temperature=0.5, top_p=0.25)
+    assert type(params.temperature) is float
+    assert type(params.top_p) is float
+    assert SamplingParams(temperature=np.int64(2)).temperature == 2.0
+    with pytest.raises(InvalidConfigError, match="'temperature' must be a finite number"):
+        SamplingParams(temperature=np.bool_(True))
+    with pytest.raises(InvalidConfigError, match="'top_p' must be a number in"):
+        SamplingParams(top_p=np.float32(1.5))
+
+
 def test_bad_logits_are_rejected() -> None:
     with pytest.raises(InvalidInputError, match="one non-empty row"):
         sample_token(np.zeros((2, 3)), SamplingParams(), request_index=0, token_index=0)
