@@ -331,13 +331,44 @@ def test_a_missing_prompts_file(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert_usage_error(result, "--prompts: cannot read")
 
 
-def test_an_output_that_cannot_be_written(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, prompts_file: str
+@pytest.mark.parametrize(
+    ("where", "problem"), [("no/such/dir.jsonl", "no directory"), (".", "it is a directory")]
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_backend_loads(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    prompts_file: str,
+    where: str,
+    problem: str,
 ) -> None:
+    def no_backend(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the backend loaded: the run would have gone ahead")
+
+    monkeypatch.setattr(generate_command, "_load", no_backend)
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
-    result = cli(capsys, *args, "--output", str(tmp_path / "no" / "such" / "dir.jsonl"))
-    assert result[0] == EXIT_USAGE
-    assert "--output: cannot write" in result[2]
+    result = cli(capsys, *args, "--output", str(tmp_path / where))
+    assert_usage_error(result, "--output: cannot write", problem)
+
+
+@pytest.mark.parametrize(
+    "repeated",
+    [
+        ["--max-new-tokens", "5"],
+        ["--temperature", "0"],
+        ["--num-kv-pages", "9"],
+        ["--output", "x.jsonl"],
+        ["--backend", "reference"],
+        ["--backend-option", "seed=1", "--backend-option", "seed=2"],
+    ],
+)
+def test_a_generate_option_given_twice_is_refused_not_overridden(
+    capsys: pytest.CaptureFixture[str], prompts_file: str, repeated: list[str]
+) -> None:
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", "--temperature", "0.5"]
+    args += ["--num-kv-pages", "8", "--output", "y.jsonl", *CHUNKED, *repeated]
+    flag = repeated[0]
+    assert_usage_error(cli(capsys, *args), flag, "given twice; give it once")
 
 
 def test_verify_refuses_sampling(capsys: pytest.CaptureFixture[str], prompts_file: str) -> None:

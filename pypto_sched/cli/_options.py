@@ -90,7 +90,9 @@ def add_command(
 
 
 def add_format_option(parser: argparse.ArgumentParser, help: str) -> None:
-    parser.add_argument("--format", choices=("text", "json"), default="text", help=help)
+    parser.add_argument(
+        "--format", action=Once, choices=("text", "json"), default="text", help=help
+    )
 
 
 def add_workload_options(parser: argparse.ArgumentParser) -> None:

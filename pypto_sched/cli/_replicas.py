@@ -25,6 +25,7 @@ from .._sampling import SamplingParams
 from .._validate import check_int
 from . import _progress, _render
 from ._errors import CommandFailed, UsageError, flags_named
+from ._options import Once
 from ._render import console
 from ._specs import backend_options
 
@@ -60,6 +61,7 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
     if runs:
         group.add_argument(
             "--replicas",
+            action=Once,
             type=int,
             metavar="N",
             help=f"split the batch by tokens (longest first) over N Ray actors (N <= "
@@ -68,6 +70,7 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
         )
         group.add_argument(
             "--ray-address",
+            action=Once,
             metavar="ADDRESS",
             help="with --replicas: join this Ray cluster ('auto': the one this machine is in)",
         )
@@ -82,6 +85,7 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
     else:
         group.add_argument(
             "--replicas",
+            action=Once,
             type=int,
             metavar="N",
             help=f"also show how the batch splits over N replicas (N <= {MAX_REPLICAS}), by "

@@ -28,6 +28,8 @@ def backend_options(items: Sequence[str]) -> dict[str, object]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip().isidentifier():
             raise UsageError(f"--backend-option: expected KEY=VALUE, got {item!r}")
+        if key.strip() in options:  # the first would be ignored
+            raise UsageError(f"--backend-option: {key.strip()!r} given twice; give it once")
         options[key.strip()] = _value(value)
     return options
 

@@ -11,6 +11,7 @@ whole execution is the one call in :func:`execute`, so that another way of runni
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from . import _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError, check_counts, flags_named
 from ._inputs import config as planner_config
 from ._lengths import read_text
-from ._options import Example, Parser, add_command, add_config_options
+from ._options import Example, Once, Parser, add_command, add_config_options
 from ._progress import generation_bar
 from ._render import generation_summary
 from ._specs import backend_options
@@ -106,7 +107,9 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "generate() on the same checkpoint; a mismatch exits with status 1.",
         examples=EXAMPLES,
     )
-    parser.add_argument("--backend", required=True, metavar="NAME", help="an installed backend")
+    parser.add_argument(
+        "--backend", action=Once, required=True, metavar="NAME", help="an installed backend"
+    )
     parser.add_argument(
         "--backend-option",
         action="append",
@@ -115,10 +118,15 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="passed to the backend's factory, as for 'run' (checkpoint=DIR loads a model)",
     )
     parser.add_argument(
-        "--prompts", required=True, metavar="FILE", help="JSON Lines of requests ('-': stdin)"
+        "--prompts",
+        action=Once,
+        required=True,
+        metavar="FILE",
+        help="JSON Lines of requests ('-': stdin)",
     )
     parser.add_argument(
         "--max-new-tokens",
+        action=Once,
         type=int,
         required=True,
         metavar="N",
@@ -128,41 +136,51 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     pool = parser.add_argument_group("KV cache")
     pool.add_argument(
         "--kv-page-size",
+        action=Once,
         type=int,
         metavar="N",
         help=f"tokens per KV page (default: --page-size if set, else {DEFAULT_PAGE_SIZE})",
     )
     pool.add_argument(
         "--num-kv-pages",
+        action=Once,
         type=int,
         metavar="N",
         help="pages in the pool (default: enough for every request at once)",
     )
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument(
-        "--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default)"
+        "--temperature",
+        action=Once,
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 is greedy (default)",
     )
     sampling.add_argument(
         "--top-k",
+        action=Once,
         type=int,
         metavar="K",
         help="keep the K likeliest tokens (ignored at --temperature 0, as in vLLM)",
     )
     sampling.add_argument(
         "--top-p",
+        action=Once,
         type=float,
         metavar="P",
         help="keep the likeliest tokens up to P, in (0, 1] (ignored at --temperature 0)",
     )
     sampling.add_argument(
         "--sampling-seed",
+        action=Once,
         type=int,
         default=0,
         metavar="N",
         help="seeds each request's stream with its index and token index (default 0)",
     )
     parser.add_argument(
-        "--output", metavar="FILE", help="write the JSON lines here (default: stdout)"
+        "--output", action=Once, metavar="FILE", help="write the JSON lines here (default: stdout)"
     )
     parser.add_argument(
         "--ignore-eos",
@@ -190,6 +208,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.verify:
         _check_verify(args, sampling)
     check_counts(args, FLAGS)  # before the backend loads, which may take a while
+    _check_output(args.output)  # before the run, whose tokens it would lose
     page_size = next(
         size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
     )
@@ -317,6 +336,26 @@ def _tokenizer(args: argparse.Namespace) -> Tokenizer | None:
         return load_tokenizer(checkpoint)
     except MissingDependencyError as error:
         raise UsageError(str(error)) from None
+
+
+def _check_output(path: str | None) -> None:
+    """Refuse an ``--output`` that cannot be written, before anything runs (without
+    creating or truncating it: a failed run leaves an existing file as it was)."""
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent
+    problem = (
+        "it is a directory"
+        if target.is_dir()
+        else f"no directory {str(folder)!r}"
+        if not folder.is_dir()
+        else "permission denied"
+        if not os.access(target if target.exists() else folder, os.W_OK)
+        else None
+    )
+    if problem is not None:
+        raise UsageError(f"--output: cannot write {path!r}: {problem}")
 
 
 def _write(path: str | None, text: str) -> None:

@@ -12,6 +12,7 @@ from ._inputs import plan
 from ._options import (
     SEED,
     Example,
+    Once,
     Parser,
     add_command,
     add_config_options,
@@ -52,15 +53,23 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     parser.add_argument(
         "-o",
         "--output",
+        action=Once,
         required=True,
         metavar="FILE",
         help="the image to write; its suffix (.png or .svg) picks the format",
     )
-    parser.add_argument("--width", type=int, default=1600, metavar="PX", help="default 1600")
-    parser.add_argument("--height", type=int, default=900, metavar="PX", help="default 900")
-    parser.add_argument("--dpi", type=int, default=100, help="text scale (default 100)")
+    parser.add_argument(
+        "--width", action=Once, type=int, default=1600, metavar="PX", help="default 1600"
+    )
+    parser.add_argument(
+        "--height", action=Once, type=int, default=900, metavar="PX", help="default 900"
+    )
+    parser.add_argument(
+        "--dpi", action=Once, type=int, default=100, help="text scale (default 100)"
+    )
     parser.add_argument(
         "--style",
+        action=Once,
         choices=("auto", "chunks", "raster"),
         default="auto",
         help="chunks: one rectangle per chunk; raster: an image, fast for thousands of "
@@ -68,6 +77,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     parser.add_argument(
         "--title",
+        action=Once,
         help=f"replace the default title (drawn as written, at most {_MAX_TITLE} characters)",
     )
     add_format_option(parser, "text: one line; json: the file, its size and the style used")

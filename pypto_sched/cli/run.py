@@ -27,6 +27,7 @@ from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError, check_coun
 from ._inputs import lengths_flag, plan
 from ._options import (
     Example,
+    Once,
     Parser,
     add_command,
     add_config_options,
@@ -80,6 +81,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     parser.add_argument(
         "--backend",
+        action=Once,
         required=True,
         metavar="NAME",
         help="an installed backend (see 'pypto-sched backends')",
@@ -96,6 +98,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     add_config_options(parser)
     parser.add_argument(
         "--kv-page-size",
+        action=Once,
         type=int,
         metavar="N",
         help="KV cache page size (default: --page-size if set, else 16)",
