@@ -7,7 +7,8 @@ ignored or assumed zeroed, positions off by one, K/V written at the wrong slots,
 the wrong order, NaNs, a greedy id that is not the argmax, a wrong name, a missing output,
 inputs mutated in place, and decode rows mishandled (the cache ignored, K/V written at the
 wrong slot or into the wrong page when a new one is granted, decode rows assumed to come
-last, reused pages assumed to keep their K/V). Every one must fail ``check_backend`` at its
+last, reused pages assumed to keep their K/V), a block-table width fixed by a cache's first
+dispatch and a fixed 8-row buffer. Every one must fail ``check_backend`` at its
 default settings, with a message that says what broke; every decode bug must also fail its
 generation case alone.
 """
@@ -33,7 +34,9 @@ from pypto_sched import (
     DispatchInput,
     DispatchOutput,
     backends,
+    execute_schedule,
     load_backend,
+    plan_one_shot,
     refresh_backends,
 )
 from pypto_sched.backends import ENTRY_POINT_GROUP as GROUP
@@ -383,6 +386,40 @@ class WritesEachSlotOnce(ToyBackend):  # type: ignore[misc]
         return output  # type: ignore[no-any-return]
 
 
+class StaticTableWidth(ToyBackend):  # type: ignore[misc]
+    """Sizes a cache's block-table buffer from the first dispatch it sees, as a static
+    (CUDA-graph style) buffer would, and cuts wider tables to it."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        tables = batch.arrays.block_tables
+        if not hasattr(cache, "width"):
+            cache.width = tables.shape[1]
+        cut = np.where(np.arange(tables.shape[1]) < cache.width, tables, 0)
+        narrowed = with_arrays(batch, block_tables=cut.astype(tables.dtype))
+        return super().run_dispatch(narrowed, cache)  # type: ignore[no-any-return]
+
+
+class EightRowBuffer(ToyBackend):  # type: ignore[misc]
+    """Writes the K/V of a dispatch's first 8 rows only, as a fixed 8-row buffer would."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        arrays = batch.arrays
+        dropped = arrays.slot_mapping[row_of_each_token(batch) >= 8]
+        keys, values = cache.keys[dropped].copy(), cache.values[dropped].copy()
+        output = super().run_dispatch(batch, cache)
+        cache.keys[dropped], cache.values[dropped] = keys, values
+        return output  # type: ignore[no-any-return]
+
+
+class Int8Positions(ToyBackend):  # type: ignore[misc]
+    """Keeps positions in an 8-bit type: they wrap past 127. Chunking does not change what
+    it computes, so only an oracle catches it."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        wrapped = batch.arrays.positions.astype(np.int8).astype(np.int32)
+        return super().run_dispatch(with_arrays(batch, positions=wrapped), cache)  # type: ignore[no-any-return]
+
+
 # -- the suite ------------------------------------------------------------------------------
 
 DIFFERS = (
@@ -428,6 +465,8 @@ BROKEN: list[tuple[type[Any], str]] = [
     (DecodeWritesIntoThePreviousPage, DECODE),
     (DecodeRowsAssumedLast, DECODE),
     (WritesEachSlotOnce, DECODE),
+    (StaticTableWidth, rf"(?:{DIFFERS}|{GREEDY}|failed on dispatch)"),
+    (EightRowBuffer, rf"(?:{DIFFERS}|{GREEDY})"),
 ]
 DECODE_BUGS = [
     DecodeIgnoresTheCache,
@@ -459,6 +498,23 @@ def test_every_decode_bug_fails_the_generation_case_alone(broken: type[Any]) -> 
     with pytest.raises(AssertionError, match=GENERATED) as info:
         check_backend(broken(), max_examples=0)
     assert "seed 0, generation example" in str(info.value)
+
+
+def test_a_bug_in_positions_past_127_passes_alone_and_fails_against_an_oracle() -> None:
+    def oracle(prompts: Any) -> Any:
+        lengths = [len(prompt) for prompt in prompts]
+        return execute_schedule(plan_one_shot(lengths), ToyBackend(), prompts).logits
+
+    check_backend(Int8Positions())  # chunking invariance holds: it is the model that is wrong
+    with pytest.raises(AssertionError, match=r"one-shot: final logits of request \d+ at position"):
+        check_backend(Int8Positions(), oracle=oracle)
+
+
+def test_a_model_of_very_few_positions_passes() -> None:
+    class FewPositions(ToyBackend):  # type: ignore[misc]
+        max_position_embeddings = 1
+
+    check_backend(FewPositions(), max_examples=4, generation_examples=0)
 
 
 def test_a_backend_declaring_another_name_than_its_registration_fails() -> None:

@@ -11,7 +11,8 @@ and embedded -- the backend contract of :mod:`pypto_sched.backends`:
 * **cache discipline**: K/V written only at ``slot_mapping`` and read only through each row's
   block table up to ``seq_lens``: the tables are scattered and permuted (a request's pages
   are neither contiguous nor ascending), drawn from a pool with spare pages, every page is
-  reused (it holds another prompt's stale K/V before the example runs), page sizes vary
+  reused (it holds another prompt's stale K/V before the example runs; the first dispatch
+  a cache sees has the narrowest block table, one page), page sizes vary
   and, whatever the size, prompts end near page boundaries and cross them, and every third
   example has prefix-cache hits filled by
   :func:`~pypto_sched.execute.write_prefixes`;
@@ -96,7 +97,13 @@ DEFAULT_PAGE_SIZES = (1, 2, 3, 4, 8, 16)
 #: Generation examples run by default, after the prefill ones.
 DEFAULT_GENERATION_EXAMPLES = 6
 _MAX_REQUESTS = 8
+#: Every fourth prefill example (the second of each four) draws up to this many prompts:
+#: more rows a dispatch than a backend's small fixed-size buffers hold.
+_MAX_WIDE_REQUESTS = 20
 _MAX_PROMPT = 40
+#: Every fourth prefill example (the fourth of each four) holds one prompt this long, at
+#: most (positions past 255, where a narrow position type or a short RoPE table fails).
+_LONG_PROMPT = (129, 320)
 _MAX_GENERATION_REQUESTS = 4
 _MAX_SPARE_PAGES = 3
 _MAX_GENERATION_PROMPT = 24
@@ -225,6 +232,8 @@ def check_backend(
             prefix_hits=index % 3 == 2,
             page_sizes=sizes,
             longest=longest,
+            wide=index % 4 == 1,
+            long_prompt=index % 4 == 3,
         )
         where = f"backend {backend.name!r}, seed {seed}, example {index} ({example.describe()})"
         try:
@@ -298,7 +307,7 @@ def _check_metadata(backend: Backend, name: str | None) -> None:
 def _check_refuses_non_finite(backend: Backend, page_size: int) -> None:
     """Asked for greedy ids alone of NaN input embeddings, whose logits are NaN, the backend
     must raise rather than return ids: the driver never sees the logits behind them."""
-    length = 3
+    length = min(3, max_positions(backend) or 3)
     try:
         execute_schedule(
             plan_one_shot([length]),
@@ -340,10 +349,16 @@ def _draw(
     prefix_hits: bool,
     page_sizes: tuple[int, ...],
     longest: int | None,
+    wide: bool,
+    long_prompt: bool,
 ) -> _Example:
-    count = int(rng.integers(1, _MAX_REQUESTS + 1))
+    most = _MAX_WIDE_REQUESTS if wide else _MAX_REQUESTS
+    count = int(rng.integers(most // 2 if wide else 1, most + 1))
     page_size = int(rng.choice(page_sizes))
     lengths = _prompt_lengths(rng, count, _MAX_PROMPT, page_size, longest)
+    if long_prompt:
+        long = int(rng.integers(_LONG_PROMPT[0], _LONG_PROMPT[1] + 1))
+        lengths[int(rng.integers(0, count))] = long if longest is None else min(long, longest)
     prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     others = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
     computed = tuple(int(rng.integers(0, n)) for n in lengths) if prefix_hits else (0,) * count
@@ -492,17 +507,23 @@ def _stale_cache(backend: Backend, rng: np.random.Generator, num_pages: int, pag
     longest = max_positions(backend) or num_pages * page_size
     per_prompt = max(longest // page_size, 1)
     pages = rng.permutation(num_pages).tolist()
-    tables = [pages[start : start + per_prompt] for start in range(0, num_pages, per_prompt)]
-    lengths = [min(len(table) * page_size, longest) for table in tables]
-    junk = [rng.integers(0, backend.vocab_size, size=n).astype(np.int64) for n in lengths]
-    execute_schedule(
-        plan_one_shot(lengths),
-        backend,
-        junk,
-        return_logits=False,
-        block_tables=BlockTables.from_lists(tables, page_size=page_size, num_pages=num_pages),
-        cache=cache,
-    )
+    # The first dispatch a cache sees holds one prompt of one page (the narrowest block
+    # table): a backend that sizes per-cache buffers from it (a static table width, say)
+    # then meets wider tables. The rest goes in one dispatch.
+    first, rest = pages[:1], pages[1:]
+    for group in ([first], [rest[i : i + per_prompt] for i in range(0, len(rest), per_prompt)]):
+        if not group:
+            continue
+        lengths = [min(len(table) * page_size, longest) for table in group]
+        junk = [rng.integers(0, backend.vocab_size, size=n).astype(np.int64) for n in lengths]
+        execute_schedule(
+            plan_one_shot(lengths),
+            backend,
+            junk,
+            return_logits=False,
+            block_tables=BlockTables.from_lists(group, page_size=page_size, num_pages=num_pages),
+            cache=cache,
+        )
     return cache
 
 
