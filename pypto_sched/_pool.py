@@ -325,8 +325,9 @@ class PagePool(Frozen, Generic[RequestId]):
 
         Rows are as :class:`~pypto_sched.BlockTables` stores them; turn a step's rows into
         kernel arrays with :func:`~pypto_sched.dispatch_arrays`. Every id must own pages (a
-        row with none has nothing to attend to: the id is a mistake); a str is refused
-        rather than read as a sequence of one-character ids.
+        row with none has nothing to attend to: the id is a mistake) and appear once (two
+        rows sharing pages would write the same slots); a str is refused rather than read as
+        a sequence of one-character ids.
         """
         if not isinstance(request_ids, Iterable) or isinstance(request_ids, str | bytes):
             raise InvalidInputError(
@@ -334,11 +335,17 @@ class PagePool(Frozen, Generic[RequestId]):
                 f"{request_ids!r} ({type(request_ids).__name__})"
             )
         ids = list(request_ids)
+        first: dict[RequestId, int] = {}
         for i, request_id in enumerate(ids):
             if self._held(request_id) == 0:
                 raise InvalidInputError(
                     f"'request_ids' must name requests that own pages: item {i} is "
                     f"{request_id!r}, which owns none"
+                )
+            if first.setdefault(request_id, i) != i:
+                raise InvalidInputError(
+                    f"'request_ids' must name each request once (two rows would share its "
+                    f"pages): items {first[request_id]} and {i} are {request_id!r}"
                 )
         return self._block_tables(ids)
 

@@ -212,6 +212,9 @@ def test_block_tables_refuses_a_str_and_an_id_that_owns_no_pages() -> None:
         with pytest.raises(InvalidInputError, match=f"^'request_ids' must name requests that "
                            f"own pages: item 1 is '{unknown}', which owns none$"):  # fmt: skip
             pool.hold("c", 0).block_tables(["a", unknown])
+    with pytest.raises(InvalidInputError, match=r"^'request_ids' must name each request once "
+                       r"\(two rows would share its pages\): items 0 and 2 are 'a'$"):  # fmt: skip
+        pool.block_tables(["a", "b", "a"])
 
 
 @given(st.integers(min_value=1, max_value=50), st.integers(min_value=1, max_value=9))
