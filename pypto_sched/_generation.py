@@ -246,8 +246,7 @@ class GenerationState(Frozen, Generic[RequestId]):
 
     def __iter__(self) -> Iterator[RequestId]:
         """The request ids, in arrival order."""
-        pairs = sorted(self._sequences.items(), key=lambda pair: pair[1].arrival)
-        return (request_id for request_id, _ in pairs)
+        return (request_id for request_id, _ in self._in_arrival_order())
 
     @property
     def num_decoding(self) -> int:
@@ -265,10 +264,57 @@ class GenerationState(Frozen, Generic[RequestId]):
             )
         return sequence
 
+    def _in_arrival_order(self) -> list[tuple[RequestId, _Sequence]]:
+        return sorted(self._sequences.items(), key=lambda pair: pair[1].arrival)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the same requests arrived in the same order, with the same progress
+        (prompt, tokens generated, prefill position, decoding or not) and the same pool;
+        the arrival counters themselves may differ."""
+        if not isinstance(other, GenerationState):
+            return NotImplemented
+        if (len(self), self.num_decoding) != (len(other), other.num_decoding):
+            return False
+        mine = [(rid, seq[1:]) for rid, seq in self._in_arrival_order()]
+        theirs = [(rid, seq[1:]) for rid, seq in other._in_arrival_order()]
+        return (
+            mine == theirs
+            and [rid for _, rid in self._decoding] == [rid for _, rid in other._decoding]
+            and self._prefill == other._prefill
+            and self._pool == other._pool
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # equal by content, which is not cheap to hash
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The default would restore the slots with setattr, which an immutable state refuses;
+        # the map is rebuilt from its items (its layout follows hashes, which are per process).
+        return _restore, (
+            [(rid, tuple(seq)) for rid, seq in self._sequences.items()],
+            self._prefill,
+            self._decoding,
+            self._pool,
+            self._next_arrival,
+        )
+
     def __repr__(self) -> str:
         return (
             f"GenerationState({len(self)} requests, {self.num_decoding} decoding, {self._pool!r})"
         )
+
+
+def _restore(
+    sequences: list[tuple[Any, tuple[int, int, int, int]]],
+    prefill: PrefillState[Any],
+    decoding: tuple[tuple[int, Any], ...],
+    pool: PagePool[Any],
+    next_arrival: int,
+) -> GenerationState[Any]:
+    state: GenerationState[Any] = object.__new__(GenerationState)
+    restored: PersistentMap[Any, _Sequence] = PersistentMap()
+    restored = restored.update((rid, _Sequence(*fields)) for rid, fields in sequences)
+    state._init(restored, prefill, decoding, pool, next_arrival)
+    return state
 
 
 def _index(decoding: tuple[tuple[int, Any], ...], arrival: int, request_id: object) -> int | None:

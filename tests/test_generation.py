@@ -3,6 +3,7 @@ with preemption by recomputation. Each step is simulated to the end of the batch
 
 from __future__ import annotations
 
+import copy
 import pickle
 from typing import Any
 
@@ -231,6 +232,47 @@ def test_state_reading_finishing_and_errors() -> None:
         )
     assert pickle.loads(pickle.dumps(step.rows)) == dict(step.rows)
     assert list(np.asarray(step.arrays().positions)) == [0, 1, 2]
+
+
+@given(generations(), st.integers(min_value=0, max_value=50))
+def test_states_and_steps_pickle_and_copy_to_equal_values_that_plan_the_same(
+    case: tuple[list[int], list[int], PlannerConfig, int, int], stop: int
+) -> None:
+    lengths, news, config, num_pages, page_size = case
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    steps = run_to_the_end(state, config)
+    step = steps[min(stop, len(steps) - 1)]
+    for clone in (pickle.loads(pickle.dumps(step)), copy.copy(step), copy.deepcopy(step)):
+        assert clone == step
+        assert clone.state == step.state
+        assert dict(clone.rows) == dict(step.rows)
+        if step.state:
+            # The clone plans exactly as the original: the arrival order came along.
+            assert plan_generation_step(clone.state, config) == plan_generation_step(
+                step.state, config
+            )
+
+
+def test_generation_states_are_equal_by_content_not_by_arrival_counter() -> None:
+    a = GenerationState[str](num_pages=8, page_size=4).add("x", 3, max_new_tokens=2)
+    a = a.add("y", 5, max_new_tokens=2).finish("x")
+    b = GenerationState[str](num_pages=8, page_size=4).add("y", 5, max_new_tokens=2)
+    assert a == b  # y's arrival number differs (1 against 0); nothing it plans does
+    assert a != b.add("z", 1, max_new_tokens=1)
+    assert a != GenerationState[str](num_pages=9, page_size=4).add("y", 5, max_new_tokens=2)
+    assert a != GenerationState[str](num_pages=8, page_size=4).add("y", 5, max_new_tokens=3)
+    ab = GenerationState[str](num_pages=8, page_size=4).add("a", 1, max_new_tokens=1)
+    ba = GenerationState[str](num_pages=8, page_size=4).add("b", 1, max_new_tokens=1)
+    assert ab.add("b", 1, max_new_tokens=1) != ba.add("a", 1, max_new_tokens=1)  # order counts
+    config = PlannerConfig(max_num_batched_tokens=2)
+    stepped = plan_generation_step(a, config).state
+    assert stepped != a  # a prefill position moved
+    assert stepped == plan_generation_step(b, config).state
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
+    assert a != "a state"
 
 
 def test_an_unhashable_id_is_refused_as_prefill_state_refuses_it() -> None:
