@@ -275,6 +275,29 @@ def test_generation_states_are_equal_by_content_not_by_arrival_counter() -> None
     assert a != "a state"
 
 
+@pytest.mark.parametrize(
+    ("budget", "max_num_seqs", "decoded"), [(3, None, [0, 1, 2]), (8, 2, [0, 1])]
+)
+def test_a_smaller_config_leaves_the_youngest_decodes_out_holding_their_pages(
+    budget: int, max_num_seqs: int | None, decoded: list[int]
+) -> None:
+    # docs/api.md, plan_generation_step: the config may shrink between steps.
+    state = GenerationState.from_prompt_lengths(
+        [2, 2, 2, 2], max_new_tokens=4, num_pages=40, page_size=4
+    )
+    state = plan_generation_step(state, PlannerConfig(max_num_batched_tokens=8)).state
+    state = state.add(4, 3, max_new_tokens=2)
+    config = PlannerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
+    step = plan_generation_step(state, config)
+    assert list(step.rows) == decoded  # oldest first; no prefill beside them
+    assert step.num_decode_rows == len(decoded)
+    for request in range(4):
+        assert step.state[request].status == "decoding"
+        assert step.state[request].num_generated == (2 if request in decoded else 1)
+        assert step.pool.pages(request) == state.pool.pages(request)
+    assert 4 not in step.pool
+
+
 def test_an_unhashable_id_is_refused_as_prefill_state_refuses_it() -> None:
     message = r"^'request_id' must be hashable: \['x'\] \(list\)$"
     with pytest.raises(InvalidInputError, match=message):
