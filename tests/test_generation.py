@@ -298,6 +298,22 @@ def test_a_smaller_config_leaves_the_youngest_decodes_out_holding_their_pages(
     assert 4 not in step.pool
 
 
+@pytest.mark.parametrize(("policy", "first_back"), [("packed", "b"), ("round_robin", "c")])
+def test_a_preempted_request_queues_at_the_front_under_packed_and_the_back_under_round_robin(
+    policy: Policy, first_back: str
+) -> None:
+    # docs/generate.md, Preemption: "b" is preempted for "a" while "c" waits.
+    config = PlannerConfig(max_num_batched_tokens=4, policy=policy)
+    state = GenerationState[str](num_pages=3, page_size=2)
+    state = state.add("a", 2, max_new_tokens=3).add("b", 2, max_new_tokens=3)
+    state = plan_generation_step(state, config).state.add("c", 2, max_new_tokens=1)
+    step = plan_generation_step(state, config)
+    assert step.preempted == ("b",)
+    assert list(step.rows) == ["a"]
+    step = plan_generation_step(step.state, config)
+    assert list(step.rows) == ["a", first_back]  # the pages a's decode left go to one of them
+
+
 def test_an_unhashable_id_is_refused_as_prefill_state_refuses_it() -> None:
     message = r"^'request_id' must be hashable: \['x'\] \(list\)$"
     with pytest.raises(InvalidInputError, match=message):
