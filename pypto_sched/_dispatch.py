@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ._errors import CacheTooSmallError, InvalidInputError
 from ._pages import BlockTables
 from ._schedule import Dispatch
-from ._validate import arrays_stay_read_only, read_only
+from ._validate import arrays_stay_read_only, check_index, read_only
 
 __all__ = ["DispatchArrays", "dispatch_arrays"]
 
@@ -142,11 +142,7 @@ class DispatchArrays:
         )
 
     def _row(self, row: object) -> int:
-        if isinstance(row, bool) or not isinstance(row, int | np.integer):
-            raise InvalidInputError(f"'row' must be an int: {type(row).__name__}")
-        if not 0 <= row < self.num_rows:
-            raise InvalidInputError(f"'row' must be in [0, {self.num_rows}): {row}")
-        return int(row)
+        return check_index("row", row, self.num_rows, out_of_range=InvalidInputError)
 
 
 def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchArrays:

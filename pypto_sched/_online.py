@@ -78,6 +78,7 @@ from ._validate import (
     MAX_TOKENS,
     as_count_array,
     check_bool,
+    check_chunk_end,
     check_int,
     chunk_is_final,
     chunk_length,
@@ -140,12 +141,15 @@ class PrefillRequest:
 class StepChunk:
     """One row of a planned step: positions ``start:start + length`` of a request's prompt
     (checked as :class:`~pypto_sched.Chunk`'s: ``start`` at least 0, ``length`` at least 1,
-    ``is_final`` a bool)."""
+    ``start + length`` at most ``2**31 - 1``, ``is_final`` a bool)."""
 
     start: int = attrs.field(converter=chunk_start)
     length: int = attrs.field(converter=chunk_length)
     #: Whether it is the request's final chunk (the only one whose logits are sampled).
     is_final: bool = attrs.field(converter=chunk_is_final)
+
+    def __attrs_post_init__(self) -> None:
+        check_chunk_end(self.start, self.length)
 
     @property
     def end(self) -> int:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
 from ._errors import CacheTooSmallError, InvalidInputError
-from ._validate import MAX_TOKENS, arrays_stay_read_only, as_count_array, check_int, read_only
+from ._validate import (
+    MAX_TOKENS,
+    arrays_stay_read_only,
+    as_count_array,
+    check_index,
+    check_int,
+    read_only,
+)
 
 __all__ = ["BlockTables", "plan_pages"]
 
@@ -35,10 +43,9 @@ class BlockTables:
     def num_requests(self) -> int:
         return int(self.offsets.size - 1)
 
-    def table(self, request: int) -> npt.NDArray[np.int32]:
+    def table(self, request: int | np.integer[Any]) -> npt.NDArray[np.int32]:
         """Request ``request``'s pages, in position order (a read-only view)."""
-        if not 0 <= request < self.num_requests:
-            raise IndexError(f"'request' must be in [0, {self.num_requests}): {request}")
+        request = check_index("request", request, self.num_requests)
         return self.pages[self.offsets[request] : self.offsets[request + 1]]
 
     @property
@@ -46,8 +53,16 @@ class BlockTables:
         """Per request: how many positions its pages hold."""
         return read_only(np.diff(self.offsets) * self.page_size)
 
-    def padded(self, *, fill: int = -1) -> npt.NDArray[np.int32]:
-        """Every table as one ``[num_requests, max_pages]`` array, short rows padded."""
+    def padded(self, *, fill: int | np.integer[Any] = -1) -> npt.NDArray[np.int32]:
+        """Every table as one ``[num_requests, max_pages]`` array, short rows padded with
+        ``fill``: an int32 that is not a page of the cache (below 0 or at least
+        ``num_pages``), so that padding never reads as a real page."""
+        fill = check_int("fill", fill, min_value=-(2**31))
+        if 0 <= fill < self.num_pages:
+            raise InvalidInputError(
+                f"'fill' must not be a page of the cache (below 0 or at least {self.num_pages}, "
+                f"the number of pages): {fill}"
+            )
         return _padded(self.pages, self.offsets, fill=fill)
 
     @classmethod

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
@@ -33,6 +32,8 @@ from ._validate import (
     MAX_TOKENS,
     arrays_stay_read_only,
     as_count_array,
+    check_chunk_end,
+    check_index,
     check_int,
     chunk_is_final,
     chunk_length,
@@ -102,12 +103,16 @@ def _lengths(values: object) -> npt.NDArray[np.int32]:
 @attrs.frozen(kw_only=True)
 class Chunk:
     """One row of a dispatch: tokens ``start:start + length`` of request ``request``
-    (``request`` and ``start`` at least 0, ``length`` at least 1, ``is_final`` a bool)."""
+    (``request`` and ``start`` at least 0, ``length`` at least 1, ``start + length`` at
+    most ``2**31 - 1``, ``is_final`` a bool)."""
 
     request: int = attrs.field(converter=_request)
     start: int = attrs.field(converter=chunk_start)
     length: int = attrs.field(converter=chunk_length)
     is_final: bool = attrs.field(converter=chunk_is_final)
+
+    def __attrs_post_init__(self) -> None:
+        check_chunk_end(self.start, self.length)
 
     @property
     def end(self) -> int:
@@ -296,18 +301,7 @@ class Schedule:
 
     def dispatch(self, index: int | np.integer[Any]) -> Dispatch:
         """Dispatch ``index`` (negative indices count from the end; NumPy ints too)."""
-        if isinstance(index, bool | np.bool_):  # operator.index would read True as 1
-            raise InvalidInputError(f"'index' must be an int, not a bool: {index!r}")
-        try:
-            index = operator.index(index)
-        except TypeError:
-            raise InvalidInputError(
-                f"'index' must be an int: {index!r} ({type(index).__name__})"
-            ) from None
-        count = self.num_dispatches
-        if not -count <= index < count:
-            raise IndexError(f"'index' must be in [{-count}, {count}): {index}")
-        index %= count
+        index = check_index("index", index, self.num_dispatches, from_end=True)
         lo, hi = int(self.dispatch_offsets[index]), int(self.dispatch_offsets[index + 1])
         # (Views of the schedule's checked rows, set through the slots: the checks and
         # copies of Dispatch's initializer are for dispatches built by hand.)

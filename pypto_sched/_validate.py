@@ -19,6 +19,8 @@ __all__ = [
     "MAX_TOKENS",
     "as_count_array",
     "check_callback",
+    "check_chunk_end",
+    "check_index",
     "check_int",
     "check_positions",
     "is_int",
@@ -54,12 +56,43 @@ def check_int(
     return number
 
 
+def check_index(
+    name: str,
+    value: object,
+    count: int,
+    *,
+    from_end: bool = False,
+    out_of_range: type[Exception] = IndexError,
+) -> int:
+    """``value`` as an index into ``count`` items (``from_end``: negative ones count from the
+    end, and the index returned is the item's own). Anything but an int (a bool too: it is
+    not read as 0 or 1) is an :class:`InvalidInputError` naming ``name``; an int out of range
+    raises ``out_of_range`` (an ``IndexError``, as a sequence raises, unless told)."""
+    if isinstance(value, bool | np.bool_):  # operator.index would read True as 1
+        raise InvalidInputError(f"{name!r} must be an int, not a bool: {value!r}")
+    if not is_int(value):
+        raise InvalidInputError(f"{name!r} must be an int: {value!r} ({type(value).__name__})")
+    index: int = int(value)  # type: ignore[call-overload]
+    low = -count if from_end else 0
+    if not low <= index < count:
+        raise out_of_range(f"{name!r} must be in [{low}, {count}): {index}")
+    return index % count
+
+
 def check_bool(name: str, value: object) -> bool:
     """Return ``value`` as a ``bool`` (a NumPy bool too) or raise :class:`InvalidInputError`
     naming ``name``: a flag is not read from the truth of another value."""
     if not isinstance(value, bool | np.bool_):
         raise InvalidInputError(f"{name!r} must be a bool: {value!r} ({type(value).__name__})")
     return bool(value)
+
+
+def check_chunk_end(start: int, length: int) -> None:
+    """A chunk's ``start + length`` within the positions the planner takes (the check of
+    :class:`Chunk` and :class:`StepChunk` after their fields', as :class:`Dispatch` checks
+    its rows)."""
+    if start + length > MAX_TOKENS:
+        raise InvalidInputError(f"'start' + 'length' must be <= {MAX_TOKENS}: {start + length}")
 
 
 def chunk_start(value: object) -> int:
@@ -162,7 +195,11 @@ def as_count_array(
         if values.dtype.kind not in "iu":
             raise InvalidInputError(f"{name!r} must hold integers: dtype {values.dtype}")
         if values.dtype.kind == "u" and values.size and int(values.max()) > max_value:
-            raise InvalidInputError(f"{name!r} values must be <= {max_value}: {int(values.max())}")
+            # (Before the int64 cast, which would wrap the largest unsigned values.)
+            index = int(np.argmax(values))
+            raise InvalidInputError(
+                f"{name!r} values must be <= {max_value}: item {index} is {int(values[index])}"
+            )
         array = values.astype(np.int64, copy=True)
     elif isinstance(values, Sequence) and not isinstance(
         values, str | bytes | bytearray | memoryview

@@ -322,3 +322,12 @@ def test_every_input_error_is_a_pypto_sched_error_and_a_value_error(
 
 def test_cache_too_small_is_an_invalid_input() -> None:
     assert issubclass(CacheTooSmallError, InvalidInputError)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint32, np.uint64])
+def test_an_array_value_out_of_range_is_named_by_its_item_whatever_its_dtype(dtype: Any) -> None:
+    big = np.iinfo(dtype).max
+    lengths = np.array([5, big, 3], dtype=dtype)
+    with pytest.raises(InvalidInputError, match=rf"^'prompt_lengths' values must be <= "
+                       rf"2147483647: item 1 is {big}$"):  # fmt: skip
+        plan_prefill(lengths, CONFIG)

@@ -693,6 +693,11 @@ def test_the_fast_builders_of_rows_and_plans_build_what_the_constructors_build()
         ({"start": 0, "length": -3, "is_final": False}, "'length' must be >= 1: -3"),
         ({"start": True, "length": 2, "is_final": True}, "'start' must be an int: True"),
         ({"start": 0, "length": 2**40, "is_final": True}, "'length' must be <= "),
+        (
+            {"start": 2**31 - 1, "length": 2**31 - 1, "is_final": True},
+            "'start' + 'length' must be <= 2147483647: 4294967294",
+        ),
+        ({"start": 2**31 - 2, "length": 2, "is_final": True}, "'start' + 'length' must be <= "),
         ({"start": 0, "length": 2, "is_final": 1}, "'is_final' must be a bool"),
         ({"start": 0, "length": 2, "is_final": None}, "'is_final' must be a bool"),
     ],

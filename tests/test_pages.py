@@ -70,12 +70,31 @@ def test_table_rejects_requests_out_of_range() -> None:
     for request in (2, -1):
         with pytest.raises(IndexError, match=rf"^'request' must be in \[0, 2\): {request}$"):
             blocks.table(request)
+    assert blocks.table(np.int64(1)).tolist() == [1, 2]
+    with pytest.raises(InvalidInputError, match=r"^'request' must be an int, not a bool: True$"):
+        blocks.table(True)
+    for bad in (1.0, "1", None):
+        with pytest.raises(InvalidInputError, match=r"^'request' must be an int: "):
+            blocks.table(bad)  # type: ignore[arg-type]
 
 
 def test_padded_pads_short_tables_with_the_fill_value() -> None:
     blocks = BlockTables.from_lists([[4, 1, 0], [3], []], page_size=2, num_pages=5)
     assert blocks.padded().tolist() == [[4, 1, 0], [3, -1, -1], [-1, -1, -1]]
     assert blocks.padded(fill=9).tolist() == [[4, 1, 0], [3, 9, 9], [9, 9, 9]]
+    assert blocks.padded(fill=5).tolist() == [[4, 1, 0], [3, 5, 5], [5, 5, 5]]
+    assert blocks.padded(fill=np.int32(-(2**31))).min() == -(2**31)
+    # A fill that reads as a real page, or is not an int32, is refused.
+    for fill in (0, 4, np.int64(1)):
+        message = rf"\(below 0 or at least 5, the number of pages\): {fill}$"
+        with pytest.raises(
+            InvalidInputError, match="^'fill' must not be a page of the cache " + message
+        ):
+            blocks.padded(fill=fill)
+    for bad, message in [(True, "an int"), (1.5, "an int"), (2**31, "<= 2147483647"),
+                         (-(2**31) - 1, ">= -2147483648")]:  # fmt: skip
+        with pytest.raises(InvalidInputError, match=f"^'fill' must be {message}"):
+            blocks.padded(fill=bad)  # type: ignore[arg-type]
     assert blocks.padded().dtype == np.int32
     assert blocks.capacity.tolist() == [6, 2, 0]
 
