@@ -80,7 +80,10 @@ class Partition:
     @property
     def makespan(self) -> int:
         """The largest part's load: what decides the batch's wall time."""
-        return int(self.loads.max(initial=0))
+        # (Over the parts that hold a request: with far more parts than requests, the
+        # others would cost memory for nothing.)
+        used = np.bincount(self.assignment, weights=self.weights)
+        return int(np.rint(used).astype(np.int64).max(initial=0))
 
     @property
     def lower_bound(self) -> int:
@@ -128,8 +131,11 @@ def partition_requests(
         balanced = lengths - computed
     else:
         balanced = lengths
+    # Beyond one part a request, LPT never reaches the extra parts (each request finds an
+    # empty part of lower index), so they are left out of the work: its cost does not grow
+    # with num_parts.
     return Partition(
-        assignment=read_only(_longest_first(balanced, parts)),
+        assignment=read_only(_longest_first(balanced, min(parts, lengths.size))),
         weights=read_only(balanced.copy()),
         num_parts=parts,
     )

@@ -100,7 +100,27 @@ def test_loads_add_up_and_the_bound_holds(weights: list[int], num_parts: int) ->
     assert int(partition.loads.sum()) == sum(weights)
     assert partition.lower_bound == max(-(-sum(weights) // num_parts), max(weights))
     assert partition.makespan >= partition.lower_bound
+    assert partition.makespan == int(partition.loads.max())
     assert partition.imbalance >= 1.0
+
+
+@given(st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=12), st.data())
+def test_more_parts_than_requests_equal_the_plain_loop_zero_weights_too(
+    weights: list[int], data: st.DataObject
+) -> None:
+    num_parts = data.draw(st.integers(min_value=len(weights), max_value=3 * len(weights) + 2))
+    lengths = [1] * len(weights)
+    assert partition_requests(lengths, num_parts, weights=weights).assignment.tolist() == (
+        lpt_loop(weights, num_parts)
+    )
+
+
+def test_far_more_parts_than_requests_cost_nothing_for_the_parts_left_empty() -> None:
+    # LPT gives each request its own part, lowest first; the empty parts are not built.
+    partition = partition_requests([5, 3, 9], 2**31 - 1)
+    assert partition.assignment.tolist() == [1, 2, 0]
+    assert (partition.num_parts, partition.makespan, partition.lower_bound) == (2**31 - 1, 9, 9)
+    assert partition.imbalance == 1.0
 
 
 @pytest.mark.parametrize("seed", range(8))
