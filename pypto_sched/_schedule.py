@@ -439,6 +439,11 @@ class Schedule:
             raise InvalidScheduleError(
                 f"'dispatches' must be a list of dispatches: {type(dispatches).__name__}"
             )
+        if not dispatches:
+            raise InvalidScheduleError(
+                "'dispatches' must hold at least one dispatch (every request has a token to "
+                f"prefill): [] for {len(lengths)} requests"
+            )
         offsets = [0]
         rows: list[tuple[int, int, int, bool]] = []
         for d, dispatch in enumerate(dispatches):

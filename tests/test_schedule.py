@@ -516,6 +516,13 @@ TAMPERED: list[tuple[str, str, Edit, str]] = [
         _set("dispatches", 5, 0, 3, value=False),
         "exactly one chunk per request",
     ),
+    (
+        "empty dispatches",
+        "round_robin",
+        _dispatches(),
+        r"^'dispatches' must hold at least one "
+        r"dispatch \(every request has a token to prefill\): \[\] for 3 requests$",
+    ),
     ("request as bool", "round_robin", _set("dispatches", 1, 0, 0, value=True), "request"),
     ("length as bool", "round_robin", _set("dispatches", 5, 0, 2, value=True), "length"),
     ("is_final as int", "round_robin", _set("dispatches", 5, 0, 3, value=1), "is_final"),
