@@ -273,6 +273,9 @@ PACKED_SMALL_CAP = PlannerConfig(
 PACKED_VLLM = PlannerConfig(
     max_num_batched_tokens=8192, long_prefill_token_threshold=512, policy="packed"
 )
+PACKED_HUGE_BUDGET = PlannerConfig(
+    max_num_batched_tokens=2**31 - 1, long_prefill_token_threshold=100, policy="packed"
+)
 
 
 @pytest.mark.parametrize(
@@ -286,6 +289,8 @@ PACKED_VLLM = PlannerConfig(
         prefill_states(configs=st.just(PACKED_SMALL_CAP)),
         prefill_states(configs=st.just(PACKED_SMALL_CAP), max_size=1),
         prefill_states(configs=st.just(PACKED_VLLM), max_size=1),
+        # A budget that runs any prompt whole, but a threshold: part-way when not alone.
+        prefill_states(configs=st.just(PACKED_HUGE_BUDGET)),
     ],
     ids=repr,
 )
@@ -423,6 +428,12 @@ def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps
             "'page_size' must be <= the largest chunk",
         ),
         (lambda: schedules(min_size=0), "min_size=0 must be >= 1"),
+        (lambda: schedules(min_size=10**6), "min_size=1000000 must be <= 1000: Hypothesis"),
+        (lambda: prefill_states(min_size=1001), "min_size=1001 must be <= 1000: Hypothesis"),
+        (
+            lambda: prefill_states_with_configs(min_size=1001, max_size=2000),
+            "min_size=1001 must be <= 1000: Hypothesis",
+        ),
         (lambda: schedules(min_size=3, max_size=2), "min_size=3 must be <= max_size=2"),
         (lambda: schedules(max_size="3"), "max_size='3' must be an int"),  # type: ignore[arg-type]
         (
@@ -484,6 +495,28 @@ def test_bad_arguments_raise_invalid_argument_when_drawn(
     with pytest.raises(InvalidArgument) as raised:
         reaches(strategy, lambda _: True)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("strategy", [schedules, prefill_states, prefill_states_with_configs])
+def test_the_largest_min_size_draws_with_the_health_checks_the_docs_name_suppressed(
+    strategy: Callable[..., st.SearchStrategy[Any]],
+) -> None:
+    sizes: list[int] = []
+
+    @settings(
+        database=None,
+        max_examples=2,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
+    )
+    @given(strategy(min_size=1000))
+    def draw(value: Any) -> None:
+        value = value[0] if isinstance(value, tuple) else value
+        sizes.append(value.num_requests if isinstance(value, Schedule) else len(value))
+
+    draw()
+    assert sizes
+    assert min(sizes) >= 1000
 
 
 # -- edge cases are reachable -------------------------------------------------------------------

@@ -80,6 +80,10 @@ _MAX_NUM_SEQS = 16
 _MAX_NUM_PARTIAL_PREFILLS = 8
 #: The number of requests drawn when ``max_size`` is ``None`` (or ``min_size`` if larger).
 _DEFAULT_MAX_SIZE = 10
+#: The largest ``min_size``: Hypothesis draws every example from a bounded buffer, and past
+#: about a thousand requests (with their ids, lengths and progress) it cannot finish drawing
+#: one. Past a few hundred its health checks on slow and large inputs need suppressing.
+MAX_MIN_SIZE = 1000
 
 
 # -- prompt lengths -----------------------------------------------------------------------------
@@ -634,6 +638,12 @@ def _bound(value: object) -> object:
 
 def _check_sizes(min_size: object, max_size: object, *, minimum: int) -> tuple[int, int]:
     low = _check_int("min_size", min_size, min_value=minimum)
+    if low > MAX_MIN_SIZE:
+        raise InvalidArgument(
+            f"min_size={low} must be <= {MAX_MIN_SIZE}: Hypothesis cannot draw an example of "
+            "that many requests (one of a few hundred needs HealthCheck.too_slow and "
+            "HealthCheck.large_base_example suppressed)"
+        )
     if max_size is None:
         return low, max(low, _DEFAULT_MAX_SIZE)
     high = _check_int("max_size", max_size, min_value=minimum)
