@@ -25,6 +25,7 @@ __all__ = [
     "check_positions",
     "is_int",
     "read_only",
+    "utf8_error",
 ]
 
 #: The largest token count (prompt length, budget, threshold, position) the planner accepts.
@@ -77,6 +78,13 @@ def check_index(
     if not low <= index < count:
         raise out_of_range(f"{name!r} must be in [{low}, {count}): {index}")
     return index % count
+
+
+def utf8_error(data: bytes, error: UnicodeDecodeError) -> str:
+    """Where ``data`` stops being UTF-8, by line (as the errors of line-based inputs name
+    their lines): ``"invalid start byte on line 3 (byte 47)"``."""
+    line = data.count(b"\n", 0, error.start) + 1
+    return f"{error.reason} on line {line} (byte {error.start})"
 
 
 def check_bool(name: str, value: object) -> bool:

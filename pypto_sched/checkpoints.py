@@ -42,10 +42,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from collections.abc import Container, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import numpy as np
@@ -466,11 +467,23 @@ def parse_safetensors_header(
         isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
     ):
         raise _bad(source, f"'__metadata__' must map strings to strings: {metadata!r}")
+    for text in [*parsed, *metadata, *metadata.values()]:
+        if not _is_unicode(text):  # JSON escapes can spell lone surrogates
+            raise _bad(source, f"{text!r} is not valid Unicode (a lone surrogate)")
     tensors = {name: _entry(name, entry, source) for name, entry in parsed.items()}
     _check_tiling(tensors, data_size, source)
     return SafetensorsHeader(
         tensors=tensors, metadata=dict(metadata), data_start=_LENGTH.size + len(header)
     )
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _entry(name: str, entry: object, source: str) -> TensorInfo:
@@ -533,10 +546,23 @@ def _check_tiling(tensors: Mapping[str, TensorInfo], data_size: int, source: str
         raise _bad(source, f"the tensors cover {position} of the {data_size} data bytes")
 
 
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file. A FIFO or a device would block
+    or never end; it is opened without blocking, to be refused (``OSError`` otherwise)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_bounded(path: Path, limit: int, what: str) -> bytes:
     """At most ``limit`` bytes of ``path`` (an error naming it if there are more)."""
     try:
-        with path.open("rb") as file:
+        with _open_regular(path) as file:
             data = file.read(limit + 1)
     except OSError as error:
         raise CheckpointError(f"{path}: cannot read {what}: {error.strerror or error}") from None
@@ -549,8 +575,8 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     """Read and check the header of the safetensors file ``path``."""
     path = Path(path)
     try:
-        with path.open("rb") as file:
-            size = path.stat().st_size
+        with _open_regular(path) as file:
+            size = os.fstat(file.fileno()).st_size
             prefix = file.read(_LENGTH.size)
             if len(prefix) != _LENGTH.size:
                 raise _bad(str(path), f"{len(prefix)} bytes, shorter than the 8-byte length")
@@ -573,6 +599,10 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
 def read_safetensors(path: str | Path, names: Iterable[str] | None = None) -> dict[str, Tensor]:
     """Tensors ``names`` (default: all) of the safetensors file ``path``, memory-mapped and
     read-only, each of a dtype in :data:`SAFETENSORS_DTYPES`. Nothing is unpickled."""
+    if isinstance(names, str | bytes):
+        raise InvalidInputError(
+            f"'names' must be an iterable of tensor names ([name] for one): {names!r}"
+        )
     path = Path(path)
     header = read_safetensors_header(path)
     wanted = sorted(header.tensors) if names is None else list(names)
@@ -600,13 +630,21 @@ def _map_tensors(path: Path, header: SafetensorsHeader, names: list[str]) -> dic
     size = header.data_start + max((info.end for info in header.tensors.values()), default=0)
     if buffer.size != size:
         raise CheckpointError(f"{path}: the file changed size while it was read")
-    return {name: _tensor(buffer, header, header.tensors[name]) for name in names}
+    return {name: _tensor(path, buffer, header, header.tensors[name]) for name in names}
 
 
-def _tensor(buffer: npt.NDArray[np.uint8], header: SafetensorsHeader, info: TensorInfo) -> Tensor:
+def _tensor(
+    path: Path, buffer: npt.NDArray[np.uint8], header: SafetensorsHeader, info: TensorInfo
+) -> Tensor:
     start = header.data_start
     raw = buffer[start + info.begin : start + info.end]
-    array = np.frombuffer(raw, dtype=SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
+    try:
+        array = np.frombuffer(raw, dtype=SAFETENSORS_DTYPES[info.dtype]).reshape(info.shape)
+    except ValueError as error:  # valid in the format, beyond NumPy: 65 dimensions, say
+        raise CheckpointError(
+            f"{path}: tensor {info.name!r} cannot be read: its shape {list(info.shape)} is "
+            f"beyond what NumPy holds ({error})"
+        ) from None
     return Tensor(name=info.name, dtype=info.dtype, shape=info.shape, array=array)
 
 
@@ -615,15 +653,31 @@ def encode_safetensors(
 ) -> bytes:
     """The safetensors file holding ``tensors`` (NumPy arrays of a dtype in
     :data:`SAFETENSORS_DTYPES`, or :class:`Tensor` objects, which keep their tag: the way to
-    write BF16), in name order, the header padded to a multiple of 8 bytes."""
+    write BF16), in name order, the header padded to a multiple of 8 bytes.
+
+    What :func:`read_safetensors` would refuse is an :class:`InvalidInputError` naming the
+    tensor or metadata entry: a name that is not a str, is ``"__metadata__"`` or is not
+    valid Unicode; metadata that does not map strings to strings; a dtype that cannot be
+    written; a :class:`Tensor` whose tag is not one of :data:`SAFETENSORS_DTYPES`, or does
+    not match its array's dtype or shape.
+    """
+    _check_metadata(metadata)
     tags = {dtype: tag for tag, dtype in SAFETENSORS_DTYPES.items() if tag != "BF16"}
     header: dict[str, Any] = {} if metadata is None else {"__metadata__": dict(metadata)}
+    for name in tensors:
+        if not isinstance(name, str) or name == "__metadata__" or not _is_unicode(name):
+            raise InvalidInputError(
+                f"tensor names must be strs of valid Unicode other than '__metadata__': {name!r}"
+            )
     chunks = []
     offset = 0
     for name in sorted(tensors):
         given = tensors[name]
         array = np.asarray(given.array if isinstance(given, Tensor) else given)
-        array = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+        if isinstance(given, Tensor):
+            _check_tagged(name, given, array)
+        # (np.require keeps a 0-d array 0-d; np.ascontiguousarray would make it 1-d.)
+        array = np.require(array.astype(array.dtype.newbyteorder("<"), copy=False), None, "C")
         tag = given.dtype if isinstance(given, Tensor) else tags.get(array.dtype)
         if tag is None:
             raise InvalidInputError(f"tensor {name!r}: dtype {array.dtype} cannot be written")
@@ -637,6 +691,44 @@ def encode_safetensors(
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the tensor data 8-byte aligned
     return _LENGTH.pack(len(raw)) + raw + b"".join(chunks)
+
+
+def _check_metadata(metadata: object) -> None:
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(
+            f"'metadata' must map strings to strings: {type(metadata).__name__}"
+        )
+    for key, value in metadata.items():
+        if not (isinstance(key, str) and isinstance(value, str)):
+            raise InvalidInputError(
+                f"'metadata' must map strings to strings: {key!r} maps to {value!r}"
+            )
+        if not (_is_unicode(key) and _is_unicode(value)):
+            raise InvalidInputError(
+                f"'metadata' must hold valid Unicode: {key!r} maps to {value!r}"
+            )
+
+
+def _check_tagged(name: str, tensor: Tensor, array: npt.NDArray[Any]) -> None:
+    """A :class:`Tensor` to write: its tag readable, and its array of that tag's dtype and
+    of its own shape."""
+    expected = SAFETENSORS_DTYPES.get(tensor.dtype)
+    if expected is None:
+        raise InvalidInputError(
+            f"tensor {name!r}: dtype tag {tensor.dtype!r} cannot be written (writable: "
+            f"{sorted(SAFETENSORS_DTYPES)})"
+        )
+    if (array.dtype.kind, array.dtype.itemsize) != (expected.kind, expected.itemsize):
+        raise InvalidInputError(
+            f"tensor {name!r}: a {tensor.dtype} tensor must hold a {expected.name} array "
+            f"(BF16: its raw bits): {array.dtype}"
+        )
+    if tuple(tensor.shape) != array.shape:
+        raise InvalidInputError(
+            f"tensor {name!r}: its shape {tuple(tensor.shape)} is not its array's {array.shape}"
+        )
 
 
 # -- checkpoint directories ----------------------------------------------------------------

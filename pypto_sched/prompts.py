@@ -37,7 +37,7 @@ import attrs
 from ._errors import InvalidInputError, PyptoSchedError
 from ._generate import GenerationResult
 from ._json import load_json
-from ._validate import MAX_TOKENS, check_int, check_positions
+from ._validate import MAX_TOKENS, check_int, check_positions, utf8_error
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -200,7 +200,7 @@ def read_prompts(
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise InvalidInputError(f"{what} is not UTF-8: {error}") from None
+            raise InvalidInputError(f"{what} is not UTF-8: {utf8_error(data, error)}") from None
     else:
         text = data
     requests = []

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -194,6 +197,15 @@ CASES: dict[str, Case] = {
     ),
     "header not an object": header_case(b"[1, 2]", b"", r"must be a JSON object", tensor=None),
     "header not UTF-8": header_case(b'{"\xff": 1}', b"", r"not UTF-8", tensor=None),
+    "lone surrogate in a name": header_case(
+        b'{"\\ud800": ' + json.dumps(entry()).encode() + b"}",
+        bytes(4),
+        r"'\\ud800' is not valid Unicode",
+        tensor=None,
+    ),
+    "lone surrogate in the metadata": header_case(
+        b'{"__metadata__": {"a": "\\udfff"}}', b"", r"is not valid Unicode", tensor=None
+    ),
     "header not JSON": header_case(b"{not json", b"", r"not valid JSON", tensor=None),
     "duplicate tensor": header_case(
         f'{{"{NORM}": {json.dumps(entry())}, "{NORM}": {json.dumps(entry())}}}'.encode(),
@@ -659,6 +671,98 @@ def test_no_damage_to_a_valid_file_escapes_as_anything_but_a_checkpoint_error(
         message = None
         assert all(t.array.shape == t.shape for t in tensors.values())
     assert message is None or str(path) in message
+
+
+def test_a_0d_array_round_trips_0d_as_the_safetensors_library_writes_it(tmp_path: Path) -> None:
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(encode_safetensors({"s": np.array(3.5, np.float32)}))
+    read = read_safetensors(path)["s"]
+    assert (read.shape, read.array.shape, float(read.array)) == ((), (), 3.5)
+    library = pytest.importorskip("safetensors.numpy", reason="safetensors is a test extra")
+    assert library.load_file(str(path))["s"].shape == ()
+    assert library.save({"s": np.array(3.5, np.float32)}) == path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("tensors", "metadata", "match"),
+    [
+        ({"w": np.zeros(2, np.float32)}, {"a": 1}, r"^'metadata' must map strings to strings: "
+         r"'a' maps to 1$"),
+        ({"w": np.zeros(2, np.float32)}, ["a"], r"^'metadata' must map strings to strings: list$"),
+        ({"w": np.zeros(2, np.float32)}, {"a": "\ud800"}, r"^'metadata' must hold valid Unicode"),
+        ({"__metadata__": np.zeros(2, np.float32)}, None, r"other than '__metadata__': "
+         r"'__metadata__'$"),
+        ({"\udc80": np.zeros(2, np.float32)}, None, r"strs of valid Unicode"),
+        ({1: np.zeros(2, np.float32)}, None, r"strs of valid Unicode .*: 1$"),
+        ({"w": Tensor(name="w", dtype="BF16", shape=(2,), array=np.zeros(2, np.float32))},
+         None, r"^tensor 'w': a BF16 tensor must hold a uint16 array \(BF16: its raw bits\): "
+         r"float32$"),
+        ({"w": Tensor(name="w", dtype="XX", shape=(2,), array=np.zeros(2, np.uint8))},
+         None, r"^tensor 'w': dtype tag 'XX' cannot be written \(writable: \['BF16'"),
+        ({"w": Tensor(name="w", dtype="F8_E4M3", shape=(2,), array=np.zeros(2, np.uint8))},
+         None, r"^tensor 'w': dtype tag 'F8_E4M3' cannot be written"),
+        ({"w": Tensor(name="w", dtype="U8", shape=(7,), array=np.zeros(2, np.uint8))},
+         None, r"^tensor 'w': its shape \(7,\) is not its array's \(2,\)$"),
+        ({"w": np.zeros(2, np.complex64)}, None, r"^tensor 'w': dtype complex64 cannot be "),
+    ],
+)  # fmt: skip
+def test_encoding_refuses_what_the_reader_would_naming_the_entry(
+    tensors: dict[Any, Any], metadata: Any, match: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        encode_safetensors(tensors, metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    "shape", [[0, 10**30], [1] * 65], ids=["a dimension beyond NumPy's", "65 dimensions"]
+)
+def test_a_shape_valid_in_the_format_but_beyond_numpy_is_a_checkpoint_error(
+    shape: list[int], tmp_path: Path
+) -> None:
+    path = tmp_path / "x.safetensors"
+    size = 0 if 0 in shape else 4
+    path.write_bytes(raw_file({"w": entry(shape=shape, offsets=(0, size))}, bytes(size)))
+    assert read_safetensors_header(path).tensors["w"].shape == tuple(shape)  # the format's
+    with pytest.raises(CheckpointError, match=r"tensor 'w' cannot be read: its shape .* is "
+                       r"beyond what NumPy holds") as info:  # fmt: skip
+        read_safetensors(path)
+    assert str(path) in str(info.value)
+
+
+def test_names_given_as_one_str_are_refused_not_read_letter_by_letter(tmp_path: Path) -> None:
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(encode_safetensors({"weight": np.zeros(2, np.float32)}))
+    assert list(read_safetensors(path, names=["weight"])) == ["weight"]
+    with pytest.raises(InvalidInputError, match=r"^'names' must be an iterable of tensor names "
+                       r"\(\[name\] for one\): 'weight'$"):  # fmt: skip
+        read_safetensors(path, names="weight")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        (WEIGHTS_FILE, "read_safetensors({file!r})"),
+        (WEIGHTS_FILE, "read_safetensors_header({file!r})"),
+        (CONFIG_FILE, "load_checkpoint({directory!r})"),
+    ],
+)
+def test_a_named_pipe_is_refused_not_waited_on(name: str, call: str, tmp_path: Path) -> None:
+    # In a child process: were the pipe opened to be read, it would wait for a writer forever.
+    write(tmp_path, single_file())
+    (tmp_path / name).unlink()
+    os.mkfifo(tmp_path / name)
+    run = call.format(file=str(tmp_path / name), directory=str(tmp_path))
+    code = (
+        "from pypto_sched import CheckpointError\n"
+        "from pypto_sched.checkpoints import *\n"
+        f"try:\n    {run}\n"
+        "except CheckpointError as error:\n    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == f"{tmp_path / name}: not a regular file"
 
 
 def test_bfloat16_is_returned_as_bits_and_widened_exactly(tmp_path: Path) -> None:

@@ -426,7 +426,9 @@ def test_read_prompts_reads_back_every_written_request(
 
 
 def test_read_prompts_refuses_bytes_that_are_not_utf8() -> None:
-    with pytest.raises(InvalidInputError, match="prompts is not UTF-8"):
+    with pytest.raises(
+        InvalidInputError, match=r"^prompts is not UTF-8: invalid start byte on line 2 \(byte 19\)$"
+    ):
         read_prompts(b'{"token_ids": [1]}\n\xff\n', max_new_tokens=1, vocab_size=VOCAB)
 
 

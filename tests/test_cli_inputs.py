@@ -191,11 +191,11 @@ def test_a_lengths_file_that_is_not_utf8_is_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str
 ) -> None:
     path = tmp_path / "lengths.txt"
-    path.write_bytes(b"100,\xff\xfe200\n")
+    path.write_bytes(b"100,\n50,\n\n\xff\xfe200\n")
     argv = [*PLAN, option.format(path)]
     if option.startswith("--num-computed"):
         argv.append("--lengths=100x2")
-    fails_with_one_line(capsys, argv, "is not UTF-8 text: invalid start byte at byte 4")
+    fails_with_one_line(capsys, argv, "is not UTF-8 text: invalid start byte on line 4 (byte 10)")
 
 
 def test_dev_zero_as_lengths_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from .._validate import utf8_error
 from ._errors import UsageError
 
 __all__ = [
@@ -126,9 +127,7 @@ def read_text(path: str, *, name: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(
-            f"{name}: {shown} is not UTF-8 text: {error.reason} at byte {error.start}"
-        ) from None
+        raise UsageError(f"{name}: {shown} is not UTF-8 text: {utf8_error(data, error)}") from None
 
 
 def _read_bytes(path: str, *, limit: int) -> bytes:
