@@ -149,7 +149,7 @@ class PlannerConfig:
         if not isinstance(data, dict):
             raise InvalidConfigError(f"'data' must be a JSON object: {type(data).__name__}")
         known = {field.name for field in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=repr)  # keys of any type: sorted by repr
         if unknown:
             raise InvalidConfigError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
         if "max_num_batched_tokens" not in data:

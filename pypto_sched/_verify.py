@@ -31,7 +31,7 @@ from ._errors import InvalidInputError
 from ._pages import plan_pages
 from ._plan import plan_one_shot
 from ._schedule import Schedule
-from ._validate import arrays_stay_read_only, read_only
+from ._validate import arrays_stay_read_only, check_int, read_only
 from .backends import Backend, check_is_backend, make_cache
 from .execute import (
     DEFAULT_PAGE_SIZE,
@@ -39,6 +39,7 @@ from .execute import (
     Embeddings,
     ExecutionResult,
     TokenIds,
+    _token_ids,
     execute_schedule,
     write_prefixes,
 )
@@ -289,13 +290,17 @@ def _run_chunked(
     page_size: int | None,
     on_dispatch: Callable[[DispatchDone], None] | None,
 ) -> ExecutionResult:
-    size = page_size or schedule.config.page_size or DEFAULT_PAGE_SIZE
+    if page_size is None:
+        size = schedule.config.page_size or DEFAULT_PAGE_SIZE
+    else:
+        size = check_int("page_size", page_size, min_value=1)
+    # The prompts checked against the schedule first, as execute_schedule checks them: the
+    # prefixes are written before it runs, and would blame another argument.
+    prompts = _token_ids(token_ids, schedule, backend)
     lengths = schedule.prompt_lengths
     tables = plan_pages(lengths, page_size=size, num_pages=int((-(-lengths // size)).sum()))
     cache = make_cache(backend, num_pages=tables.num_pages, page_size=tables.page_size)
-    write_prefixes(
-        backend, token_ids, schedule.num_computed_tokens, block_tables=tables, cache=cache
-    )
+    write_prefixes(backend, prompts, schedule.num_computed_tokens, block_tables=tables, cache=cache)
     return execute_schedule(
         schedule,
         backend,

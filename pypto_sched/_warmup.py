@@ -7,17 +7,32 @@ import attrs
 from ._config import PlannerConfig
 from ._errors import InvalidInputError
 from ._policies import request_cap
-from ._validate import check_int
+from ._validate import MAX_TOKENS, check_int
 
 __all__ = ["WarmupShape", "plan_warmup"]
 
 
+def _rows(value: object) -> int:
+    return check_int("num_rows", value, min_value=1)
+
+
+def _tokens(value: object) -> int:
+    return check_int("tokens_per_row", value, min_value=1)
+
+
 @attrs.frozen(kw_only=True)
 class WarmupShape:
-    """A dispatch of ``num_rows`` rows of ``tokens_per_row`` tokens each."""
+    """A dispatch of ``num_rows`` rows of ``tokens_per_row`` tokens each (each an int at
+    least 1, checked when built by hand, as :class:`~pypto_sched.Chunk`'s fields are)."""
 
-    num_rows: int
-    tokens_per_row: int
+    num_rows: int = attrs.field(converter=_rows)
+    tokens_per_row: int = attrs.field(converter=_tokens)
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_tokens > MAX_TOKENS:
+            raise InvalidInputError(
+                f"'num_rows' * 'tokens_per_row' must be <= {MAX_TOKENS}: {self.num_tokens}"
+            )
 
     @property
     def num_tokens(self) -> int:

@@ -146,6 +146,9 @@ def test_from_dict_needs_only_the_budget() -> None:
 def test_from_dict_rejects_unknown_keys_naming_them() -> None:
     with pytest.raises(InvalidConfigError, match=r"unknown config keys \['max_batch_size'\]"):
         PlannerConfig.from_dict({"max_num_batched_tokens": 8, "max_batch_size": 4})
+    # Keys of any type (a dict built in Python), listed by their reprs' order.
+    with pytest.raises(InvalidConfigError, match=r"^unknown config keys \['foo', 1, None\];"):
+        PlannerConfig.from_dict({"max_num_batched_tokens": 8, 1: 2, "foo": 3, None: 4})
 
 
 def test_from_dict_rejects_a_missing_budget() -> None:

@@ -193,6 +193,36 @@ def test_a_chunked_run_of_the_reference_agrees_with_one_shot() -> None:
     assert seen == [*range(schedule.num_dispatches), 0]  # chunked, then the one-shot dispatch
 
 
+@pytest.mark.parametrize(
+    ("page_size", "message"),
+    [
+        (0, r"^'page_size' must be >= 1: 0$"),
+        (False, r"^'page_size' must be an int: False \(bool\)$"),
+        ("4", r"^'page_size' must be an int: '4' \(str\)$"),
+    ],
+)
+def test_a_bad_page_size_is_refused_as_execute_schedule_refuses_it(
+    page_size: Any, message: str
+) -> None:
+    backend = reference.ReferenceBackend.from_seed(seed=2)
+    schedule = plan_prefill(LENGTHS, CONFIG, num_computed_tokens=[4, 0, 13])
+    with pytest.raises(InvalidInputError, match=message):
+        verify_against_one_shot(schedule, backend, prompts(backend), page_size=page_size)
+    assert verify_against_one_shot(schedule, backend, prompts(backend), page_size=1).passed
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_too_few_or_many_prompts_are_named_as_token_ids_before_prefixes_are_written(
+    count: int,
+) -> None:
+    backend = reference.ReferenceBackend.from_seed(seed=2)
+    schedule = plan_prefill(LENGTHS, CONFIG, num_computed_tokens=[4, 0, 13])
+    ids = (prompts(backend) * 2)[:count]
+    with pytest.raises(InvalidInputError, match=rf"^'token_ids' must hold one entry per "
+                       rf"request \(3\): {count} entries$"):  # fmt: skip
+        verify_against_one_shot(schedule, backend, ids)
+
+
 def test_the_callers_chunked_result_is_compared_and_a_spoiled_one_fails() -> None:
     backend = reference.ReferenceBackend.from_seed(seed=2)
     ids = prompts(backend)

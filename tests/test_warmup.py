@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pypto_sched import POLICIES, PlannerConfig, WarmupShape, plan_warmup
+from pypto_sched import POLICIES, InvalidInputError, PlannerConfig, WarmupShape, plan_warmup
 
 
 @st.composite
@@ -144,3 +147,23 @@ def test_max_seq_len_caps_tokens_per_row() -> None:
         WarmupShape(num_rows=2, tokens_per_row=100),
         WarmupShape(num_rows=1, tokens_per_row=100),
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_rows": -1, "tokens_per_row": 4}, r"^'num_rows' must be >= 1: -1$"),
+        ({"num_rows": 1, "tokens_per_row": "x"}, r"^'tokens_per_row' must be an int: 'x' \(str\)$"),
+        ({"num_rows": True, "tokens_per_row": 4}, r"^'num_rows' must be an int: True \(bool\)$"),
+        (
+            {"num_rows": 2**16, "tokens_per_row": 2**16},
+            r"^'num_rows' \* 'tokens_per_row' must be <= 2147483647: 4294967296$",
+        ),
+    ],
+)
+def test_a_warmup_shape_built_by_hand_is_checked(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        WarmupShape(**fields)
+    shape = WarmupShape(num_rows=np.int64(3), tokens_per_row=np.int32(4))
+    assert shape == WarmupShape(num_rows=3, tokens_per_row=4)
+    assert type(shape.num_rows) is int
