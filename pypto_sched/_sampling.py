@@ -38,7 +38,16 @@ def _python_number(value: object) -> object:
 
 
 def _finite_non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidConfigError(f"'{attribute.name}' must be a finite number: {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond every float (its repr may be too long to show)
+        bits = int(value).bit_length()
+        raise InvalidConfigError(
+            f"'{attribute.name}' must be a finite number: an int of {bits} bits, beyond every float"
+        ) from None
+    if not finite:
         raise InvalidConfigError(f"'{attribute.name}' must be a finite number: {value!r}")
     if value < 0:
         raise InvalidConfigError(f"'{attribute.name}' must be >= 0: {value!r}")
@@ -100,9 +109,13 @@ def sample_token(
     """The token chosen from one row of ``logits`` for request ``request_index``'s
     ``token_index``-th generated token (both counted from 0), as the module docstring states.
     """
+    if not isinstance(params, SamplingParams):
+        raise InvalidInputError(f"'params' must be a SamplingParams: {type(params).__name__}")
     row = np.asarray(logits)
     if row.ndim != 1 or row.size == 0:
         raise InvalidInputError(f"'logits' must be one non-empty row: shape {row.shape}")
+    if row.dtype.kind not in "fiu":  # not bools, complex numbers, strings or objects
+        raise InvalidInputError(f"'logits' must hold real numbers: dtype {row.dtype}")
     if not np.isfinite(row).all():
         bad = int(np.flatnonzero(~np.isfinite(row))[0])
         raise InvalidInputError(f"'logits' must be finite: column {bad} is {row[bad]}")

@@ -121,6 +121,11 @@ def test_streams_of_different_requests_differ() -> None:
     [
         ({"temperature": -1.0}, "'temperature' must be >= 0: -1.0"),
         ({"temperature": math.nan}, "'temperature' must be a finite number"),
+        (
+            {"temperature": 10**400},
+            r"^'temperature' must be a finite number: an int of 1329 bits, beyond every float$",
+        ),
+        ({"temperature": 10**5000}, "an int of 16610 bits"),  # beyond what repr may show
         ({"top_k": 0}, "'top_k' must be >= 1: 0"),
         ({"top_p": 0.0}, r"'top_p' must be a number in \(0, 1\]: 0.0"),
         ({"top_p": 1.5}, r"'top_p' must be a number in \(0, 1\]"),
@@ -142,6 +147,29 @@ def test_numpy_numbers_are_taken_as_the_python_floats_they_hold() -> None:
         SamplingParams(temperature=np.bool_(True))
     with pytest.raises(InvalidConfigError, match="'top_p' must be a number in"):
         SamplingParams(top_p=np.float32(1.5))
+
+
+@pytest.mark.parametrize(
+    ("logits", "dtype"),
+    [
+        (np.array(["1", "2"]), "<U1"),
+        (np.array([1.0, None]), "object"),
+        (np.array([1 + 1j, 2 + 0j]), "complex128"),
+        (np.array([True, False]), "bool"),
+    ],
+)
+def test_logits_that_are_not_real_numbers_are_refused(logits: np.ndarray, dtype: str) -> None:
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        with pytest.raises(
+            InvalidInputError, match=f"^'logits' must hold real numbers: dtype {dtype}$"
+        ):
+            sample_token(logits, params, request_index=0, token_index=0)
+    assert sample_token(np.array([1, 3, 2]), SamplingParams(), request_index=0, token_index=0) == 1
+
+
+def test_params_must_be_sampling_params() -> None:
+    with pytest.raises(InvalidInputError, match=r"^'params' must be a SamplingParams: dict$"):
+        sample_token(np.zeros(3), {"temperature": 1.0}, request_index=0, token_index=0)  # type: ignore[arg-type]
 
 
 def test_bad_logits_are_rejected() -> None:
