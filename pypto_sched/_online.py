@@ -727,7 +727,7 @@ def _step_plan(
 
 
 def _count(name: str, value: object) -> int:
-    if type(value) is int and value >= 0:  # the common case, checked cheaply on every step
+    if type(value) is int and 0 <= value <= MAX_TOKENS:  # the common case, checked cheaply
         return value
     return check_int(name, value, min_value=0)
 

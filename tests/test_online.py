@@ -791,6 +791,9 @@ def test_a_finished_request_has_left_the_state(config: PlannerConfig) -> None:
         ({"reserved_tokens": True}, "'reserved_tokens' must be an int"),
         ({"reserved_tokens": 1.0}, "'reserved_tokens' must be an int"),
         ({"reserved_rows": -2}, "'reserved_rows' must be >= 0: -2"),
+        # Every count the planner takes is at most 2**31 - 1 (docs/api.md).
+        ({"reserved_tokens": 2**40}, "'reserved_tokens' must be <= 2147483647: 1099511627776"),
+        ({"reserved_rows": 2**31}, "'reserved_rows' must be <= 2147483647: 2147483648"),
     ],
 )
 def test_bad_reservations_raise_naming_the_argument(reserved: dict[str, Any], message: str) -> None:
