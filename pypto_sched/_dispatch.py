@@ -142,7 +142,10 @@ class DispatchArrays:
         )
 
     def _row(self, row: object) -> int:
-        return check_index("row", row, self.num_rows, out_of_range=InvalidInputError)
+        try:
+            return check_index("row", row, self.num_rows)
+        except IndexError as error:  # a row out of range is bad input here, as documented
+            raise InvalidInputError(str(error)) from None
 
 
 def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchArrays:

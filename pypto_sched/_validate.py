@@ -57,18 +57,11 @@ def check_int(
     return number
 
 
-def check_index(
-    name: str,
-    value: object,
-    count: int,
-    *,
-    from_end: bool = False,
-    out_of_range: type[Exception] = IndexError,
-) -> int:
+def check_index(name: str, value: object, count: int, *, from_end: bool = False) -> int:
     """``value`` as an index into ``count`` items (``from_end``: negative ones count from the
     end, and the index returned is the item's own). Anything but an int (a bool too: it is
     not read as 0 or 1) is an :class:`InvalidInputError` naming ``name``; an int out of range
-    raises ``out_of_range`` (an ``IndexError``, as a sequence raises, unless told)."""
+    an ``IndexError``, as a sequence raises."""
     if isinstance(value, bool | np.bool_):  # operator.index would read True as 1
         raise InvalidInputError(f"{name!r} must be an int, not a bool: {value!r}")
     if not is_int(value):
@@ -76,7 +69,7 @@ def check_index(
     index: int = int(value)  # type: ignore[call-overload]
     low = -count if from_end else 0
     if not low <= index < count:
-        raise out_of_range(f"{name!r} must be in [{low}, {count}): {index}")
+        raise IndexError(f"{name!r} must be in [{low}, {count}): {index}")
     return index % count
 
 
