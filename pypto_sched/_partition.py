@@ -74,16 +74,20 @@ class Partition:
     @functools.cached_property
     def loads(self) -> IntArray:
         """``[num_parts]``: the total weight of each part."""
-        loads = np.bincount(self.assignment, weights=self.weights, minlength=self.num_parts)
-        return read_only(np.rint(loads).astype(np.int64))
+        loads = np.zeros(self.num_parts, dtype=np.int64)
+        used = self._used_loads()
+        loads[: used.size] = used
+        return read_only(loads)
 
     @property
     def makespan(self) -> int:
         """The largest part's load: what decides the batch's wall time."""
-        # (Over the parts that hold a request: with far more parts than requests, the
-        # others would cost memory for nothing.)
-        used = np.bincount(self.assignment, weights=self.weights)
-        return int(np.rint(used).astype(np.int64).max(initial=0))
+        return int(self._used_loads().max(initial=0))
+
+    def _used_loads(self) -> IntArray:
+        """The loads of parts 0 up to the last that holds a request; the parts after it hold
+        none (with far more parts than requests, building them costs memory for nothing)."""
+        return np.rint(np.bincount(self.assignment, weights=self.weights)).astype(np.int64)
 
     @property
     def lower_bound(self) -> int:
