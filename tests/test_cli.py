@@ -761,3 +761,26 @@ def test_lengths_file_option_reads_the_same_syntax(
     )
     assert status == 0
     assert json.loads(out)["prompt_lengths"] == [3338, 3338, 5]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compare", "--workload", "seed", "--max-num-batched-tokens", "8192",
+         "--vary", "threshold=256,1024,off"],
+        ["plan", "--workload", "seed", "--max-num-batched-tokens", "8192"],
+        ["backends"],
+    ],
+)  # fmt: skip
+def test_a_narrow_console_never_cuts_a_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """Rich fits a table to the console's width by cutting cells to "…"; the figures must
+    stay whole however narrow the terminal (the lines are longer than it instead)."""
+    monkeypatch.setenv("COLUMNS", "40")
+    status, out, err = run(capsys, *argv)
+    assert (status, err) == (EXIT_OK, "")
+    assert "…" not in out
+    if argv[0] == "compare":
+        assert "worst finish" in out
+        assert "3,338" in out

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _PIPED_WIDTH = 200
+_UNBOUNDED = 1 << 20
 _TEXT_COLUMNS = frozenset(
     {"policy", "name", "version", "entry point", "runs here", "option", "meaning"}
 )
@@ -69,14 +70,30 @@ def emit(*items: RenderableType, stderr: bool = False) -> None:
     out = console(stderr=stderr)
     if out.is_terminal:
         for item in items:
-            out.print(item)
+            _print(out, item, soft_wrap=False)
         return
     with out.capture() as capture:
         for item in items:
-            out.print(item, soft_wrap=isinstance(item, str))
+            _print(out, item, soft_wrap=isinstance(item, str))
     lines = capture.get().splitlines()
     stream = sys.stderr if stderr else sys.stdout
     stream.write("".join(line.rstrip() + "\n" for line in lines))
+
+
+def _print(out: Console, item: RenderableType, *, soft_wrap: bool) -> None:
+    """Print ``item``; a table never narrower than its natural width.
+
+    Rich fits a table to the console by cutting its cells to ``…``, which drops figures: the
+    console widens for the table instead, and a terminal narrower than it wraps the lines.
+    """
+    width = out.width
+    if not isinstance(item, str):
+        natural = out.measure(item, options=out.options.update_width(_UNBOUNDED)).maximum
+        out.width = max(width, natural)
+    try:
+        out.print(item, soft_wrap=soft_wrap)
+    finally:
+        out.width = width
 
 
 def print_json(data: object) -> None:
