@@ -6,7 +6,7 @@ Every message names the parameter, the rule it broke and the value received, in 
 
 from __future__ import annotations
 
-import functools
+import pickle
 
 __all__ = [
     "BackendError",
@@ -82,4 +82,23 @@ class ExecutionError(BackendError):
         self.dispatch = dispatch
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (functools.partial(ExecutionError, dispatch=self.dispatch), (str(self),))
+        # Pickling an exception drops its cause; an error sent from a worker process (a Ray
+        # actor) keeps it, or its text when the cause itself cannot be pickled.
+        return (_execution_error, (str(self), self.dispatch, _portable(self.__cause__)))
+
+
+def _execution_error(message: str, dispatch: int, cause: BaseException | None) -> ExecutionError:
+    error = ExecutionError(message, dispatch=dispatch)
+    error.__cause__ = cause
+    return error
+
+
+def _portable(cause: BaseException | None) -> BaseException | None:
+    """``cause``, or a ``RuntimeError`` with its text when it cannot be pickled."""
+    if cause is None:
+        return None
+    try:
+        pickle.dumps(cause)
+    except Exception:
+        return RuntimeError(f"{type(cause).__name__}: {cause}")
+    return cause

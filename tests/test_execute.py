@@ -720,3 +720,26 @@ def test_a_backend_error_in_generation_names_requests_by_their_request_indices()
     assert re.findall(r"request (\d+) tokens", str(indexed.value)) == [
         str(20 + int(r)) for r in named
     ]
+
+
+def test_an_execution_error_pickles_with_its_cause() -> None:
+    """Sent from a worker process (a Ray actor), the error keeps its dispatch and its cause,
+    or the cause's text when the cause itself does not pickle."""
+    import pickle
+    import threading
+
+    class Unpicklable(RuntimeError):
+        def __init__(self) -> None:
+            super().__init__("device fault")
+            self.lock = threading.Lock()
+
+    for cause, want in [
+        (RuntimeError("device fault"), "RuntimeError('device fault')"),
+        (Unpicklable(), "RuntimeError('Unpicklable: device fault')"),
+        (None, "None"),
+    ]:
+        error = ExecutionError("backend 'x' failed", dispatch=3)
+        error.__cause__ = cause
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), str(copy), copy.dispatch) == (ExecutionError, str(error), 3)
+        assert repr(copy.__cause__) == want

@@ -212,6 +212,9 @@ def test_losing_an_actor_more_than_max_restarts_times_is_a_replica_error(
         ray.kill(pool.actors[0])
         with pytest.raises(ReplicaError, match=r"replica 0 lost its actor 1 times"):
             pool.prefill(prompts, config=CONFIGS["packed"])
+        # The failed job left a live actor in its place: the next job runs, restarting none.
+        got = pool.prefill(prompts, config=CONFIGS["packed"])
+        assert got.num_restarts == 0
 
 
 def test_an_execution_error_is_raised_once_not_retried(
@@ -250,6 +253,7 @@ def test_an_execution_error_is_raised_once_not_retried(
     ):
         pool.prefill(prompts, config=CONFIGS["packed"])
     assert error.value.dispatch == 0
+    assert repr(error.value.__cause__) == "RuntimeError('device fault')"  # as on one device
     assert log.read_text().splitlines() == ["attempt"]
 
 
@@ -350,6 +354,93 @@ def test_a_backend_that_cannot_be_built_is_its_own_error_at_once(cluster: None) 
 
     with pytest.raises(InvalidModelError, match="unknown options"):
         RayReplicas("reference", num_replicas=1, options={"no_such_option": 1}, resources=HALF_CPU)
+
+
+def _cpus_free_again(cpus: float) -> bool:
+    """Whether the instance's free CPUs come back to ``cpus`` within a few seconds (Ray
+    reports a killed actor's resources freed a moment later)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0.0) == cpus:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_an_actor_that_dies_while_starting_is_a_replica_error_and_none_is_left(
+    cluster: None, tmp_path: Path
+) -> None:
+    """A process lost while it builds the backend (out of memory loading weights, say): one
+    line, and the healthy replicas started beside it are stopped, not leaked."""
+    cpus = ray.available_resources().get("CPU", 0.0)
+    flag = tmp_path / "died"
+
+    def dies_once(**options: Any) -> Any:
+        import os
+
+        try:
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass  # the other replica: it is built, and alive when the first dies
+        else:
+            os._exit(1)
+        time.sleep(0.5)
+        return load_backend("reference", **options)
+
+    with pytest.raises(ReplicaError, match="died while it started") as error:
+        RayReplicas(dies_once, num_replicas=2, resources=HALF_CPU, start_timeout=60)
+    assert "\n" not in str(error.value)
+    assert _cpus_free_again(cpus)
+
+
+def test_an_option_that_does_not_pickle_is_refused_before_any_actor_starts(
+    cluster: None,
+) -> None:
+    import threading
+
+    with pytest.raises(InvalidInputError, match=r"^option 'lock' cannot be sent to the Ray"):
+        RayReplicas("reference", num_replicas=1, options={"lock": threading.Lock()})
+
+
+def test_resources_may_ask_for_memory_not_for_what_ray_reserves(cluster: None) -> None:
+    with RayReplicas(
+        "reference", num_replicas=1, resources={**HALF_CPU, "memory": 2**20}, start_timeout=60
+    ) as pool:
+        assert pool.prefill([[1, 2, 3]], config=CONFIGS["packed"]).greedy_token_ids.shape == (1,)
+    for name in ("object_store_memory", "bundle"):
+        with pytest.raises(InvalidInputError, match=f"cannot ask for '{name}'"):
+            RayReplicas("reference", num_replicas=1, resources={**HALF_CPU, name: 1})
+
+
+def test_a_session_refuses_bad_options_and_an_address_nobody_listens_on_at_once() -> None:
+    """In a process of its own: the module's instance is connected, and a session then takes
+    no address. Port 1 refuses connections (ray.init waited minutes on it)."""
+    code = """if True:
+        import time
+        from pypto_sched import InvalidInputError
+        from pypto_sched.integrations.ray import ReplicaError, ray_session
+        started = time.monotonic()
+        try:
+            with ray_session("127.0.0.1:1"):
+                pass
+        except ReplicaError as error:
+            print("address:", time.monotonic() - started < 30, error)
+        for options in ({"num_cpus": "x"}, {"bogus_option": 1}):
+            try:
+                with ray_session(**options):
+                    pass
+            except InvalidInputError as error:
+                print("options:", error)
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    assert lines[0].startswith("address: True could not join the Ray cluster at '127.0.0.1:1'")
+    assert lines[1].startswith("options: 'init_options' were refused by ray.init")
+    assert lines[2].startswith("options: 'init_options'")
+    assert "bogus_option" in lines[2]
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import math
+import socket
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -114,6 +115,10 @@ _LOST = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
          ray.exceptions.ObjectLostError)  # fmt: skip
 
 
+#: How long :func:`ray_session` waits for a ``host:port`` address to accept a connection.
+_PROBE_SECONDS = 10.0
+
+
 class ReplicaError(BackendError):
     """The Ray cluster could not provide the replicas asked for, or kept losing them."""
 
@@ -137,17 +142,44 @@ def ray_session(address: str | None = None, **init_options: Any) -> Iterator[Non
         raise InvalidInputError(
             f"'address' must be None when Ray is already connected: {address!r}"
         )
+    _probe(address)
     try:
         ray.init(address=address, **init_options)
-    except (ConnectionError, ValueError, RuntimeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    except (TypeError, AssertionError) as error:  # ray.init checks its options by assert
+        raise InvalidInputError(
+            f"'init_options' were refused by ray.init: {_first_line(error)}"
+        ) from None
+    except RuntimeError as error:
+        if str(error).startswith("Unknown keyword argument"):
+            raise InvalidInputError(f"'init_options' {_first_line(error)}") from None
         raise ReplicaError(
-            f"could not join the Ray cluster at {address!r}: {type(error).__name__}: {first}"
+            f"could not join the Ray cluster at {address!r}: {_first_line(error)}"
+        ) from None
+    except (ConnectionError, ValueError) as error:
+        raise ReplicaError(
+            f"could not join the Ray cluster at {address!r}: {_first_line(error)}"
         ) from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _probe(address: str | None) -> None:
+    """Refuse at once a ``host:port`` address where nothing accepts a connection: ray.init
+    would wait for it for minutes."""
+    if address is None:
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        return  # "auto", "local" and whatever else ray.init reads itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_SECONDS).close()
+    except (OSError, OverflowError) as error:
+        raise ReplicaError(
+            f"could not join the Ray cluster at {address!r}: nothing accepts a connection at "
+            f"{host}:{port} ({_first_line(error)})"
+        ) from None
 
 
 # -- values -------------------------------------------------------------------------------
@@ -406,19 +438,36 @@ class RayReplicas:
                 raise InvalidInputError(
                     f"'resources' must map names to finite amounts >= 0: {key!r}: {amount!r}"
                 )
+            if key in _NOT_ACTOR_RESOURCES:
+                raise InvalidInputError(
+                    f"'resources' cannot ask for {key!r}: Ray reserves it (an actor asks for "
+                    "CPU, GPU, memory and custom resources)"
+                )
         _check_room(self.resources, self.num_replicas)
         cpus = self.resources.get("CPU", 0.0)
         gpus = self.resources.get("GPU", 0.0)
-        custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
+        memory = self.resources.get("memory")
+        custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU", "memory")}
         self._actor_class = ray.remote(_Replica).options(
-            num_cpus=cpus, num_gpus=gpus, resources=custom, max_concurrency=2
+            num_cpus=cpus,
+            num_gpus=gpus,
+            memory=None if memory is None else int(memory),
+            resources=custom,
+            max_concurrency=2,
         )
         self._backend = backend
         self._options = dict(options or {})
-        self._actors = [self._start() for _ in range(self.num_replicas)]
-        #: The backend's registered name, vocabulary size, and longest sequence it takes
-        #: (its ``max_position_embeddings``; ``None`` when it does not say).
-        self.name, self.vocab_size, self.max_position_embeddings = self._wait_ready(self._actors)
+        _check_portable(backend, self._options)
+        self._actors: list[Any] = []
+        try:
+            for _ in range(self.num_replicas):
+                self._actors.append(self._start())
+            #: The backend's registered name, vocabulary size, and longest sequence it takes
+            #: (its ``max_position_embeddings``; ``None`` when it does not say).
+            self.name, self.vocab_size, self.max_position_embeddings = self._wait_ready()
+        except BaseException:
+            self.close()  # no actor outlives a pool that failed to start
+            raise
 
     @property
     def actors(self) -> tuple[Any, ...]:
@@ -600,17 +649,16 @@ class RayReplicas:
             run.outputs[i] = ray.get(ref)
         except _LOST as error:
             run.losses[i] += 1
+            self._replace(i)  # the pool stays whole, whether the job goes on or fails
             if run.losses[i] > self.max_restarts:
                 raise ReplicaError(
                     f"replica {i} lost its actor {run.losses[i]} times (max_restarts "
                     f"{self.max_restarts}): {_first_line(error)}"
                 ) from None
-            ray.kill(self._actors[i])
-            self._actors[i] = self._start()
             run.done[i] = (0, 0)
             run.queue.append(i)
         except ray.exceptions.RayTaskError as error:
-            raise _cause(error) from None
+            raise _cause(error)  # noqa: B904 (its own cause is kept)
         else:
             run.done[i] = (int(run.partition.parts[i].size), run.part_tokens[i])
 
@@ -631,17 +679,19 @@ class RayReplicas:
     def _cancel(self, running: Mapping[Any, int]) -> None:
         """Stop the other parts' work: their actors are replaced, the job having failed."""
         for i in running.values():
-            ray.kill(self._actors[i])
-            self._actors[i] = self._start()
+            self._replace(i)
 
     def _start(self) -> Any:
         return self._actor_class.remote(self._backend, self._options)
 
-    def _wait_ready(self, actors: list[Any]) -> tuple[str, int, int | None]:
-        refs = [actor.ready.remote() for actor in actors]
+    def _replace(self, i: int) -> None:
+        ray.kill(self._actors[i])
+        self._actors[i] = self._start()
+
+    def _wait_ready(self) -> tuple[str, int, int | None]:
+        refs = [actor.ready.remote() for actor in self._actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
         if len(ready) < len(refs):
-            self.close()
             raise ReplicaError(
                 f"{len(refs) - len(ready)} of {len(refs)} replicas were not ready within "
                 f"start_timeout {self.start_timeout:g} s (each asks for {self.resources}; the "
@@ -650,8 +700,11 @@ class RayReplicas:
         try:
             answers: list[tuple[str, int, int | None]] = ray.get(refs)
         except ray.exceptions.RayTaskError as error:
-            self.close()
-            raise _cause(error) from None
+            raise _cause(error)  # noqa: B904 (its own cause is kept)
+        except _LOST as error:  # its process died while building the backend
+            raise ReplicaError(
+                f"a replica's actor died while it started: {_first_line(error)}"
+            ) from None
         return answers[0]
 
     def _prompts(self, prompts: TokenIds) -> list[IntArray]:
@@ -660,6 +713,23 @@ class RayReplicas:
             read_only(np.array(ids, dtype=np.int64))
             for ids in token_lists("prompts", prompts, vocab_size=self.vocab_size)
         ]
+
+
+#: Resource names an actor cannot ask Ray for.
+_NOT_ACTOR_RESOURCES = frozenset({"object_store_memory", "bundle"})
+
+
+def _check_portable(backend: str | BackendFactory, options: Mapping[str, Any]) -> None:
+    """Refuse a backend factory or an option that cannot be sent to the actors."""
+    named = [("'backend'", backend), *((f"option {key!r}", v) for key, v in options.items())]
+    for name, value in named:
+        try:
+            ray.cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
+        except Exception as error:
+            raise InvalidInputError(
+                f"{name} cannot be sent to the Ray actors (it does not pickle): "
+                f"{_first_line(error)}"
+            ) from None
 
 
 def _check_config(config: object) -> None:
@@ -699,7 +769,12 @@ def _cause(error: ray.exceptions.RayTaskError) -> BaseException:
     """The exception raised inside the actor (a RayTaskError also *is* one, but prints the
     remote traceback in its message)."""
     cause = error.cause
-    return cause if isinstance(cause, BaseException) else error
+    if not isinstance(cause, BaseException):
+        return error
+    # Raised as it is: its own cause (the backend's exception under an ExecutionError) is
+    # kept, and the RayTaskError it is raised from is not shown.
+    cause.__suppress_context__ = True
+    return cause
 
 
 def _first_line(error: BaseException) -> str:
