@@ -784,3 +784,31 @@ def test_a_narrow_console_never_cuts_a_table(
     if argv[0] == "compare":
         assert "worst finish" in out
         assert "3,338" in out
+
+
+def test_compare_honours_a_policy_given_without_config_or_vary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without --config and --vary both policies are compared, unless --policy names one
+    (it was ignored, and its --max-num-partial-prefills refused for the other policy)."""
+    seed = ["--workload", "seed", "--max-num-batched-tokens", "8192"]
+    both = run_json(capsys, "compare", *seed)
+    assert [c["config"]["policy"] for c in both["configurations"]] == ["round_robin", "packed"]
+    for extra in ([], ["--max-num-partial-prefills", "2"]):
+        one = run_json(capsys, "compare", *seed, "--policy", "packed", *extra)
+        assert [c["config"]["policy"] for c in one["configurations"]] == ["packed"]
+    status, out, err = run(capsys, "compare", *seed, "--max-num-partial-prefills", "2")
+    assert (status, out) == (EXIT_USAGE, "")
+    assert err.rstrip().endswith("(in the row policy=round_robin)")
+
+
+def test_python_dash_m_pypto_sched_is_the_command() -> None:
+    import subprocess
+
+    for module in ("pypto_sched", "pypto_sched.cli"):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "plan", "--lengths", "5", "--max-num-batched-tokens",
+             "4", "--format", "json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert json.loads(out.stdout)["config"]["max_num_batched_tokens"] == 4

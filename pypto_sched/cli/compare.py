@@ -97,7 +97,8 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "and worst dispatch index (0-based) at which requests finish. The configuration "
         "options give the base; each --config and each combination of --vary values changes "
         "it; a setting may appear once in a --config, in one --vary, and not in both a "
-        "--config and a --vary. Without either, both policies are compared. Settings are "
+        "--config and a --vary. Without either (and without --policy), both policies are "
+        "compared. Settings are "
         "named as the options "
         "are (e.g. long-prefill-token-threshold) or by their short names: budget, threshold, "
         "batch, page, partial, policy; 'off' switches a limit off (so does a threshold of 0).",
@@ -105,6 +106,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     add_workload_options(parser)
     add_config_options(parser)
+    parser.set_defaults(policy=None)  # not given: both policies, without --config and --vary
     parser.add_argument(
         "--config",
         action="append",
@@ -156,10 +158,12 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
     """The base configuration changed once per ``--config`` and ``--vary`` combination
     (both policies when neither is given)."""
     base = engine_args(args)
+    if base["policy"] is None:  # not given: round_robin, as elsewhere
+        base["policy"] = POLICIES[0]
     specs = [_parse_config_spec(spec) for spec in args.config] or [{}]
     sweeps = [_parse_vary(spec) for spec in args.vary]
     _check_each_setting_once(specs, sweeps)
-    if not args.config and not args.vary:
+    if not args.config and not args.vary and args.policy is None:
         sweeps = [[{"policy": policy} for policy in POLICIES]]
     configs = []
     for spec in specs:
@@ -174,6 +178,10 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
             try:
                 with flags_named(**given, **sources):
                     configs.append(PlannerConfig.from_engine_args(**{**base, **overrides}))
+            except UsageError as error:  # about one setting: an option's, say in which row
+                if not overrides or str(error).startswith(("--config", "--vary")):
+                    raise
+                raise UsageError(f"{error} (in the row {_describe(overrides)})") from None
             except PyptoSchedError as error:  # about no one setting
                 options = sorted({source.split()[0] for source in sources.values()})
                 where = " and ".join([*options, f"configuration {_describe(overrides)}"])
