@@ -143,9 +143,9 @@ def check_positions(
     new = 1 if max_new_tokens is None else max_new_tokens
     positions = prompt_length + new - 1
     if positions > max_positions:
-        request = f"a prompt of {prompt_length} tokens"
+        request = f"a prompt of {prompt_length} token{'s' * (prompt_length != 1)}"
         if max_new_tokens is not None:
-            request += f" and {max_new_tokens} new tokens"
+            request += f" and {max_new_tokens} new token{'s' * (max_new_tokens != 1)}"
         raise InvalidInputError(
             f"{where}: {request} runs {positions} positions, more than the model's "
             f"{max_positions} (max_position_embeddings)"

@@ -812,3 +812,30 @@ def test_python_dash_m_pypto_sched_is_the_command() -> None:
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert json.loads(out.stdout)["config"]["max_num_batched_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("stream", "argv", "message"),
+    [
+        ("stdout", ["plan", "--lengths", "5"], "error: stdout is closed: nowhere to write"),
+        (
+            "stdout",
+            ["plan", "--lengths", "5", "--format", "json"],
+            "error: stdout is closed: nowhere to write",
+        ),
+        ("stdin", ["plan", "--lengths", "@-"], "error: --lengths: cannot read stdin: it is closed"),
+    ],
+)
+def test_a_closed_standard_stream_is_one_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    stream: str,
+    argv: list[str],
+    message: str,
+) -> None:
+    """Python sets sys.stdin or sys.stdout to None when it starts with that descriptor closed
+    (``pypto-sched plan ... >&-``)."""
+    monkeypatch.setattr(sys, stream, None)
+    status, out, err = run(capsys, *argv, "--max-num-batched-tokens", "8")
+    assert (status, out) == (EXIT_USAGE, "")
+    assert err == f"pypto-sched: {message}\n"

@@ -332,7 +332,14 @@ def test_a_missing_prompts_file(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("where", "problem"), [("no/such/dir.jsonl", "no directory"), (".", "it is a directory")]
+    ("where", "problem"),
+    [
+        ("no/such/dir.jsonl", "no directory"),
+        (".", "it is a directory"),
+        ("", "an empty file name"),
+        ("prompts.jsonl", "it is the --prompts file, which it would overwrite"),
+        ("stdout closed", "stdout is closed"),
+    ],
 )
 def test_an_output_that_cannot_be_written_is_refused_before_the_backend_loads(
     capsys: pytest.CaptureFixture[str],
@@ -347,8 +354,27 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_backend_loads(
 
     monkeypatch.setattr(generate_command, "_load", no_backend)
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
-    result = cli(capsys, *args, "--output", str(tmp_path / where))
+    if where == "stdout closed":  # as Python starts with fd 1 closed: sys.stdout is None
+        monkeypatch.setattr(sys, "stdout", None)
+        result = cli(capsys, *args)
+        assert_usage_error(result, problem)
+        return
+    before = Path(prompts_file).read_text()
+    result = cli(capsys, *args, "--output", where and str(tmp_path / where))
     assert_usage_error(result, "--output: cannot write", problem)
+    assert Path(prompts_file).read_text() == before
+
+
+def test_output_dash_is_stdout(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    prompts_file: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
+    status, want, _ = cli(capsys, *args)
+    assert status == EXIT_OK
+    assert cli(capsys, *args, "--output", "-")[:2] == (EXIT_OK, want)
+    assert not (tmp_path / "-").exists()
 
 
 @pytest.mark.parametrize(

@@ -513,3 +513,16 @@ def test_run_takes_seed_with_a_lengths_list_for_its_token_ids(
     seeded = [run_json(capsys, *argv, "--seed", str(seed))["greedy_token_ids"] for seed in (0, 3)]
     assert run_json(capsys, *argv)["greedy_token_ids"] == seeded[0]
     assert seeded[0] != seeded[1]
+
+
+def test_the_summary_counts_one_request_and_one_token_in_the_singular(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pypto_sched._validate import check_positions
+
+    status, out, _ = run(capsys, "run", "--backend", "reference", "--lengths", "1",
+                         "--max-num-batched-tokens", "8")  # fmt: skip
+    assert status == EXIT_OK
+    assert out.startswith("1 request, 1 token on backend 'reference'")
+    with pytest.raises(pypto_sched.InvalidInputError, match="of 1 token and 1 new token runs 1"):
+        check_positions("prompts[0]", 1, 0, max_new_tokens=1)

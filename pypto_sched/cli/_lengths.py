@@ -23,6 +23,7 @@ FIFO) or a binary file is an error, never a hang or a traceback.
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 from pathlib import Path
@@ -134,6 +135,8 @@ def _read_bytes(path: str, *, limit: int) -> bytes:
     if path != "-":
         with Path(path).open("rb") as stream:
             return stream.read(limit)
+    if sys.stdin is None:  # started with stdin closed
+        raise OSError(errno.EBADF, "it is closed")
     binary = getattr(sys.stdin, "buffer", None)
     if binary is not None:
         data: bytes = binary.read(limit)

@@ -28,7 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             wanted(args)  # --progress without rich
         handler: Callable[[argparse.Namespace], int] = args.handler
         status = handler(args)
-        sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit
         return status
     except UsageError as error:
         return _fail(error, EXIT_USAGE)

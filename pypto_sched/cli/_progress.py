@@ -26,7 +26,9 @@ def wanted(args: argparse.Namespace) -> bool:
     when stderr is a terminal, the output is not JSON and rich (which draws them) is
     installed. ``--progress`` without rich is an error, not a silent omission."""
     if args.progress is None:
-        return sys.stderr.isatty() and args.format != "json" and has_rich()
+        return (
+            sys.stderr is not None and sys.stderr.isatty() and args.format != "json" and has_rich()
+        )
     if args.progress and not has_rich():
         raise CommandFailed(f"--progress needs rich: {RICH} (or use --no-progress)")
     return bool(args.progress)

@@ -10,9 +10,9 @@ import importlib.util
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
-from ._errors import CommandFailed
+from ._errors import CommandFailed, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -33,6 +33,7 @@ __all__ = [
     "percent",
     "print_json",
     "show",
+    "stream_of",
     "table",
 ]
 
@@ -58,7 +59,7 @@ def console(*, stderr: bool = False) -> Console:
         from rich.console import Console
     except ImportError:
         raise CommandFailed(f"text output needs rich: {RICH} (or use --format json)") from None
-    stream = sys.stderr if stderr else sys.stdout
+    stream = stream_of(stderr=stderr)
     # Piped output is never wrapped to a terminal's width: tables keep their natural width.
     width = None if stream.isatty() or "COLUMNS" in os.environ else _PIPED_WIDTH
     return Console(file=stream, width=width, markup=False, highlight=False, emoji=False)
@@ -76,7 +77,7 @@ def emit(*items: RenderableType, stderr: bool = False) -> None:
         for item in items:
             _print(out, item, soft_wrap=isinstance(item, str))
     lines = capture.get().splitlines()
-    stream = sys.stderr if stderr else sys.stdout
+    stream = stream_of(stderr=stderr)
     stream.write("".join(line.rstrip() + "\n" for line in lines))
 
 
@@ -96,8 +97,17 @@ def _print(out: Console, item: RenderableType, *, soft_wrap: bool) -> None:
         out.width = width
 
 
+def stream_of(*, stderr: bool = False) -> TextIO:
+    """``sys.stdout`` (or ``sys.stderr``); a clear error when the process started with it
+    closed (Python then sets it to ``None``)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream is None:
+        raise UsageError(f"{'stderr' if stderr else 'stdout'} is closed: nowhere to write")
+    return stream
+
+
 def print_json(data: object) -> None:
-    print(json.dumps(data))
+    print(json.dumps(data), file=stream_of())
 
 
 def table(*columns: str) -> Table:

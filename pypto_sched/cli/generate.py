@@ -35,7 +35,7 @@ from ..prompts import (
     output_lines,
     read_prompts,
 )
-from . import _replicas
+from . import _render, _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError, check_counts, flags_named
 from ._inputs import config as planner_config
 from ._lengths import read_text
@@ -180,7 +180,10 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         help="seeds each request's stream with its index and token index (default 0)",
     )
     parser.add_argument(
-        "--output", action=Once, metavar="FILE", help="write the JSON lines here (default: stdout)"
+        "--output",
+        action=Once,
+        metavar="FILE",
+        help="write the JSON lines here ('-' or default: stdout)",
     )
     parser.add_argument(
         "--ignore-eos",
@@ -208,7 +211,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.verify:
         _check_verify(args, sampling)
     check_counts(args, FLAGS)  # before the backend loads, which may take a while
-    _check_output(args.output)  # before the run, whose tokens it would lose
+    _check_output(args.output, prompts=args.prompts)  # before the run, whose tokens it'd lose
     page_size = next(
         size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
     )
@@ -270,7 +273,8 @@ def _generate(
     summary = generation_summary(backend.name, config, result, verification)
     if not isinstance(backend, Backend):
         summary.append(f"replicas: {_replicas.describe(replicas)}")
-    sys.stderr.write("".join(f"{line}\n" for line in summary))
+    if sys.stderr is not None:  # not started with stderr closed
+        sys.stderr.write("".join(f"{line}\n" for line in summary))
     if verification is not None and not verification.passed:
         return EXIT_FAILED
     return EXIT_OK
@@ -338,15 +342,21 @@ def _tokenizer(args: argparse.Namespace) -> Tokenizer | None:
         raise UsageError(str(error)) from None
 
 
-def _check_output(path: str | None) -> None:
-    """Refuse an ``--output`` that cannot be written, before anything runs (without
-    creating or truncating it: a failed run leaves an existing file as it was)."""
-    if path is None:
+def _check_output(path: str | None, *, prompts: str) -> None:
+    """Refuse an ``--output`` that cannot be written, or that is the ``--prompts`` file, before
+    anything runs (without creating or truncating it: a failed run leaves an existing file as
+    it was). ``-`` is stdout."""
+    if path is None or path == "-":
+        _render.stream_of()  # not closed
         return
     target = Path(path)
     folder = target.parent
     problem = (
-        "it is a directory"
+        "an empty file name"
+        if not path
+        else "it is the --prompts file, which it would overwrite"
+        if prompts != "-" and _same_file(target, Path(prompts))
+        else "it is a directory"
         if target.is_dir()
         else f"no directory {str(folder)!r}"
         if not folder.is_dir()
@@ -358,9 +368,16 @@ def _check_output(path: str | None) -> None:
         raise UsageError(f"--output: cannot write {path!r}: {problem}")
 
 
+def _same_file(first: Path, second: Path) -> bool:
+    try:
+        return first.samefile(second)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def _write(path: str | None, text: str) -> None:
-    if path is None:
-        sys.stdout.write(text)
+    if path is None or path == "-":
+        _render.stream_of().write(text)
         return
     try:
         Path(path).write_text(text, encoding="utf-8")

@@ -294,7 +294,8 @@ def _summary_table(
     summary: Mapping[str, Any], verification: Verification | None
 ) -> list[RenderableType]:
     heading = (
-        f"{summary['num_requests']:,} requests, {summary['num_tokens']:,} tokens on backend "
+        f"{_render.counted(summary['num_requests'], 'request')}, "
+        f"{_render.counted(summary['num_tokens'], 'token')} on backend "
         f"{summary['backend']!r} ({summary['config']['policy']})"
     )
     table = _render.grid()
