@@ -78,6 +78,11 @@ _TND_BLOCK_SIZE = 128
 # call over pages works from CANN 8.3 (vllm-ascend makes it only when torch.version.cann
 # starts with "8.3"; issue #4373 is the failure on an older one).
 _TND_MIN_CANN = (8, 3)
+# [FIA-old] and [FIA-V4] (TND): at most 4,096 entries in actual_seq_lengths(_kv); [FIA-old]
+# (Q_S = 1): B <= 65,536 and KV_S <= 262,144.
+_TND_MAX_ROWS = 4096
+_DECODE_MAX_ROWS = 65536
+_DECODE_MAX_KEYS = 262144
 
 
 def reset_calls() -> None:
@@ -201,6 +206,11 @@ def npu_scatter_pa_kv_cache(
     )
     for name, tensor in (("key", key), ("value", value)):
         _require(tensor.dim() == 3, op, f"{name} must be [T, N, D]: {list(tensor.shape)}")
+    # [SCAT]: no input may be non-contiguous.
+    for name, tensor in (
+        ("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
+        ("slot_mapping", slot_mapping),
+    ):  # fmt: skip
         _require(tensor.is_contiguous(), op, f"{name} must be contiguous")
     for name, tensor in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
         _require(tensor.dtype == key.dtype, op, f"{name} dtype {tensor.dtype} must be {key.dtype}")
@@ -336,6 +346,10 @@ def npu_fused_infer_attention_score(
     _require(block_size == key.shape[1], op, f"block_size {block_size} != {key.shape[1]}")
 
     batch = len(ends)
+    # [FIA-old] and [FIA-V4] (TND): actual_seq_lengths and actual_seq_lengths_kv hold at
+    # most 4,096 entries; [FIA-old] (Q_S = 1): B at most 65,536.
+    most = _DECODE_MAX_ROWS if decode else _TND_MAX_ROWS
+    _require(batch <= most, op, f"{input_layout} takes at most {most} rows (B): {batch}")
     query_lens = [b - a for a, b in zip([0, *ends], ends, strict=False)]
     kv_lens = actual_seq_lengths_kv
     _require(
@@ -377,6 +391,12 @@ def npu_fused_infer_attention_score(
         op,
         f"block ids are not checked by the kernel, so every entry must be in [0, {blocks})",
     )
+    if decode:  # [FIA-old] (Q_S = 1): KV_S at most 262,144
+        _require(
+            max(kv_lens) <= _DECODE_MAX_KEYS,
+            op,
+            f"each row's kv length must be <= {_DECODE_MAX_KEYS}: {max(kv_lens)}",
+        )
     for query_len, kv_len in zip(query_lens, kv_lens, strict=True):
         _require(
             kv_len >= query_len,

@@ -490,6 +490,55 @@ def test_the_fake_rejects_a_broken_attention_call(
         fake_npu_module.npu_fused_infer_attention_score(**call)
 
 
+def test_the_fake_takes_at_most_4096_rows_in_a_tnd_call(fake_npu_module: ModuleType) -> None:
+    rows = 4097  # one query token and one key each
+    call = _attention_call()
+    call.update(
+        query=torch.zeros(rows, SHAPE.num_heads, SHAPE.head_dim, dtype=torch.bfloat16),
+        actual_seq_lengths=list(range(1, rows + 1)),
+        actual_seq_lengths_kv=[1] * rows,
+        block_table=torch.zeros(rows, 1, dtype=torch.int32),
+    )
+    with pytest.raises(AssertionError, match="TND takes at most 4096 rows"):
+        fake_npu_module.npu_fused_infer_attention_score(**call)
+    call.update(
+        query=call["query"][:4096].contiguous(),
+        actual_seq_lengths=call["actual_seq_lengths"][:4096],
+        actual_seq_lengths_kv=[1] * 4096,
+        block_table=call["block_table"][:4096],
+    )
+    fake_npu_module.npu_fused_infer_attention_score(**call)
+
+
+def test_a_dispatch_of_more_rows_than_a_call_takes_attends_with_the_portable_path(
+    npu_ops: NpuOps,
+) -> None:
+    """A budget above 4,096 tokens plans mixed dispatches of more rows than the TND call
+    takes (one-token rows beside a longer one): the portable attention runs them."""
+    cpu = torch.device("cpu")
+    for ones, want in [(4095, NpuAttention), (4096, TorchAttention)]:
+        lengths = [1] * ones + [2]
+        schedule = plan_prefill(lengths, PlannerConfig(max_num_batched_tokens=8192))
+        tables = plan_pages(lengths, page_size=128, num_pages=len(lengths))
+        arrays = dispatch_arrays(schedule.dispatch(0), tables)
+        assert arrays.num_rows == ones + 1
+        problem = npu_ops.rows_problem(arrays, decode_only=False)
+        assert (problem is None) == (want is NpuAttention)
+        attention = npu_ops.attention(arrays, SHAPE, device=cpu, dtype=torch.float32)
+        assert type(attention) is want
+    arrays, _ = _decode_dispatch(128)
+    assert npu_ops.rows_problem(arrays, decode_only=True) is None
+    long_row = _with_longest_row(arrays, 262145)
+    assert "262145 keys" in (npu_ops.rows_problem(long_row, decode_only=True) or "")
+
+
+def _with_longest_row(arrays: Any, longest: int) -> Any:
+    """``arrays`` as seen by ``rows_problem`` with one row of ``longest`` keys."""
+    seq_lens = arrays.seq_lens.copy()
+    seq_lens[0] = longest
+    return SimpleNamespace(num_rows=arrays.num_rows, seq_lens=seq_lens)
+
+
 @pytest.mark.parametrize("page", [16, 256])
 def test_the_fake_takes_only_128_slot_blocks_for_prefill(
     page: int, fake_npu_module: ModuleType
@@ -601,6 +650,16 @@ def test_the_fake_scatter_writes_the_slots(fake_npu_module: ModuleType) -> None:
         (lambda c: c.update(slot_mapping=torch.tensor([0.0, 1.0, 2.0])), "int32 or int64"),
         (lambda c: c.update(key=c["key"].float()), "dtype"),
         (lambda c: c.update(value_cache=torch.zeros(4, 2, 128, 64).half()), "must be"),
+        (
+            lambda c: c.update(key_cache=torch.zeros(128, 4, 2, 64).half().transpose(0, 1)),
+            "key_cache must be contiguous",
+        ),
+        (
+            lambda c: c.update(
+                slot_mapping=torch.tensor([0, 9, 5, 7, 511, 3], dtype=torch.int32)[::2]
+            ),
+            "slot_mapping must be contiguous",
+        ),
     ],
 )
 def test_the_fake_rejects_a_broken_scatter(

@@ -43,6 +43,12 @@ Per layer, attention is two kernel calls:
     aclnnFusedInferAttentionScoreV4 adds float16, but not every version does), so float16
     models attend prefill and mixed dispatches with the portable torch path and keep their
     precision; their decode-only dispatches still take the BSH call.
+  - **Rows per call** (:meth:`NpuOps.rows_problem`): the TND call takes at most 4,096 rows
+    (``actual_seq_lengths`` and ``actual_seq_lengths_kv`` hold at most 4,096 entries each:
+    torch_npu's documentation of the op and aclnnFusedInferAttentionScoreV4, TND section),
+    the decode call at most 65,536 rows (B) of at most 262,144 keys each (KV_S). A budget
+    of more than 4,096 tokens can plan a mixed dispatch of more rows (many decode rows
+    beside a prefill chunk); it takes the portable attention.
 
   Pages must be exactly :data:`PAGE_SIZE` (128) slots. The prefill call's documented block
   sizes differ by version: multiples of 128 in [128, 512] (torch_npu's documentation of
@@ -100,6 +106,11 @@ PREFILL_HEAD_DIMS = frozenset({64, 128})
 MIN_CANN_FOR_PREFILL = (8, 3)
 #: The KV block size every documented version of both attention calls takes.
 PAGE_SIZE = 128
+#: The most rows (entries of ``actual_seq_lengths``) the TND prefill call takes.
+PREFILL_MAX_ROWS = 4096
+#: The most rows (B) and keys per row (KV_S) the BSH decode call takes.
+DECODE_MAX_ROWS = 65536
+DECODE_MAX_KEYS = 262144
 
 
 def causal_mask(device: torch.device) -> torch.Tensor:
@@ -169,6 +180,20 @@ class NpuOps:
             return "the TND call takes bfloat16, not float16"
         return None
 
+    def rows_problem(self, arrays: DispatchArrays, *, decode_only: bool) -> str | None:
+        """Why a dispatch has too many rows (or too long ones) for its attention call, or
+        None when it fits (see the module docstring)."""
+        if not decode_only:
+            if arrays.num_rows > PREFILL_MAX_ROWS:
+                return f"{arrays.num_rows} rows, more than the TND call's {PREFILL_MAX_ROWS}"
+            return None
+        if arrays.num_rows > DECODE_MAX_ROWS:
+            return f"{arrays.num_rows} rows, more than the decode call's {DECODE_MAX_ROWS}"
+        longest = int(arrays.seq_lens.max(initial=0))
+        if longest > DECODE_MAX_KEYS:
+            return f"a row of {longest} keys, more than the decode call's {DECODE_MAX_KEYS}"
+        return None
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         normed: torch.Tensor = self.torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
         return normed
@@ -200,12 +225,15 @@ class NpuOps:
         dtype: torch.dtype,
     ) -> NpuAttention | NpuDecodeAttention | TorchAttention:
         """The decode-only call when every row has one query token, else the TND call, or
-        the portable attention where the TND call cannot run (:meth:`prefill_problem`)."""
+        the portable attention where the call cannot run (:meth:`prefill_problem`,
+        :meth:`rows_problem`)."""
         # A one-token row's query sits at its context's last position (decode rows, and
         # one-token prefill chunks alike), so it sees its whole context: no mask needed.
         decode_only = arrays.num_tokens == arrays.num_rows
         page_dtype = self.kv_cache_dtype(dtype, device)
-        if not decode_only and self.prefill_problem(shape, page_dtype) is not None:
+        if (
+            not decode_only and self.prefill_problem(shape, page_dtype) is not None
+        ) or self.rows_problem(arrays, decode_only=decode_only) is not None:
             return TorchAttention.prepare(arrays, shape, device=device, dtype=dtype)
         tables = np.where(arrays.block_tables < 0, 0, arrays.block_tables).astype(np.int32)
         block_table = torch.from_numpy(tables).to(device)
