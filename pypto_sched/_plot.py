@@ -73,6 +73,7 @@ def render_schedule(
 ) -> Literal["chunks", "raster"]:
     """Draw ``schedule`` into ``path`` (PNG or SVG by suffix), ``width`` x ``height``
     pixels, and return the style used. Raises ``ImportError`` without matplotlib."""
+    from matplotlib import rc_context
     from matplotlib.figure import Figure
 
     chosen = choose_style(schedule, style)
@@ -99,7 +100,15 @@ def render_schedule(
         # its labels is drawn as it fits; saying so on stderr helps no one.
         warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
         warnings.filterwarnings("ignore", message="constrained_layout not applied")
-        figure.savefig(path, format=FORMATS[path.suffix.lower()], dpi=dpi)
+        image_format = FORMATS[path.suffix.lower()]
+        # The same schedule gives the same bytes: an SVG gets no date and ids from a fixed salt.
+        with rc_context({"svg.hashsalt": "pypto-sched"}):
+            figure.savefig(
+                path,
+                format=image_format,
+                dpi=dpi,
+                metadata={"Date": None} if image_format == "svg" else None,
+            )
     return chosen
 
 

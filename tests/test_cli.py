@@ -467,12 +467,18 @@ def test_plot_svg_is_an_svg_document(capsys: pytest.CaptureFixture[str], tmp_pat
     root = ET.parse(path).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     assert root.attrib["viewBox"] == "0 0 576 324"  # 8 x 4.5 inches in points
+    # The same schedule, the same bytes (no date; clip-path ids from a fixed salt).
+    again = tmp_path / "again.svg"
+    assert main(["plot", *SEED_256, "--policy", "packed", "-o", str(again), "--width", "800",
+                 "--height", "450"]) == EXIT_OK  # fmt: skip
+    assert again.read_bytes() == path.read_bytes()
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["-o", "seed.jpg"], "--output: the file name must end in .png or .svg"),
+        (["-o", "seed.png/"], "--output: names a directory, not an image file: 'seed.png/'"),
         (["-o", "seed.png", "--width", "5"], "--width: must be in [100, 20000] pixels: 5"),
         pytest.param(["-o", "/no/such/dir/seed.png"], "cannot write", marks=needs_matplotlib),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from .._plot import FORMATS, render_schedule
@@ -86,6 +87,8 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
 
 def _check(args: argparse.Namespace) -> str:
     """The image format, once every drawing option is known to be in range."""
+    if args.output.endswith(("/", os.sep)):  # Path() would drop the slash
+        raise UsageError(f"--output: names a directory, not an image file: {args.output!r}")
     image_format = FORMATS.get(Path(args.output).suffix.lower())
     if image_format is None:
         raise UsageError(f"--output: the file name must end in .png or .svg: {args.output!r}")
