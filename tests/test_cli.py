@@ -363,6 +363,10 @@ def test_compare_text_has_a_column_per_varying_setting(
             "--config: policy is given twice in 'policy=packed,policy=round_robin'",
         ),
         (["--config", "batch=2,max_num_seqs=4"], "--config: max-num-seqs is given twice"),
+        (
+            ["--vary", "threshold=256,256"],
+            "--vary: long-prefill-token-threshold 256 is given twice",
+        ),
     ],
 )
 def test_compare_bad_configs_exit_2_with_one_line(
@@ -591,6 +595,20 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
             "--max-length: must be >= the default --min-length 16 (or give --min-length): 5",
         ),
         (
+            [
+                "plan",
+                "--workload",
+                "uniform",
+                "--min-length",
+                "100",
+                "--max-length",
+                "50",
+                "--max-num-batched-tokens",
+                "8",
+            ],
+            "--min-length: must be <= --max-length 50: 100",
+        ),
+        (
             ["plan", "--workload", "uniform", "--seed", "-1", "--max-num-batched-tokens", "8"],
             "--seed: must be >= 0: -1",
         ),
@@ -678,7 +696,7 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
                 "--max-num-batched-tokens",
                 "8",
             ],
-            "--min-length: must be <= max_length = 3: 9",
+            "--min-length: must be <= --max-length 3: 9",
         ),
         (
             ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--page-size", "9"],

@@ -454,6 +454,7 @@ def test_missing_resources_are_a_one_line_error_at_once(
         RayReplicas("reference", num_replicas=num_replicas, resources=resources)
     assert time.perf_counter() - started < 5
     assert "\n" not in str(error.value)
+    assert str(error.value).startswith(f"{num_replicas} replicas asking")  # as --replicas says
     assert str(next(iter(resources))) in str(error.value)
 
 

@@ -61,6 +61,10 @@ def workload(args: argparse.Namespace) -> tuple[Lengths, str]:
         key: default if getattr(args, key) is None else getattr(args, key)
         for key, default in _WORKLOAD_DEFAULTS.items()
     }
+    if args.min_length is not None and params["max_length"] < args.min_length:
+        raise UsageError(
+            f"--min-length: must be <= --max-length {params['max_length']}: {args.min_length}"
+        )
     if args.min_length is None and params["max_length"] < params["min_length"]:
         raise UsageError(
             f"--max-length: must be >= the default --min-length {params['min_length']} "

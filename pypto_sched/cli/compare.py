@@ -235,7 +235,12 @@ def _parse_vary(spec: str) -> list[dict[str, object]]:
     if not sep or not key.strip() or not values.strip():
         raise UsageError(f"--vary: expected KEY=VALUE,VALUE..., got {spec!r}")
     name = _knob(key, "--vary")
-    return [{name: _knob_value(name, value, "--vary")} for value in values.split(",")]
+    sweep = [{name: _knob_value(name, value, "--vary")} for value in values.split(",")]
+    for i, row in enumerate(sweep):
+        if row in sweep[:i]:
+            shown = _render.show(row[name])
+            raise UsageError(f"--vary: {_setting(name)} {shown} is given twice in {spec!r}")
+    return sweep
 
 
 def _check_each_setting_once(

@@ -750,7 +750,7 @@ def _check_room(resources: Mapping[str, float], num_replicas: int) -> None:
             room += min(int(have.get(name, 0.0) // amount) for name, amount in needed.items())
     if room < num_replicas:
         raise ReplicaError(
-            f"'num_replicas' {num_replicas} actors asking {dict(needed)} each do not fit the "
+            f"{num_replicas} replicas asking {dict(needed)} each do not fit the "
             f"Ray cluster: its nodes have room for {room} (cluster resources {_totals()})"
         )
 
