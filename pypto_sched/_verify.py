@@ -5,12 +5,16 @@ one-shot schedule) within the backend's own ``tolerance``; that is what the back
 promises and what :func:`~pypto_sched.testing.check_backend`, ``pypto-sched run --verify`` and
 any server-side check use. The rule, stated once:
 
-* **logits**: every final logit is within ``tolerance`` of the reference's (absolute
-  difference, in float64); a non-finite logit never agrees;
+* **the allowed difference** of a request is ``tolerance + relative_tolerance * scale``,
+  ``scale`` the largest magnitude of its reference logits (``relative_tolerance`` is 0 unless
+  the backend declares one: low-precision arithmetic errs in proportion to the logits'
+  size, so a bfloat16 backend's absolute tolerance alone would hold for small models only);
+* **logits**: every final logit is within the allowed difference of the reference's
+  (absolute difference, in float64); a non-finite logit never agrees;
 * **greedy ids** (tie-aware): a greedy id agrees when the reference's logit for it is within
-  ``2 * tolerance`` of the reference row's maximum -- both logits compared may be off by the
-  tolerance, so a near-tie may break either way -- and, when the run returned logits with it,
-  it is an argmax of those logits (no slack: the backend picked it from them).
+  twice the allowed difference of the reference row's maximum -- both logits compared may be
+  off by it, so a near-tie may break either way -- and, when the run returned logits with
+  it, it is an argmax of those logits (no slack: the backend picked it from them).
 
 :func:`compare_results` applies the rule to two results (or a result and reference logits,
 e.g. from an oracle model); :func:`verify_against_one_shot` runs the one-shot reference
@@ -33,6 +37,7 @@ from ._plan import plan_one_shot
 from ._schedule import Schedule
 from ._validate import arrays_stay_read_only, check_int, read_only
 from .backends import Backend, check_is_backend, make_cache
+from .backends import relative_tolerance as backend_relative_tolerance
 from .execute import (
     DEFAULT_PAGE_SIZE,
     DispatchDone,
@@ -60,8 +65,13 @@ class Verification:
 
     #: The tolerance the rule used (the backend's, unless the caller chose one).
     tolerance: float
+    #: Per request: the allowed difference, ``tolerance + relative_tolerance * scale``
+    #: (``scale`` the largest magnitude of the request's reference logits).
+    allowed: F64
     #: What the run was compared with, for messages: ``"one-shot"``, ``"the oracle"``, ...
     reference: str
+    #: The relative tolerance the rule used (0: the tolerance alone).
+    relative_tolerance: float = 0.0
     #: Per request: its prompt's last position, where its final logits are computed.
     last_positions: npt.NDArray[np.int64] | None
     #: Per request: the largest absolute difference of its final logits (NaN if non-finite).
@@ -70,7 +80,7 @@ class Verification:
     worst_columns: npt.NDArray[np.int64] | None
     #: Per request: the greedy id the run returned.
     greedy_token_ids: npt.NDArray[np.int64] | None
-    #: Per request: the greedy id is an argmax of the reference within ``2 * tolerance``.
+    #: Per request: the greedy id is an argmax of the reference within twice ``allowed``.
     greedy_agrees: npt.NDArray[np.bool_] | None
     #: Per request: the greedy id is an argmax of the logits returned with it (``None``
     #: when no logits came with it).
@@ -92,10 +102,10 @@ class Verification:
 
     @property
     def logits_agree(self) -> npt.NDArray[np.bool_] | None:
-        """Per request: every final logit is within ``tolerance`` of the reference's."""
+        """Per request: every final logit is within ``allowed`` of the reference's."""
         if self.logits_difference is None:
             return None
-        return read_only(self.logits_difference <= self.tolerance)
+        return read_only(self.logits_difference <= self.allowed)
 
     @property
     def requests_agreeing(self) -> int:
@@ -123,22 +133,35 @@ class Verification:
             r = int(np.flatnonzero(~agree)[0])
             return (
                 f"final logits of request {r}{where(r)} differ from {self.reference} by "
-                f"{float(difference[r]):.3g} > tolerance {self.tolerance:g} at vocabulary "
+                f"{float(difference[r]):.3g} > {self._allowed(r)} at vocabulary "
                 f"column {int(columns[r])}"
             )
-        checks = (
-            (self.greedy_agrees, f"the {self.reference} logits within {2 * self.tolerance:g}"),
-            (self.greedy_consistent, "the logits returned with it"),
-        )
         greedy = self.greedy_token_ids
-        for part, name in checks:
+        for part, within in ((self.greedy_agrees, True), (self.greedy_consistent, False)):
             if part is not None and greedy is not None and not part.all():
                 r = int(np.flatnonzero(~part)[0])
+                name = (
+                    f"the {self.reference} logits within {2 * float(self.allowed[r]):.3g} "
+                    f"(twice the {self._allowed(r)})"
+                    if within
+                    else "the logits returned with it"
+                )
                 return (
                     f"greedy id (vocabulary column) {int(greedy[r])} of "
                     f"request {r}{where(r)} is not an argmax of {name}"
                 )
         return None
+
+    def _allowed(self, request: int) -> str:
+        """Request ``request``'s allowed difference in words."""
+        if not self.relative_tolerance:
+            return f"tolerance {self.tolerance:g}"
+        allowed = float(self.allowed[request])
+        scale = (allowed - self.tolerance) / self.relative_tolerance
+        return (
+            f"allowed {allowed:.3g} (tolerance {self.tolerance:g} + relative_tolerance "
+            f"{self.relative_tolerance:g} x the reference's largest |logit| {scale:.3g})"
+        )
 
     def _position(self, request: int) -> str:
         if self.last_positions is None:
@@ -152,7 +175,12 @@ class Verification:
         parts = []
         worst = self.max_abs_logit_diff
         if worst is not None:
-            parts.append(f"max |logit diff| {worst:.3g} (tolerance {self.tolerance:g})")
+            relative = (
+                f" + {self.relative_tolerance:g} x largest |logit|"
+                if self.relative_tolerance
+                else ""
+            )
+            parts.append(f"max |logit diff| {worst:.3g} (tolerance {self.tolerance:g}{relative})")
         if self.greedy_agrees is not None:
             parts.append(
                 f"greedy ids agree for {int(self.greedy_agrees.sum())} of "
@@ -169,6 +197,7 @@ def compare_results(
     expected: ExecutionResult | npt.NDArray[np.floating[Any]],
     *,
     tolerance: float,
+    relative_tolerance: float = 0.0,
     reference: str = "one-shot",
     prompt_lengths: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
 ) -> Verification:
@@ -187,9 +216,11 @@ def compare_results(
         raise InvalidInputError(f"'actual' must be an ExecutionResult: {type(actual).__name__}")
     if actual.logits is None and actual.greedy_token_ids is None:
         raise InvalidInputError("'actual' must hold logits or greedy ids: it holds neither")
-    if not is_tolerance(tolerance):
-        raise InvalidInputError(f"'tolerance' must be a finite real number >= 0: {tolerance!r}")
+    for name, value in (("tolerance", tolerance), ("relative_tolerance", relative_tolerance)):
+        if not is_tolerance(value):
+            raise InvalidInputError(f"{name!r} must be a finite real number >= 0: {value!r}")
     num_requests = reference_logits.shape[0]
+    allowed = read_only(float(tolerance) + float(relative_tolerance) * _scales(reference_logits))
     positions = _last_positions(prompt_lengths, num_requests)
     difference = columns = None
     logits = None
@@ -209,10 +240,12 @@ def compare_results(
                 f"'actual.greedy_token_ids' must have one id per request ({num_requests}): "
                 f"shape {greedy.shape}"
             )
-        agrees = _is_argmax(reference_logits, greedy, slack=2 * float(tolerance))
+        agrees = _is_argmax(reference_logits, greedy, slack=2 * allowed)
         consistent = None if logits is None else _is_argmax(logits, greedy, slack=0.0)
     return Verification(
         tolerance=float(tolerance),
+        relative_tolerance=float(relative_tolerance),
+        allowed=allowed,
         reference=reference,
         last_positions=positions,
         logits_difference=difference,
@@ -240,11 +273,13 @@ def verify_against_one_shot(
     input_embeddings: Embeddings | None = None,
     page_size: int | None = None,
     tolerance: float | None = None,
+    relative_tolerance: float | None = None,
     on_dispatch: Callable[[DispatchDone], None] | None = None,
 ) -> Verification:
     """Run ``schedule``'s prompts whole (:func:`~pypto_sched.plan_one_shot`, from an empty
     cache, no prefix hits) on ``backend`` and compare ``chunked`` with it by
-    :func:`compare_results` at ``tolerance`` (default: ``backend.tolerance``).
+    :func:`compare_results` at ``tolerance`` and ``relative_tolerance`` (default: the
+    backend's, :func:`~pypto_sched.backends.relative_tolerance`).
 
     ``chunked`` is the caller's result of ``schedule`` on the same backend and prompts; when
     it is ``None`` the schedule is run here too, asking logits and greedy ids, from a fresh
@@ -278,6 +313,11 @@ def verify_against_one_shot(
         chunked,
         one_shot,
         tolerance=backend.tolerance if tolerance is None else tolerance,
+        relative_tolerance=(
+            backend_relative_tolerance(backend)
+            if relative_tolerance is None
+            else relative_tolerance
+        ),
         prompt_lengths=schedule.prompt_lengths,
     )
 
@@ -349,9 +389,19 @@ def _row_differences(logits: F64, reference: F64) -> tuple[F64, npt.NDArray[np.i
     return read_only(worst.astype(np.float64)), read_only(columns.astype(np.int64))
 
 
-def _is_argmax(logits: F64, ids: npt.NDArray[np.int64], *, slack: float) -> npt.NDArray[np.bool_]:
-    """Per row: ``ids`` is a column of ``logits`` whose value is within ``slack`` of the
-    row's maximum (an id outside the row, or a non-finite row, never is)."""
+def _scales(logits: F64) -> F64:
+    """Per row: the largest magnitude of its finite logits (0 for a row of none)."""
+    finite: F64 = np.where(np.isfinite(logits), np.abs(logits), 0.0)
+    scales: F64 = finite.max(axis=1, initial=0.0)
+    return scales
+
+
+def _is_argmax(
+    logits: F64, ids: npt.NDArray[np.int64], *, slack: float | F64
+) -> npt.NDArray[np.bool_]:
+    """Per row: ``ids`` is a column of ``logits`` whose value is within ``slack`` (one for
+    every row, or one per row) of the row's maximum (an id outside the row, or a non-finite
+    row, never is)."""
     vocab = logits.shape[1]
     inside = (ids >= 0) & (ids < vocab)
     chosen = logits[np.arange(ids.size), np.where(inside, ids, 0)]

@@ -16,10 +16,14 @@ each row's whole context through its block table, and returns (:class:`DispatchO
 NumPy arrays for the final rows only: their logits when asked, their greedy token ids when
 asked. Intermediate chunks produce no output at all, and nothing else leaves the device.
 
-One attribute is optional, read with :func:`max_positions`: ``max_position_embeddings``, the
-most positions the model takes; :func:`~pypto_sched.execute_schedule`,
+Two attributes are optional. ``max_position_embeddings`` (read with :func:`max_positions`),
+the most positions the model takes: :func:`~pypto_sched.execute_schedule`,
 :func:`~pypto_sched.generate` and ``pypto-sched generate`` refuse a request too long for the
-model before running anything.
+model before running anything. ``relative_tolerance`` (read with
+:func:`relative_tolerance`, 0 when absent): chunked and one-shot logits may then differ by
+``tolerance`` plus ``relative_tolerance`` times the largest magnitude of the request's
+logits, for backends whose arithmetic errs in proportion to the logits' size (float16,
+bfloat16).
 
 Nothing here imports torch or any device library.
 
@@ -475,6 +479,14 @@ def backend_status(name: str) -> BackendStatus:
     Raises :class:`BackendNotFoundError` (listing the installed names) for an unknown name.
     """
     return _status(_entry_point(name))
+
+
+def relative_tolerance(backend: object) -> float:
+    """``backend``'s optional ``relative_tolerance`` (0.0 when it does not say): the
+    difference it promises between chunked and one-shot logits grows by this much per unit
+    of the largest magnitude of a request's logits (see the module docstring)."""
+    value = getattr(backend, "relative_tolerance", None)
+    return 0.0 if value is None else float(value)
 
 
 def max_positions(backend: object) -> int | None:

@@ -281,10 +281,43 @@ class Lenient(Wrapped):
 def test_a_tolerance_within_which_any_logits_agree_is_refused() -> None:
     with pytest.raises(
         AssertionError,
-        match=r"^backend 'wrapped': backend.tolerance 1e\+06 is at least half of what a row of "
-        r"its logits spans \(.* at most, over 2 examples\): .* proved nothing",
+        match=r"^backend 'wrapped': backend.tolerance 1e\+06 allows at least half of what a "
+        r"row of its logits spans \(over 2 examples\): .* proved nothing",
     ):
         check_backend(Lenient(), max_examples=2, generation_examples=0)
+    with pytest.raises(
+        AssertionError,
+        match=r"^backend 'wrapped': backend.tolerance 1e-09 \+ relative_tolerance 10 x the "
+        r"largest \|logit\| allows at least half",
+    ):
+        check_backend(ScaledNoise(relative_tolerance=10.0), max_examples=2, generation_examples=0)
+
+
+class ScaledNoise(Wrapped):
+    """Low-precision arithmetic in miniature: the logits of a dispatch of an odd number of
+    tokens are shifted by 1% of their row's largest magnitude (a shift of the whole row, so
+    the greedy ids stay), and it declares ``relative_tolerance``."""
+
+    def __init__(self, *, relative_tolerance: Any) -> None:
+        super().__init__()
+        self.relative_tolerance = relative_tolerance
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if output.logits is None or batch.arrays.num_tokens % 2 == 0:
+            return output
+        shift = 0.01 * np.abs(output.logits).max(axis=1, keepdims=True)
+        return attrs.evolve(output, logits=output.logits + shift)
+
+
+def test_a_relative_tolerance_allows_differences_in_proportion_to_the_logits() -> None:
+    check_backend(ScaledNoise(relative_tolerance=0.02), max_examples=4, generation_examples=1)
+    message = r"> allowed .* \(tolerance 1e-09 \+ relative_tolerance 0.005 x the reference's"
+    with pytest.raises(AssertionError, match=message):
+        check_backend(ScaledNoise(relative_tolerance=0.005), max_examples=4, generation_examples=0)
+    for bad in (-1.0, float("nan"), "0.1"):
+        with pytest.raises(AssertionError, match=r"backend\.relative_tolerance must be None or"):
+            check_backend(ScaledNoise(relative_tolerance=bad), max_examples=1)
 
 
 class UncheckedGreedy(Wrapped):

@@ -45,20 +45,23 @@ def plain_loop_passes(
     greedy: npt.NDArray[np.int64] | None,
     expected: npt.NDArray[np.float64],
     tolerance: float,
+    relative_tolerance: float = 0.0,
 ) -> bool:
     """The rule as the docs state it, one request and one column at a time."""
     for r in range(expected.shape[0]):
         row = [float(v) for v in expected[r]]
+        scale = max([abs(v) for v in row if np.isfinite(v)], default=0.0)
+        allowed = tolerance + relative_tolerance * scale
         if logits is not None:
             for c, value in enumerate(row):
                 got = float(logits[r, c])
-                if not (np.isfinite(got) and abs(got - value) <= tolerance):
+                if not (np.isfinite(got) and abs(got - value) <= allowed):
                     return False
         if greedy is not None:
             g = int(greedy[r])
             if not 0 <= g < len(row) or not all(np.isfinite(row)):
                 return False
-            if row[g] < max(row) - 2 * tolerance:
+            if row[g] < max(row) - 2 * allowed:
                 return False
             if logits is not None:
                 own = [float(v) for v in logits[r]]
@@ -77,6 +80,7 @@ values = st.sampled_from([0.0, 0.5, 1.0, 1.00001, 2.0, -1.0, np.nan, np.inf])
     ),
     noise=st.data(),
     tolerance=st.sampled_from([0.0, 1e-5, 0.5]),
+    relative_tolerance=st.sampled_from([0.0, 0.25]),
     with_logits=st.booleans(),
     with_greedy=st.booleans(),
 )
@@ -84,6 +88,7 @@ def test_compare_results_follows_the_rule_as_stated(
     expected: npt.NDArray[np.float64],
     noise: st.DataObject,
     tolerance: float,
+    relative_tolerance: float,
     with_logits: bool,
     with_greedy: bool,
 ) -> None:
@@ -94,8 +99,15 @@ def test_compare_results_follows_the_rule_as_stated(
         if with_greedy or not with_logits
         else None
     )
-    verification = compare_results(result(logits, greedy), expected, tolerance=tolerance)
-    assert verification.passed == plain_loop_passes(logits, greedy, expected, tolerance)
+    verification = compare_results(
+        result(logits, greedy),
+        expected,
+        tolerance=tolerance,
+        relative_tolerance=relative_tolerance,
+    )
+    assert verification.passed == plain_loop_passes(
+        logits, greedy, expected, tolerance, relative_tolerance
+    )
     assert verification.describe().startswith("PASS" if verification.passed else "FAIL")
     assert (verification.first_problem() is None) == verification.passed
 
@@ -108,8 +120,43 @@ def test_a_near_tie_may_break_either_way_within_twice_the_tolerance() -> None:
     assert not far.passed
     assert far.describe() == (
         "FAIL vs one-shot: greedy ids agree for 0 of 1 requests; greedy id (vocabulary "
-        "column) 0 of request 0 is not an argmax of the one-shot logits within 1e-05"
+        "column) 0 of request 0 is not an argmax of the one-shot logits within 1e-05 (twice "
+        "the tolerance 5e-06)"
     )
+
+
+def test_a_relative_tolerance_grows_with_the_rows_largest_logit() -> None:
+    """Low-precision backends err in proportion to their logits' size (see the backend
+    contract's optional ``relative_tolerance``)."""
+    expected = np.array([[10.0, 0.0, -20.0], [1.0, 0.0, -2.0]])
+    actual = expected + 0.25
+    strict = compare_results(result(actual), expected, tolerance=0.05)
+    assert strict.logits_agree is not None
+    assert strict.logits_agree.tolist() == [False, False]
+    scaled = compare_results(result(actual), expected, tolerance=0.05, relative_tolerance=0.01)
+    assert scaled.allowed.tolist() == [0.25, 0.07]  # 0.05 + 0.01 x 20 and 0.05 + 0.01 x 2
+    assert scaled.logits_agree is not None
+    assert scaled.logits_agree.tolist() == [True, False]
+    assert scaled.first_problem() == (
+        "final logits of request 1 differ from one-shot by 0.25 > allowed 0.07 (tolerance "
+        "0.05 + relative_tolerance 0.01 x the reference's largest |logit| 2) at vocabulary "
+        "column 0"
+    )
+    assert "(tolerance 0.05 + 0.01 x largest |logit|)" in scaled.describe()
+    with pytest.raises(InvalidInputError, match="'relative_tolerance' must be a finite real"):
+        compare_results(result(actual), expected, tolerance=0.05, relative_tolerance=-1)
+
+
+def test_verify_against_one_shot_takes_the_backends_relative_tolerance() -> None:
+    class Relative(reference.ReferenceBackend):  # type: ignore[misc,name-defined]
+        relative_tolerance = 0.125
+
+    backend = Relative(reference.ReferenceBackend.from_seed(seed=2).weights)
+    schedule = plan_prefill(LENGTHS, CONFIG)
+    verification = verify_against_one_shot(schedule, backend, prompts(backend))
+    assert verification.relative_tolerance == 0.125
+    mine = verify_against_one_shot(schedule, backend, prompts(backend), relative_tolerance=0)
+    assert mine.relative_tolerance == 0.0
 
 
 def test_messages_name_the_request_the_position_and_the_column_separately() -> None:

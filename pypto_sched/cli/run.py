@@ -283,6 +283,7 @@ def _verify_summary(verification: Verification, seconds: float) -> dict[str, Any
         "passed": verification.passed,
         "max_abs_logit_diff": None if worst is None or math.isnan(worst) else worst,
         "tolerance": verification.tolerance,
+        "relative_tolerance": verification.relative_tolerance,
         "greedy_agree": None if agrees is None else int(agrees.sum()),
         "requests_agreeing": verification.requests_agreeing,
         "problem": verification.first_problem(),

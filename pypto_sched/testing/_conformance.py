@@ -87,6 +87,7 @@ from ..backends import (
     make_cache,
     max_positions,
     protocol_gaps,
+    relative_tolerance,
 )
 from ..execute import ExecutionResult, execute_schedule, write_prefixes
 
@@ -171,6 +172,7 @@ def check_backend(
     name: str | None = None,
     oracle: Oracle | None = None,
     oracle_tolerance: float | None = None,
+    oracle_relative_tolerance: float | None = None,
 ) -> None:
     """Check that ``backend`` keeps the :class:`~pypto_sched.backends.Backend` contract.
 
@@ -180,8 +182,9 @@ def check_backend(
     count may be 0, not both. ``name``, when given, is the name the backend was registered
     (or loaded) under, and must be the one it declares. ``oracle``, when given, returns the
     last-token logits of whole prompts from an implementation you trust; each example's
-    one-shot logits must equal its within ``oracle_tolerance`` (default
-    ``backend.tolerance``).
+    one-shot logits must equal its within ``oracle_tolerance`` and
+    ``oracle_relative_tolerance`` (defaults: the backend's ``tolerance`` and
+    ``relative_tolerance``, see :func:`~pypto_sched.compare_results`).
 
     Proves chunking invariance, cache discipline (scattered, permuted and reused pages,
     prefix hits), that the host-embedding path is honoured and agrees with the device one,
@@ -214,16 +217,28 @@ def check_backend(
     check_callback("oracle", oracle)
     seed = check_int("seed", seed, min_value=0, max_value=2**63 - 1)
     _check_metadata(backend, name)
-    tolerance = backend.tolerance if oracle_tolerance is None else oracle_tolerance
-    if oracle_tolerance is not None and not is_tolerance(oracle_tolerance):
-        raise InvalidInputError(
-            f"'oracle_tolerance' must be a finite real number >= 0 or None: {oracle_tolerance!r}"
-        )
+    for option, value in (
+        ("oracle_tolerance", oracle_tolerance),
+        ("oracle_relative_tolerance", oracle_relative_tolerance),
+    ):
+        if value is not None and not is_tolerance(value):
+            raise InvalidInputError(
+                f"{option!r} must be a finite real number >= 0 or None: {value!r}"
+            )
+    tolerance = Tolerance.of(backend)
+    oracle_allows = Tolerance(
+        tolerance.absolute if oracle_tolerance is None else float(oracle_tolerance),
+        tolerance.relative
+        if oracle_relative_tolerance is None
+        else float(oracle_relative_tolerance),
+    )
     longest = max_positions(backend)  # no example runs more positions than the model takes
     # The proxy's name is an instance property, not the ClassVar the protocol declares.
     watched = cast(Backend, _Watched(backend))
     rng = np.random.default_rng(seed)
-    spread = 0.0  # the most a row of one-shot logits spans, over the examples
+    # The most a row of one-shot logits spans beyond twice its allowed difference, over the
+    # examples (at most 0: any logits within it agree).
+    excess = -np.inf
     for index in range(max_examples):
         example = _draw(
             rng,
@@ -238,22 +253,23 @@ def check_backend(
         where = f"backend {backend.name!r}, seed {seed}, example {index} ({example.describe()})"
         try:
             # Policies alternate every example, greedy-only host runs every two.
-            spread = max(
-                spread,
-                _check_example(watched, example, rng, where, greedy_only=index // 2 % 2 == 1),
+            excess = max(
+                excess,
+                _check_example(
+                    watched, example, rng, where, tolerance, greedy_only=index // 2 % 2 == 1
+                ),
             )
             if oracle is not None:
-                _check_oracle(watched, example, oracle, float(tolerance), where)
+                _check_oracle(watched, example, oracle, oracle_allows, where)
         except BackendError as error:  # a dispatch that failed (ExecutionError) among them
             raise AssertionError(f"{where}: {error}") from error
-    if max_examples and spread <= 2 * backend.tolerance:
-        # Logits within twice the tolerance of each other all agree with any other such row:
-        # a backend returning its row's midpoint, or any id, would pass.
+    if max_examples and excess <= 0:
+        # Logits within twice the allowed difference of each other all agree with any other
+        # such row: a backend returning its row's midpoint, or any id, would pass.
         raise AssertionError(
-            f"backend {backend.name!r}: backend.tolerance {backend.tolerance:g} is at least "
-            f"half of what a row of its logits spans ({spread:.3g} at most, over "
-            f"{max_examples} examples): within it any logits agree, so the check proved "
-            f"nothing; promise a tolerance well below that"
+            f"backend {backend.name!r}: {tolerance.describe()} allows at least half of what "
+            f"a row of its logits spans (over {max_examples} examples): within it any logits "
+            f"agree, so the check proved nothing; promise a tolerance well below that"
         )
     _check_refuses_non_finite(backend, sizes[0])
     for index in range(generation_examples):
@@ -288,6 +304,12 @@ def _check_metadata(backend: Backend, name: str | None) -> None:
             raise AssertionError(
                 f"backend.{attribute} must be {expected}: {value!r} ({type(value).__name__})"
             )
+    relative = getattr(backend, "relative_tolerance", None)  # optional
+    if relative is not None and not is_tolerance(relative):
+        raise AssertionError(
+            f"backend.relative_tolerance must be None or a finite real number >= 0: "
+            f"{relative!r} ({type(relative).__name__})"
+        )
     if name is not None and backend.name != name:
         raise AssertionError(
             f"backend registered as {name!r} declares name {backend.name!r}: the two must "
@@ -327,6 +349,25 @@ def _check_refuses_non_finite(backend: Backend, page_size: int) -> None:
         f"ids alone, it must check that its logits are finite and raise a BackendError if "
         f"not, the driver never seeing them (or it ignored the embeddings it was handed)"
     )
+
+
+@attrs.frozen
+class Tolerance:
+    """A backend's promise: chunked and one-shot logits differ by at most ``absolute`` plus
+    ``relative`` times the largest magnitude of the request's logits."""
+
+    absolute: float
+    relative: float
+
+    @classmethod
+    def of(cls, backend: Backend) -> Tolerance:
+        return cls(float(backend.tolerance), relative_tolerance(backend))
+
+    def describe(self) -> str:
+        text = f"backend.tolerance {self.absolute:g}"
+        if self.relative:
+            text += f" + relative_tolerance {self.relative:g} x the largest |logit|"
+        return text
 
 
 #: Each metadata attribute, what it must be, and the test.
@@ -532,11 +573,13 @@ def _check_example(
     example: _Example,
     rng: np.random.Generator,
     where: str,
+    tolerance: Tolerance,
     *,
     greedy_only: bool,
 ) -> float:
     """Run ``example`` chunked, with device and with host embeddings, against one-shot runs;
-    return the most a row of the device path's one-shot logits spans."""
+    return the most a row of the device path's one-shot logits spans beyond twice its
+    allowed difference."""
     lengths = example.lengths
     schedule = plan_prefill(lengths, example.config, num_computed_tokens=example.computed)
     runs = []
@@ -568,8 +611,13 @@ def _check_example(
                 cache=cache,
             )
         verification = compare_results(
-            chunked, expected, tolerance=backend.tolerance, prompt_lengths=lengths
+            chunked,
+            expected,
+            tolerance=tolerance.absolute,
+            relative_tolerance=tolerance.relative,
+            prompt_lengths=lengths,
         )
+        allowed = verification.allowed
         if not verification.passed:
             raise AssertionError(
                 f"{where}, chunked over {schedule.num_dispatches} dispatches, {path} "
@@ -577,11 +625,11 @@ def _check_example(
                 f"{verification.first_problem()}"
             )
     logits = cast(npt.NDArray[np.floating[Any]], runs[0][2].logits)
-    return float((logits.max(axis=1) - logits.min(axis=1)).max())
+    return float((logits.max(axis=1) - logits.min(axis=1) - 2 * allowed).max())
 
 
 def _check_oracle(
-    backend: Backend, example: _Example, oracle: Oracle, tolerance: float, where: str
+    backend: Backend, example: _Example, oracle: Oracle, tolerance: Tolerance, where: str
 ) -> None:
     with _running("the one-shot run"):
         one_shot = _one_shot(backend, example.prompts, example.page_size)
@@ -615,7 +663,8 @@ def _check_oracle(
     verification = compare_results(
         one_shot,
         expected,
-        tolerance=tolerance,
+        tolerance=tolerance.absolute,
+        relative_tolerance=tolerance.relative,
         reference="the oracle",
         prompt_lengths=example.lengths,
     )
@@ -663,8 +712,13 @@ def _check_generation(
         block_tables=one_shot.block_tables,
         cache=None,
     )
+    tolerance = Tolerance.of(backend)
     verification = compare_results(
-        as_run, one_shot, tolerance=backend.tolerance, prompt_lengths=lengths
+        as_run,
+        one_shot,
+        tolerance=tolerance.absolute,
+        relative_tolerance=tolerance.relative,
+        prompt_lengths=lengths,
     )
     agrees = verification.greedy_agrees
     if agrees is not None and not agrees.all():
@@ -678,7 +732,7 @@ def _check_generation(
             f"({stats.num_mixed_dispatches} mixed, {stats.num_preemptions} preemptions): "
             f"generated token {k} of request {request}, {token}, from the logits at position "
             f"{lengths[row] - 1}, is not an argmax of the one-shot logits of its context "
-            f"within {2 * backend.tolerance:g}: one-shot gives {best}, "
+            f"within {2 * float(verification.allowed[row]):.3g}: one-shot gives {best}, "
             f"{float(logits[best] - logits[token]):.3g} higher"
         )
 
@@ -713,6 +767,10 @@ class _Wrapped:
     @property
     def tolerance(self) -> float:
         return self._backend.tolerance
+
+    @property
+    def relative_tolerance(self) -> float:
+        return relative_tolerance(self._backend)
 
     @property
     def vocab_size(self) -> int:

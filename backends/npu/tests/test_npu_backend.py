@@ -499,3 +499,32 @@ def test_metadata_follows_the_checkpoint(backends: Backends) -> None:
     assert backend.dtype == torch.bfloat16
     assert backend.tolerance > backends("untied").tolerance
     assert "ops='torch'" in repr(backend)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_keeps_its_promise_on_a_deeper_model_with_larger_logits(
+    tmp_path: Path, dtype: str
+) -> None:
+    """Rounding errs in proportion to the logits' size: on 8 layers with weights of unit
+    gain (logits of about 10, where the tiny models' are about 1) an absolute tolerance
+    alone (0.1 in bfloat16, 0.02 in float16) was broken by chunking, 0.109 and 0.0215. The
+    relative term keeps the promise, and check_backend holds the backend to it."""
+    transformers = pytest.importorskip("transformers", reason="the checkpoint is written by it")
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=101, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        max_position_embeddings=1024, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.ndim == 2:  # unit gain; embeddings and the head three times that
+                gain = 3.0 if "embed" in name or "lm_head" in name else 1.0
+                parameter.copy_(gain * torch.randn_like(parameter) / parameter.shape[1] ** 0.5)
+            else:
+                parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
+    model.save_pretrained(tmp_path)
+    backend = NpuBackend.from_checkpoint(tmp_path, dtype=dtype, device="cpu", ops="torch")
+    assert backend.relative_tolerance == 4 * torch.finfo(getattr(torch, dtype)).eps
+    check_backend(backend, max_examples=20, generation_examples=0, page_sizes=(16,))
