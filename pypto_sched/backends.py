@@ -332,12 +332,21 @@ def load_backend(name: str, **options: Any) -> Backend:
     """Build the installed backend registered as ``name``, passing it ``options``.
 
     Only that backend is imported. Raises :class:`BackendNotFoundError` (listing the
-    installed names) for an unknown name, and :class:`BackendError` when the backend fails
-    to import, its factory returns something that is not a :class:`Backend`, or the backend
-    declares a ``name`` other than the one it is registered under.
+    installed names) for an unknown name, :class:`InvalidInputError` for an option the
+    factory does not declare (when it declares its options: :func:`describe_factory`), and
+    :class:`BackendError` when the backend fails to import, its factory returns something
+    that is not a :class:`Backend`, or the backend declares a ``name`` other than the one it
+    is registered under.
     """
     entry_point = _entry_point(name)
-    backend = _factory(entry_point)(**options)
+    factory = _factory(entry_point)
+    declared = _options(factory)
+    unknown = sorted(set(options) - set(declared))
+    if declared and unknown:
+        raise InvalidInputError(
+            f"unknown options {unknown}; the options of backend {name!r}: {sorted(declared)}"
+        )
+    backend = factory(**options)
     gaps = protocol_gaps(backend)
     if gaps:
         raise BackendError(

@@ -304,12 +304,15 @@ def _check_layer_types(layer_types: object, *, layers: object, window: object, s
 
 
 def _check_full_rotary(parameters: Mapping[str, Any], where: str) -> None:
-    """RoPE must rotate the whole head: ``partial_rotary_factor``, if given, is 1."""
+    """RoPE rotates the whole head: ``partial_rotary_factor``, if given, is 1. (transformers'
+    Qwen3 ignores the field and rotates the whole head whatever it says, while engines that
+    read it rotate part of it: a checkpoint that sets it means two different models.)"""
     factor = parameters.get("partial_rotary_factor", 1.0)
     if factor != 1.0 or type(factor) is bool:
         raise CheckpointError(
-            f"{where}: 'partial_rotary_factor' must be 1.0 (partial RoPE is not implemented): "
-            f"{factor!r}"
+            f"{where}: 'partial_rotary_factor' must be 1.0: transformers' Qwen3 ignores it "
+            f"(it rotates the whole head) while other engines rotate that part of the head, so "
+            f"the checkpoint is ambiguous; set it to 1.0 for transformers' model: {factor!r}"
         )
 
 

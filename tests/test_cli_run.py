@@ -41,7 +41,13 @@ from pypto_sched.backends import describe_factory
 from toy_backend_impl import ToyBackend
 
 @describe_factory(
-    options={"vocab_size": "columns of the logits (default 50)", "skew": "drift per token"}
+    options={
+        "vocab_size": "columns of the logits (default 50)",
+        "skew": "drift per token",
+        "tie": "a near-tie at the argmax",
+        "fail": "fail on a dispatch",
+        "device": "the device",
+    }
 )
 def create(**options):
     return ToyBackend(**options)
@@ -181,6 +187,9 @@ def test_backends_lists_the_options_each_factory_declares(
     assert data["toy"]["options"] == {
         "vocab_size": "columns of the logits (default 50)",
         "skew": "drift per token",
+        "tie": "a near-tie at the argmax",
+        "fail": "fail on a dispatch",
+        "device": "the device",
     }
     assert data["ghost"]["options"] == {}
     _, out, _ = run(capsys, "backends")

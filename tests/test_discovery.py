@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pypto_sched import BackendError, BackendNotFoundError, backends
+from pypto_sched import BackendError, BackendNotFoundError, InvalidInputError, backends
 from pypto_sched.backends import (
     ENTRY_POINT_GROUP,
     Backend,
@@ -316,3 +316,18 @@ def test_a_status_names_the_entry_point_and_cannot_be_changed() -> None:
 def test_the_status_of_an_unknown_name_lists_the_installed_backends() -> None:
     with pytest.raises(BackendNotFoundError, match=r"installed: 'check-odd', .*\): 'nope'"):
         backend_status("nope")
+
+
+@pytest.mark.usefixtures("declared")
+def test_an_option_a_factory_does_not_declare_is_refused_before_it_runs() -> None:
+    """A factory that declares its options is not called with others (a bare TypeError, or
+    an option silently dropped); one that declares none gets what it is given."""
+    with pytest.raises(
+        InvalidInputError,
+        match=r"^unknown options \['sead'\]; the options of backend 'classmethod': \['seed'\]$",
+    ):
+        load_backend("classmethod", sead=1)
+    with pytest.raises(InvalidInputError, match=r"^unknown options \['length', 'width'\]"):
+        load_backend("function", size=1, width=2, length=3)
+    with pytest.raises(BackendError, match="must declare the name"):  # built: nothing declared
+        load_backend("class", anything=1)

@@ -352,8 +352,11 @@ def test_a_request_beyond_the_models_positions_is_named_by_its_index_in_the_batc
 def test_a_backend_that_cannot_be_built_is_its_own_error_at_once(cluster: None) -> None:
     from pypto_sched_reference import InvalidModelError
 
-    with pytest.raises(InvalidModelError, match="unknown options"):
+    with pytest.raises(InvalidInputError, match=r"^unknown options \['no_such_option'\]"):
         RayReplicas("reference", num_replicas=1, options={"no_such_option": 1}, resources=HALF_CPU)
+    with pytest.raises(InvalidModelError, match="drop the options"):
+        RayReplicas("reference", num_replicas=1, options={"checkpoint": ".", "seed": 1},
+                    resources=HALF_CPU)  # fmt: skip
 
 
 def _cpus_free_again(cpus: float) -> bool:

@@ -528,3 +528,10 @@ def test_half_precision_keeps_its_promise_on_a_deeper_model_with_larger_logits(
     backend = NpuBackend.from_checkpoint(tmp_path, dtype=dtype, device="cpu", ops="torch")
     assert backend.relative_tolerance == 4 * torch.finfo(getattr(torch, dtype)).eps
     check_backend(backend, max_examples=20, generation_examples=0, page_sizes=(16,))
+
+
+def test_an_option_the_npu_backend_does_not_take_is_refused_by_name(
+    checkpoints: dict[str, Path],
+) -> None:
+    with pytest.raises(InvalidInputError, match=r"^unknown options \[.seed.\]"):
+        load_backend("npu", checkpoint=checkpoints["tied"], seed=0)
