@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 import torch
 
-from pypto_sched import checkpoints
+from pypto_sched import CheckpointError, checkpoints
 from pypto_sched.checkpoints import ModelConfig, Tensor
 
 __all__ = ["Checkpoint", "load_checkpoint", "to_torch"]
@@ -49,5 +49,26 @@ def load_checkpoint(
     stored ``lm_head.weight`` is read even when the config says tied, as transformers does.
     """
     loaded = checkpoints.load_checkpoint(directory)
-    tensors = {name: to_torch(tensor).to(dtype) for name, tensor in loaded.tensors.items()}
+    tensors = {}
+    for name, tensor in loaded.tensors.items():
+        stored = to_torch(tensor)
+        converted = stored.to(dtype)
+        if not bool(converted.isfinite().all()):
+            _refuse_overflow(loaded.directory, name, stored, converted, dtype)
+        tensors[name] = converted
     return Checkpoint(directory=loaded.directory, config=loaded.config, tensors=tensors)
+
+
+def _refuse_overflow(
+    directory: Path, name: str, stored: torch.Tensor, converted: torch.Tensor, dtype: torch.dtype
+) -> None:
+    """Raise :class:`~pypto_sched.CheckpointError` when converting to ``dtype`` made a finite
+    stored value infinite (float16 holds at most 65504): every run would give NaN logits."""
+    lost = converted.isinf() & stored.isfinite()
+    if bool(lost.any()):
+        index = tuple(int(i) for i in lost.nonzero()[0])
+        raise CheckpointError(
+            f"{directory}: tensor {name!r} holds {float(stored[index]):g} at {list(index)}, "
+            f"beyond {dtype}'s range (at most {torch.finfo(dtype).max:g}): load it in a wider "
+            f"dtype (bfloat16 or float32)"
+        )

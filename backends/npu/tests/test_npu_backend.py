@@ -535,3 +535,27 @@ def test_an_option_the_npu_backend_does_not_take_is_refused_by_name(
 ) -> None:
     with pytest.raises(InvalidInputError, match=r"^unknown options \[.seed.\]"):
         load_backend("npu", checkpoint=checkpoints["tied"], seed=0)
+
+
+def test_a_weight_beyond_float16s_range_is_refused_when_loaded_not_run_as_nan(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(checkpoints["tied"], tmp_path, dirs_exist_ok=True)
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name][1, 2] = 1e5  # float16 holds at most 65504
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(
+        CheckpointError,
+        match=rf"tensor '{re.escape(name)}' holds 100000 at \[1, 2\], beyond torch.float16's "
+        r"range \(at most 65504\)",
+    ):
+        NpuBackend.from_checkpoint(tmp_path, dtype="float16", device="cpu")
+    assert NpuBackend.from_checkpoint(tmp_path, dtype="bfloat16", device="cpu").dtype == (
+        torch.bfloat16
+    )
