@@ -559,6 +559,56 @@ def test_a_prefix_cache_hit_runs_in_the_batch_that_finds_it_as_under_fifo(
     assert any(row.start > 0 for batch in batches for row in batch.rows if row.is_prefill)
 
 
+@pytest.mark.parametrize("order", ORDERS)
+def test_shared_prefixes_in_a_cache_too_small_give_the_tokens_of_fifo(
+    model: Any, reference: Any, order: str
+) -> None:
+    """A row refused for want of a free block, then a prefix-cache hit further down the same
+    plan: the batch is planned again, and the refused request was asked again and reported
+    starved twice, so the server offloaded it twice and queued it twice, and the scheduler
+    failed every request removing it twice."""
+    (prefix,) = random_prompts(21, [9])
+    tails = random_prompts(22, [18, 15, 14, 16])
+    prompts = [prefix[:4] + tails[0], prefix + tails[1], prefix[:8] + tails[2], prefix + tails[3]]
+    prompts.append(prompts[3][:21])
+    config = PlannerConfig(
+        max_num_batched_tokens=1000, policy="packed", page_size=8, max_num_partial_prefills=2
+    )
+    checked_progress(register(config, order=order))  # type: ignore[arg-type]
+    server = ContinuousBatchingConfig(page_size=4, num_blocks=17, max_batch_tokens=64)
+    assert 2 * blocks_needed(prompts, 18) > 3 * 17  # in 4-token pages: it holds under a third
+    ours = run_batch(model, prompts, 18, "pypto_sched", server)
+    assert ours == run_batch(model, prompts, 18, "fifo", server)
+    assert ours == [reference(prompt, 18) for prompt in prompts]
+
+
+def test_requests_part_way_before_a_prefix_hit_keep_their_partial_prefill_places(
+    model: Any, reference: Any
+) -> None:
+    """After a prefix-cache hit the rest of the batch is planned without the requests that
+    already ran in it; those still part-way hold places under max_num_partial_prefills (4
+    prompts were part-way against a limit of 2)."""
+    (base,) = random_prompts(33, [60])
+    tails = random_prompts(34, [16, 46, 42, 68, 47, 40, 68])
+    shared = [0, 0, 52, 28, 12, 25, 0]
+    prompts = [base[:k] + tail for k, tail in zip(shared, tails, strict=True)]
+    config = PlannerConfig(
+        max_num_batched_tokens=64,
+        long_prefill_token_threshold=16,
+        policy="packed",
+        max_num_partial_prefills=2,
+    )
+    batches: list[ScheduledBatch] = []
+    register(config, on_batch=batches.append)
+    server = ContinuousBatchingConfig(page_size=4, num_blocks=400, max_batch_tokens=64)
+    ours = run_batch(model, prompts, 6, "pypto_sched", server)
+    assert ours == [reference(prompt, 6) for prompt in prompts]
+    check_batches(batches, config, max_batch_tokens=64)
+    check_prefills(batches, prompts, config)  # at most 2 prompts part-way after any batch
+    starts = [row.start for batch in batches for row in batch.rows if row.is_prefill]
+    assert any(start > 0 and start % 4 == 0 for start in starts[:8]), "no prefix-cache hit"
+
+
 def test_a_lone_request_with_a_prefix_hit_is_served_in_the_first_batch_it_is_asked_for(
     model: Any, reference: Any
 ) -> None:
@@ -745,6 +795,16 @@ def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
         if any(spans[0] <= after < spans[-1] for spans in prefill_batches.values())
     ]
     assert len(joined_mid_prefill) >= 2, prefill_batches
+
+
+@pytest.mark.parametrize("name", ["fifo", "prefill_first"])
+def test_register_refuses_the_name_of_another_scheduler(name: str) -> None:
+    builtin = SCHEDULER_MAPPING[name]
+    with pytest.raises(InvalidConfigError, match=rf"^'name' '{name}' is another scheduler's"):
+        register(PlannerConfig(max_num_batched_tokens=64), name=name)
+    assert SCHEDULER_MAPPING[name] is builtin
+    first = register(PlannerConfig(max_num_batched_tokens=64), name="ours")
+    assert register(PlannerConfig(max_num_batched_tokens=32), name="ours") is not first
 
 
 def test_register_rejects_an_unknown_admission_order() -> None:

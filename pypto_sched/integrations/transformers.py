@@ -144,7 +144,8 @@ def register(
     Puts a :class:`PyptoScheduler` subclass configured with ``config``, ``on_batch``
     (called with every batch it schedules) and the admission ``order`` (see *Admission
     order*) into the server's ``SCHEDULER_MAPPING`` under ``name``, replacing what was
-    there, and returns it. The server picks it up for every
+    there (a pypto_sched scheduler; the name of any other, such as the server's ``"fifo"``,
+    is refused), and returns it. The server picks it up for every
     continuous-batching run whose config says ``scheduler_type=name``.
     """
     if not isinstance(config, PlannerConfig):
@@ -153,6 +154,14 @@ def register(
         raise InvalidConfigError(f"'name' must be a non-empty string: {name!r}")
     if order not in ORDERS:
         raise InvalidConfigError(f"'order' must be one of {ORDERS}: {order!r}")
+    existing = SCHEDULER_MAPPING.get(name)
+    if existing is not None and not (
+        isinstance(existing, type) and issubclass(existing, PyptoScheduler)
+    ):
+        raise InvalidConfigError(
+            f"'name' {name!r} is another scheduler's ({getattr(existing, '__name__', existing)}): "
+            f"registering over it would change every run that asks for it; choose another name"
+        )
     check_callback("on_batch", on_batch, error=InvalidConfigError)
     observers = () if on_batch is None else (on_batch,)
 
@@ -335,6 +344,20 @@ class PyptoScheduler(Scheduler):
         waiting = [self.waiting_requests[rid] for rid in self.waiting_requests_order]
         return [s for s in active + waiting if s.remaining_prefill_tokens]
 
+    def _partial_room(self, config: PlannerConfig, skipped: set[str]) -> tuple[PlannerConfig, bool]:
+        """The config to plan the rest of the batch with, and whether new requests may start:
+        the requests ``skipped`` (left out of the state planned from) that are part-way
+        through their prefill still hold places under ``max_num_partial_prefills``."""
+        limit = config.max_num_partial_prefills
+        if limit is None or not skipped:
+            return config, True
+        held = sum(1 for r in skipped if r in self.progress and self.progress[r][1] > 0)
+        if held == 0:
+            return config, True
+        if held >= limit:
+            return config, False  # no place left: only requests already part-way go on
+        return attrs.evolve(config, max_num_partial_prefills=limit - held), True
+
     def _plannable(self, skipped: set[str], *, new_requests: bool) -> PrefillState[str]:
         """The state to plan from: without the requests ``skipped`` in this batch, and
         without the new (waiting) ones unless ``new_requests``."""
@@ -370,13 +393,15 @@ class PyptoScheduler(Scheduler):
         skipped: set[str] = set()
         new_requests = not self.block_new_requests
         while batch.in_safety_margin or not batch.scheduled:
+            step_config, may_start = self._partial_room(config, skipped)
             plan = plan_step(
-                self._plannable(skipped, new_requests=new_requests),
-                config,
+                self._plannable(skipped, new_requests=new_requests and may_start),
+                step_config,
                 reserved_tokens=config.max_num_batched_tokens - batch.tokens_left,
                 reserved_rows=batch.rows_used(config),
             )
             ran: dict[str, StepChunk] = {}
+            refused: list[str] = []
             moved: RequestState | None = None
             for request_id, chunk in plan.rows.items():
                 if not batch.in_safety_margin and batch.scheduled:
@@ -384,10 +409,12 @@ class PyptoScheduler(Scheduler):
                 state = self._server_request(request_id)
                 if state is not None and self._run_prefill_row(state, chunk, batch):
                     ran[request_id] = chunk
-                elif state is not None and state.position_offset != chunk.start:
+                    continue
+                refused.append(request_id)
+                if state is not None and state.position_offset != chunk.start:
                     moved = state  # a prefix-cache hit: the rows after it were sized wrong
                     break
-                elif state is not None and state.status == RequestStatus.PENDING:
+                if state is not None and state.status == RequestStatus.PENDING:
                     new_requests &= not batch.allocation_failed
             self.prefill_state = self.prefill_state.apply(attrs.evolve(plan, rows=ran))
             for request_id, chunk in ran.items():
@@ -399,8 +426,11 @@ class PyptoScheduler(Scheduler):
                 # Planned again from where the hit left it, first in the room left, as the
                 # server's own schedulers run it in the batch that finds the hit; the rows
                 # that ran keep theirs (one row a request).
+                # The rows refused before it are not asked again (a request reported starved
+                # twice would be offloaded twice).
                 self._requeue_at_front(moved)
                 skipped.update(ran)
+                skipped.update(r for r in refused if r != moved.request_id)
                 continue
             if ran or not plan.rows:
                 return
@@ -429,7 +459,8 @@ class PyptoScheduler(Scheduler):
             return False
         if not self.cache.can_store_request_tokens(state, size):
             batch.allocation_failed = True
-            if state.request_id in self.active_requests:
+            starved = any(s.request_id == state.request_id for s, _ in self.starved_requests)
+            if state.request_id in self.active_requests and not starved:
                 self.starved_requests.append((state, size))
             return False
         start = state.position_offset
