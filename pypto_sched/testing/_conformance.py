@@ -78,7 +78,7 @@ from .._generation import GenerationState, plan_generation_step
 from .._pages import BlockTables
 from .._plan import plan_one_shot, plan_prefill
 from .._validate import check_callback, check_int, is_int, read_only
-from .._verify import compare_results, is_tolerance
+from .._verify import Verification, compare_results, is_tolerance
 from ..backends import (
     Backend,
     BackendError,
@@ -363,6 +363,24 @@ class Tolerance:
     def of(cls, backend: Backend) -> Tolerance:
         return cls(float(backend.tolerance), relative_tolerance(backend))
 
+    def compare(
+        self,
+        actual: ExecutionResult,
+        expected: ExecutionResult | npt.NDArray[np.floating[Any]],
+        *,
+        prompt_lengths: Sequence[int],
+        reference: str = "one-shot",
+    ) -> Verification:
+        """:func:`~pypto_sched.compare_results` within this tolerance."""
+        return compare_results(
+            actual,
+            expected,
+            tolerance=self.absolute,
+            relative_tolerance=self.relative,
+            reference=reference,
+            prompt_lengths=prompt_lengths,
+        )
+
     def describe(self) -> str:
         text = f"backend.tolerance {self.absolute:g}"
         if self.relative:
@@ -610,13 +628,7 @@ def _check_example(
                 block_tables=tables,
                 cache=cache,
             )
-        verification = compare_results(
-            chunked,
-            expected,
-            tolerance=tolerance.absolute,
-            relative_tolerance=tolerance.relative,
-            prompt_lengths=lengths,
-        )
+        verification = tolerance.compare(chunked, expected, prompt_lengths=lengths)
         allowed = verification.allowed
         if not verification.passed:
             raise AssertionError(
@@ -660,13 +672,8 @@ def _check_oracle(
             f"{where}: the oracle's output is wrong, not the backend's: its logits must be "
             f"finite: row {row}, column {column} is {expected[row, column]}"
         )
-    verification = compare_results(
-        one_shot,
-        expected,
-        tolerance=tolerance.absolute,
-        relative_tolerance=tolerance.relative,
-        reference="the oracle",
-        prompt_lengths=example.lengths,
+    verification = tolerance.compare(
+        one_shot, expected, reference="the oracle", prompt_lengths=example.lengths
     )
     if not verification.passed:
         raise AssertionError(f"{where}, one-shot: {verification.first_problem()}")
@@ -712,14 +719,7 @@ def _check_generation(
         block_tables=one_shot.block_tables,
         cache=None,
     )
-    tolerance = Tolerance.of(backend)
-    verification = compare_results(
-        as_run,
-        one_shot,
-        tolerance=tolerance.absolute,
-        relative_tolerance=tolerance.relative,
-        prompt_lengths=lengths,
-    )
+    verification = Tolerance.of(backend).compare(as_run, one_shot, prompt_lengths=lengths)
     agrees = verification.greedy_agrees
     if agrees is not None and not agrees.all():
         row = int(np.flatnonzero(~agrees)[0])
