@@ -96,10 +96,14 @@ class Tokenizer:
     """A ``tokenizers.Tokenizer`` read from a ``tokenizer.json``, as a :class:`TextCodec`.
 
     ``encode`` adds the special tokens the file's post-processor asks for (as transformers'
-    ``tokenizer(text)`` does); ``decode`` leaves special tokens out.
+    ``tokenizer(text)`` does) and never truncates or pads, whatever the file says (nor does
+    transformers' ``tokenizer(text)``); ``decode`` leaves special tokens out.
     """
 
     def __init__(self, tokenizer: Any, *, path: Path) -> None:
+        # A truncation or padding setting saved in the file would cut or pad every prompt.
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
         self._tokenizer = tokenizer
         self.path = path
 
@@ -255,11 +259,12 @@ def _request(
         raise InvalidInputError(f"{where}: unknown keys {unknown}; known: {sorted(_KEYS)}")
     if ("token_ids" in fields) == ("prompt" in fields):
         raise InvalidInputError(f"{where}: give exactly one of 'token_ids' and 'prompt'")
-    text = fields.get("prompt")
-    if text is None:
-        ids = _token_ids(fields["token_ids"], f"{where}: 'token_ids'", vocab_size)
-    else:
+    if "prompt" in fields:
+        text = fields["prompt"]
         ids = _encoded(text, where, vocab_size, tokenizer)
+    else:
+        text = None
+        ids = _token_ids(fields["token_ids"], f"{where}: 'token_ids'", vocab_size)
     if not ids:
         raise InvalidInputError(f"{where}: the prompt must hold at least one token: it is empty")
     new = fields.get("max_new_tokens", default_new)
@@ -281,7 +286,13 @@ def _encoded(
             f"{where}: 'prompt' needs a tokenizer ({TOKENIZER_FILE} in the checkpoint "
             "directory); give 'token_ids' instead"
         )
-    return _token_ids(tokenizer.encode(text), f"{where}: the tokenizer's ids", vocab_size)
+    try:
+        encoded = tokenizer.encode(text)
+    except Exception as error:  # tokenizers raises its own Exception and TypeError
+        raise InvalidInputError(
+            f"{where}: the tokenizer cannot encode 'prompt': {type(error).__name__}: {error}"
+        ) from None
+    return _token_ids(encoded, f"{where}: the tokenizer's ids", vocab_size)
 
 
 def _token_ids(values: object, name: str, vocab_size: int) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from pypto_sched import InvalidInputError, PlannerConfig, SamplingParams, genera
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from pypto_sched.cli import generate as generate_command
 from pypto_sched.integrations import hf_verify
-from pypto_sched.prompts import PromptRequest, output_lines, read_prompts
+from pypto_sched.prompts import PromptRequest, load_tokenizer, output_lines, read_prompts
 from pypto_sched_reference import TINY_MODEL, ReferenceBackend, Weights, save_checkpoint
 
 VOCAB = TINY_MODEL.vocab_size
@@ -521,6 +521,45 @@ def test_prompt_text_is_tokenized_and_the_output_decoded(
     assert text["text"] == ids["text"] == " ".join(names)
 
 
+def test_a_tokenizer_file_that_truncates_and_pads_changes_no_prompt(
+    tmp_path: Path, checkpoint_with_tokenizer: Path
+) -> None:
+    """Some checkpoints save a truncation or padding setting in tokenizer.json; applied, it
+    cut and padded every prompt (transformers' ``tokenizer(text)`` applies neither)."""
+    import tokenizers
+
+    path = checkpoint_with_tokenizer / "tokenizer.json"
+    saved = tokenizers.Tokenizer.from_file(str(path))
+    saved.enable_truncation(max_length=3)
+    saved.enable_padding(length=9, pad_id=0)
+    saved.save(str(path))
+    tokenizer = load_tokenizer(checkpoint_with_tokenizer)
+    assert tokenizer is not None
+    assert tokenizer.encode("the cat sat on the mat") == [1, 2, 3, 4, 1, 5]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": null}', "line 1: 'prompt' must be a string: NoneType"),
+        ('{"prompt": "the \\ud800 cat"}', "line 1: the tokenizer cannot encode 'prompt': "),
+    ],
+)
+def test_a_prompt_the_tokenizer_cannot_encode_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    checkpoint_with_tokenizer: Path,
+    line: str,
+    message: str,
+) -> None:
+    """(A lone surrogate is valid JSON that the tokenizer refuses; null crashed with a
+    KeyError, as if 'token_ids' had been given.)"""
+    path = write_prompts(tmp_path / "p.jsonl", [line])
+    option = ["--backend-option", f"checkpoint={checkpoint_with_tokenizer}"]
+    result = cli(capsys, *option, "--prompts", path, "--max-new-tokens", "2", *CHUNKED)
+    assert_usage_error(result, message)
+
+
 def test_a_broken_tokenizer_file_is_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint_with_tokenizer: Path
 ) -> None:
@@ -587,6 +626,14 @@ def test_verify_exits_1_on_a_mismatch(
     assert status == EXIT_FAILED
     assert "FAIL vs transformers generate(): 0/1 equal" in err
     assert "request 0: generated token 1 is" in err
+    assert "low precision" not in err  # the reference backend computes in float64
+    # A backend that declares a relative tolerance computes in low precision: the summary
+    # says an exact comparison fails at a near-tie too.
+    monkeypatch.setattr(generate_command, "relative_tolerance", lambda backend: 0.03125)
+    status, _, err = cli(capsys, *option, "--prompts", path, "--max-new-tokens", "4", *CHUNKED,
+                         "--verify")  # fmt: skip
+    assert status == EXIT_FAILED
+    assert "note: the backend computes in low precision (relative_tolerance 0.03125)" in err
 
 
 def test_verification_is_plain_greedy_whatever_the_checkpoints_generation_config(

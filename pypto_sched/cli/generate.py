@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from .._config import PlannerConfig
 from .._generate import GenerationResult, StepDone, generate
 from .._sampling import SamplingParams
-from ..backends import Backend, max_positions
+from ..backends import Backend, max_positions, relative_tolerance
 from ..execute import DEFAULT_PAGE_SIZE
 from ..integrations.hf_verify import (
     transformers_missing,
@@ -271,6 +271,12 @@ def _generate(
             request_stop_token_ids=[r.stop_token_ids for r in requests],
         )
     summary = generation_summary(backend.name, config, result, verification)
+    if verification is not None and not verification.passed and relative_tolerance(backend):
+        summary.append(
+            "note: the backend computes in low precision (relative_tolerance "
+            f"{relative_tolerance(backend):g}) and --verify compares tokens exactly with "
+            "transformers in float64: a near-tie broken the other way differs too"
+        )
     if not isinstance(backend, Backend):
         summary.append(f"replicas: {_replicas.describe(replicas)}")
     if sys.stderr is not None:  # not started with stderr closed
