@@ -37,7 +37,8 @@ chunk each and fill the budget again) a step touches only them, never the queue 
 What still grows with the requests (docs/serving.md, "Cost"): keeping to the bound reads up to
 ``budget + 1`` waiting requests, and with a pool checks that it holds every request
 (:func:`_pool_holds_everything`); removing one of the two longest waiting requests rebuilds the
-queue's summary; ``add``, ``remove`` and ``in`` scan the started requests.
+queue's summary, unless it is the oldest (:func:`_without_best`); ``add``, ``remove`` and
+``in`` scan the started requests.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             requests = requests.delete(request_id)
             best = queue.best()
             if best[1] is record or best[3] is record:  # keep the queue's two best live
-                queue = _queue_of(requests, queue)
+                queue = _without_best(requests, queue)
         return self._evolve(
             requests,
             queue,
@@ -797,6 +798,21 @@ def _queue_of(
         if requests.get(record.id) is record:
             live = live.push(record)
     return live
+
+
+def _without_best(
+    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+) -> PersistentQueue[_Request]:
+    """``queue``, one of whose two best entries just died, with its two best live again: the
+    dead entries at its front popped, when that is enough (the oldest of equal lengths are
+    the best: aborting the oldest first pops them), else rebuilt of its live entries."""
+    _, rest = _live_head(requests, queue)
+    _, item, _, other = rest.best()
+    if (item is None or requests.get(item.id) is item) and (
+        other is None or requests.get(other.id) is other
+    ):
+        return rest
+    return _queue_of(requests, queue)
 
 
 def _live_best(

@@ -1057,3 +1057,51 @@ def test_a_page_pool_that_cannot_hold_every_request_whole_leaves_the_greedy_fill
 
     assert sizes(None) == sizes(PagePool(num_pages=6, page_size=4)) == [6, 1, 3]
     assert sizes(PagePool(num_pages=5, page_size=4)) == [6, 3, 1]  # 6 pages whole
+
+
+@given(
+    lengths=st.lists(st.sampled_from([7, 7, 7, 3, 12]), min_size=1, max_size=30),
+    removed=st.lists(st.integers(0, 29), max_size=30),
+)
+def test_removing_waiting_requests_keeps_the_plan_of_a_state_built_without_them(
+    lengths: list[int], removed: list[int]
+) -> None:
+    """Whichever waiting requests are removed, the longest among them or not, the state
+    plans as one built without them: the queue's summary of its two longest stays right."""
+    state = PrefillState.from_prompt_lengths(lengths)
+    gone = [r for r in dict.fromkeys(removed) if r < len(lengths)]
+    for request_id in gone:
+        state = state.remove(request_id)
+    fresh: PrefillState[int] = PrefillState()
+    for request_id, length in enumerate(lengths):
+        if request_id not in gone:
+            fresh = fresh.add(request_id, length)
+    config = PlannerConfig(max_num_batched_tokens=16, long_prefill_token_threshold=5,
+                           policy="packed")  # fmt: skip
+    assert state == fresh
+    assert drain(state, config) == drain(fresh, config)
+
+
+def test_removing_the_oldest_of_equal_lengths_does_not_rebuild_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Of equal lengths the oldest waiting requests are the two longest the queue keeps for
+    the bound; aborting them oldest first pops them off its front instead of rebuilding the
+    queue of every waiting request at each abort (O(n): 0.8 s at 200,000 requests)."""
+    from pypto_sched import _online
+
+    state = PrefillState.from_prompt_lengths([512] * 1000)
+    rebuilt: list[int] = []
+    real = _online._queue_of
+    monkeypatch.setattr(
+        _online,
+        "_queue_of",
+        lambda *args: rebuilt.append(1) or real(*args),  # type: ignore[func-returns-value]
+    )
+    for request_id in range(100):
+        state = state.remove(request_id)
+    assert rebuilt == []
+    assert list(state) == list(range(100, 1000))
+    state = state.remove(500)  # not one of the two longest: nothing to rebuild either
+    state = state.remove(101)  # the second longest, behind a live head: rebuilt
+    assert rebuilt == [1]
