@@ -65,9 +65,8 @@ class Verification:
 
     #: The tolerance the rule used (the backend's, unless the caller chose one).
     tolerance: float
-    #: Per request: the allowed difference, ``tolerance + relative_tolerance * scale``
-    #: (``scale`` the largest magnitude of the request's reference logits).
-    allowed: F64
+    #: Per request: the largest magnitude of its finite reference logits.
+    scales: F64
     #: What the run was compared with, for messages: ``"one-shot"``, ``"the oracle"``, ...
     reference: str
     #: The relative tolerance the rule used (0: the tolerance alone).
@@ -99,6 +98,11 @@ class Verification:
         if difference is None or difference.size == 0:
             return None if difference is None else 0.0
         return float(np.nan if np.isnan(difference).any() else difference.max())
+
+    @property
+    def allowed(self) -> F64:
+        """Per request: the allowed difference, ``tolerance + relative_tolerance * scale``."""
+        return read_only(self.tolerance + self.relative_tolerance * self.scales)
 
     @property
     def logits_agree(self) -> npt.NDArray[np.bool_] | None:
@@ -156,11 +160,10 @@ class Verification:
         """Request ``request``'s allowed difference in words."""
         if not self.relative_tolerance:
             return f"tolerance {self.tolerance:g}"
-        allowed = float(self.allowed[request])
-        scale = (allowed - self.tolerance) / self.relative_tolerance
         return (
-            f"allowed {allowed:.3g} (tolerance {self.tolerance:g} + relative_tolerance "
-            f"{self.relative_tolerance:g} x the reference's largest |logit| {scale:.3g})"
+            f"allowed {float(self.allowed[request]):.3g} (tolerance {self.tolerance:g} + "
+            f"relative_tolerance {self.relative_tolerance:g} x the reference's largest "
+            f"|logit| {float(self.scales[request]):.3g})"
         )
 
     def _position(self, request: int) -> str:
@@ -220,7 +223,7 @@ def compare_results(
         if not is_tolerance(value):
             raise InvalidInputError(f"{name!r} must be a finite real number >= 0: {value!r}")
     num_requests = reference_logits.shape[0]
-    allowed = read_only(float(tolerance) + float(relative_tolerance) * _scales(reference_logits))
+    scales = _scales(reference_logits)
     positions = _last_positions(prompt_lengths, num_requests)
     difference = columns = None
     logits = None
@@ -240,12 +243,13 @@ def compare_results(
                 f"'actual.greedy_token_ids' must have one id per request ({num_requests}): "
                 f"shape {greedy.shape}"
             )
+        allowed = float(tolerance) + float(relative_tolerance) * scales
         agrees = _is_argmax(reference_logits, greedy, slack=2 * allowed)
         consistent = None if logits is None else _is_argmax(logits, greedy, slack=0.0)
     return Verification(
         tolerance=float(tolerance),
         relative_tolerance=float(relative_tolerance),
-        allowed=allowed,
+        scales=read_only(scales),
         reference=reference,
         last_positions=positions,
         logits_difference=difference,

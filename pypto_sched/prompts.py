@@ -96,14 +96,12 @@ class Tokenizer:
     """A ``tokenizers.Tokenizer`` read from a ``tokenizer.json``, as a :class:`TextCodec`.
 
     ``encode`` adds the special tokens the file's post-processor asks for (as transformers'
-    ``tokenizer(text)`` does) and never truncates or pads, whatever the file says (nor does
-    transformers' ``tokenizer(text)``); ``decode`` leaves special tokens out.
+    ``tokenizer(text)`` does); ``decode`` leaves special tokens out. :func:`load_tokenizer`
+    turns off a truncation or padding the file saves (transformers' ``tokenizer(text)``
+    applies neither).
     """
 
     def __init__(self, tokenizer: Any, *, path: Path) -> None:
-        # A truncation or padding setting saved in the file would cut or pad every prompt.
-        tokenizer.no_truncation()
-        tokenizer.no_padding()
         self._tokenizer = tokenizer
         self.path = path
 
@@ -140,6 +138,9 @@ def load_tokenizer(directory: str | Path) -> Tokenizer | None:
         parsed = HFTokenizer.from_str(data.decode("utf-8"))
     except Exception as error:  # tokenizers raises its own Exception subclass
         raise InvalidInputError(f"{str(path)!r} is not a tokenizer: {error}") from None
+    # A truncation or padding setting saved in the file would cut or pad every prompt.
+    parsed.no_truncation()
+    parsed.no_padding()
     return Tokenizer(parsed, path=path)
 
 

@@ -271,10 +271,11 @@ def _generate(
             request_stop_token_ids=[r.stop_token_ids for r in requests],
         )
     summary = generation_summary(backend.name, config, result, verification)
-    if verification is not None and not verification.passed and relative_tolerance(backend):
+    relative = relative_tolerance(backend)
+    if verification is not None and not verification.passed and relative:
         summary.append(
             "note: the backend computes in low precision (relative_tolerance "
-            f"{relative_tolerance(backend):g}) and --verify compares tokens exactly with "
+            f"{relative:g}) and --verify compares tokens exactly with "
             "transformers in float64: a near-tie broken the other way differs too"
         )
     if not isinstance(backend, Backend):
