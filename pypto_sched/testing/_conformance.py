@@ -287,7 +287,7 @@ def check_backend(
             f"({generation.describe()})"
         )
         try:
-            _check_generation(watched, generation, rng, where)
+            _check_generation(watched, generation, rng, where, tolerance)
         except BackendError as error:  # a dispatch that failed (ExecutionError) among them
             raise AssertionError(f"{where}: {error}") from error
 
@@ -680,7 +680,11 @@ def _check_oracle(
 
 
 def _check_generation(
-    backend: Backend, example: _GenerationExample, rng: np.random.Generator, where: str
+    backend: Backend,
+    example: _GenerationExample,
+    rng: np.random.Generator,
+    where: str,
+    tolerance: Tolerance,
 ) -> None:
     """Greedy generation through the backend's cache must give, token by token, the greedy
     ids of one-shot prefills of the contexts it generated."""
@@ -719,7 +723,7 @@ def _check_generation(
         block_tables=one_shot.block_tables,
         cache=None,
     )
-    verification = Tolerance.of(backend).compare(as_run, one_shot, prompt_lengths=lengths)
+    verification = tolerance.compare(as_run, one_shot, prompt_lengths=lengths)
     agrees = verification.greedy_agrees
     if agrees is not None and not agrees.all():
         row = int(np.flatnonzero(~agrees)[0])
