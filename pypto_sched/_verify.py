@@ -243,8 +243,9 @@ def compare_results(
                 f"'actual.greedy_token_ids' must have one id per request ({num_requests}): "
                 f"shape {greedy.shape}"
             )
-        allowed = float(tolerance) + float(relative_tolerance) * scales
-        agrees = _is_argmax(reference_logits, greedy, slack=2 * allowed)
+        agrees, _ = greedy_ids_agree(
+            reference_logits, greedy, tolerance=tolerance, relative_tolerance=relative_tolerance
+        )
         consistent = None if logits is None else _is_argmax(logits, greedy, slack=0.0)
     return Verification(
         tolerance=float(tolerance),
@@ -258,6 +259,15 @@ def compare_results(
         greedy_agrees=agrees,
         greedy_consistent=consistent,
     )
+
+
+def greedy_ids_agree(
+    reference: F64, ids: npt.NDArray[np.int64], *, tolerance: float, relative_tolerance: float
+) -> tuple[npt.NDArray[np.bool_], F64]:
+    """The greedy-id rule (see the module docstring), row by row: whether ``ids[i]`` agrees
+    with ``reference[i]``, and twice row ``i``'s allowed difference (the slack it had)."""
+    slack = 2 * (float(tolerance) + float(relative_tolerance) * _scales(reference))
+    return _is_argmax(reference, ids, slack=slack), read_only(slack)
 
 
 def is_tolerance(value: object) -> bool:

@@ -270,6 +270,7 @@ def test_a_backend_error_names_the_request_by_its_index_in_the_batch_in_prefill_
         class Poisoned:  # the reference backend, failing on any dispatch holding token 7
             name = "poisoned"
             tolerance = inner.tolerance
+            relative_tolerance = 0.125  # read by the driver (--verify's near-ties)
             vocab_size = inner.vocab_size
             hidden_size = inner.hidden_size
 
@@ -294,6 +295,8 @@ def test_a_backend_error_names_the_request_by_its_index_in_the_batch_in_prefill_
     with RayReplicas(
         poisoned_backend, num_replicas=2, resources=HALF_CPU, start_timeout=60
     ) as pool:
+        assert (pool.tolerance, pool.relative_tolerance) == (load_backend("reference").tolerance,
+                                                             0.125)  # fmt: skip
         for run in (
             lambda: pool.prefill(prompts, config=config),
             lambda: pool.generate(prompts, config=config, max_new_tokens=2),

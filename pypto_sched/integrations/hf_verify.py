@@ -12,8 +12,22 @@ banned n-grams or tokens...): the comparison is with plain greedy decoding, whic
 
 transformers (and torch) are imported only when a verification runs
 (``pip install 'pypto-sched[transformers]'``); :func:`transformers_missing` says beforehand
-whether they are there. Run it in float64 against a float64 backend: in a lower precision a
-near-tie between two logits can flip a greedy token without either side being wrong.
+whether they are there.
+
+Near-ties
+---------
+A backend that computes in low precision may break a near-tie between two logits the other
+way without being wrong, and from there generate other tokens. Given the backend's
+``tolerance`` and ``relative_tolerance`` (its promise, see :func:`~pypto_sched.compare_results`),
+a request that differs from transformers' tokens is checked again *on its own tokens*: one
+forward pass of transformers over the prompt and the generated tokens gives, for each
+generated token, the logits transformers computes after the same tokens, and the request
+passes when every generated token agrees with them by the verification rule's greedy-id
+rule (its logit within twice the allowed difference of the row's maximum) and the tokens end
+where :func:`~pypto_sched.generate` stops (at the first stop token, else after
+``max_new_tokens``). Such a request is reported as a :class:`NearTie`, not a mismatch. With
+both tolerances 0 (the defaults) the comparison is exact. transformers runs in float64 by
+default, so its logits stand for the exact ones.
 """
 
 from __future__ import annotations
@@ -30,12 +44,13 @@ import numpy.typing as npt
 
 from .._errors import CheckpointError, InvalidInputError
 from .._generate import per_request_counts, stop_sets, token_lists
+from .._verify import greedy_ids_agree, is_tolerance
 from ..checkpoints import read_config
 from ..execute import TokenIds
 from ..prompts import MissingDependencyError
 
-__all__ = ["INSTALL", "Mismatch", "TransformersVerification", "transformers_missing",
-           "verify_greedy_generation"]  # fmt: skip
+__all__ = ["INSTALL", "Mismatch", "NearTie", "TransformersVerification",
+           "transformers_missing", "verify_greedy_generation"]  # fmt: skip
 
 #: The dtypes transformers may run in, by name (float64 by default: see above).
 _DTYPES = ("float64", "float32", "bfloat16", "float16")
@@ -56,12 +71,40 @@ class Mismatch:
     ours: int | None
     #: transformers' token there, or ``None`` when transformers' ended first.
     theirs: int | None
+    #: Set when the request was checked on its own tokens (see *Near-ties*): ``theirs`` is
+    #: then transformers' choice after the same tokens, and ``gap`` how far its logit is
+    #: above ours ...
+    gap: float | None = None
+    #: ... when the most the rule allows is ``slack``.
+    slack: float | None = None
 
     def describe(self) -> str:
+        where = f"request {self.index}: generated token {self.position} is {self.ours}"
+        if self.gap is None or self.slack is None:
+            return f"{where}, transformers' is {self.theirs}"
         return (
-            f"request {self.index}: generated token {self.position} is {self.ours}, "
-            f"transformers' is {self.theirs}"
+            f"{where}, transformers' after the same tokens is {self.theirs}, its logit "
+            f"{self.gap:.3g} above ours (more than the {self.slack:.3g} the backend's "
+            f"tolerance allows)"
         )
+
+
+@attrs.frozen(kw_only=True)
+class NearTie:
+    """A request whose tokens differ from transformers' ``generate()`` from ``position`` on
+    but agree, token by token, with transformers' logits after the same tokens within the
+    backend's tolerance (see *Near-ties* in the module docstring)."""
+
+    #: The request, counted from 0 in input order.
+    index: int
+    #: The first generated token that differs from transformers' ``generate()``.
+    position: int
+    #: Our token there and transformers'.
+    ours: int
+    theirs: int
+    #: The largest, over the request's generated tokens, of how far transformers' best
+    #: logit is above the logit of our token, as a fraction of the slack allowed there.
+    worst_fraction: float
 
 
 @attrs.frozen(kw_only=True)
@@ -69,21 +112,30 @@ class TransformersVerification:
     """The outcome of :func:`verify_greedy_generation`."""
 
     num_requests: int
-    #: One per request that differs, in input order.
+    #: One per request that differs beyond its near-ties, in input order.
     mismatches: tuple[Mismatch, ...]
+    #: One per request that differs only at near-ties, in input order.
+    near_ties: tuple[NearTie, ...] = ()
 
     @property
     def passed(self) -> bool:
         return not self.mismatches
 
     def describe(self) -> str:
-        if self.passed:
-            return f"PASS vs transformers generate(): {self.num_requests}/{self.num_requests} equal"
-        agree = self.num_requests - len(self.mismatches)
-        return (
-            f"FAIL vs transformers generate(): {agree}/{self.num_requests} equal; first "
-            f"difference: {self.mismatches[0].describe()}"
+        equal = self.num_requests - len(self.mismatches) - len(self.near_ties)
+        text = (
+            f"{'PASS' if self.passed else 'FAIL'} vs transformers generate(): "
+            f"{equal}/{self.num_requests} equal"
         )
+        if self.near_ties:
+            worst = max(tie.worst_fraction for tie in self.near_ties)
+            text += (
+                f", {len(self.near_ties)} more break a near-tie the other way (every token "
+                f"within {worst:.0%} of the slack the backend's tolerance allows)"
+            )
+        if self.mismatches:
+            text += f"; first difference: {self.mismatches[0].describe()}"
+        return text
 
 
 def transformers_missing() -> str | None:
@@ -103,12 +155,17 @@ def verify_greedy_generation(
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     dtype: str = "float64",
+    tolerance: float = 0.0,
+    relative_tolerance: float = 0.0,
 ) -> TransformersVerification:
     """Compare ``generated[r]`` with transformers' greedy generation of ``prompts[r]`` alone
     on the Qwen3 ``checkpoint`` directory: at most ``max_new_tokens`` tokens (one int, or one
     per prompt), up to and including the first of ``stop_token_ids`` (every request) or of
     ``request_stop_token_ids[r]`` (its own) -- the arguments :func:`~pypto_sched.generate`
-    took, in the forms it takes them.
+    took, in the forms it takes them. ``tolerance`` and ``relative_tolerance``, the backend's
+    (:attr:`~pypto_sched.backends.Backend.tolerance` and
+    :func:`~pypto_sched.backends.relative_tolerance`), let a request that differs pass at
+    near-ties (see the module docstring); at 0, the default, tokens must be equal.
 
     Every argument is checked before transformers runs: a bad one raises
     :class:`~pypto_sched.InvalidInputError` naming it (a checkpoint that is missing or
@@ -137,6 +194,9 @@ def verify_greedy_generation(
     stops = stop_sets(stop_token_ids, request_stop_token_ids, count, vocab_size=vocab_size)
     if dtype not in _DTYPES:
         raise InvalidInputError(f"'dtype' must be one of {list(_DTYPES)}: {dtype!r}")
+    for name, value in (("tolerance", tolerance), ("relative_tolerance", relative_tolerance)):
+        if not is_tolerance(value):
+            raise InvalidInputError(f"{name!r} must be a finite real number >= 0: {value!r}")
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -147,7 +207,9 @@ def verify_greedy_generation(
     # no_repeat_ngram_size, suppress_tokens... there would change the greedy tokens): replace
     # it with a fresh one, so transformers runs plain greedy decoding and nothing else.
     model.generation_config = GenerationConfig()  # type: ignore[no-untyped-call]
-    mismatches = []
+    near_ties_allowed = bool(tolerance or relative_tolerance)
+    mismatches: list[Mismatch] = []
+    near_ties: list[NearTie] = []
     for index, (prompt, new, stop, mine) in enumerate(zip(ours, news, stops, outputs, strict=True)):
         ids = torch.tensor([prompt], dtype=torch.long)
         with torch.inference_mode():
@@ -156,9 +218,73 @@ def verify_greedy_generation(
             )
         theirs = _until_stop(output[0, len(prompt) :].tolist(), stop)
         mismatch = _first_difference(index, mine, theirs)
-        if mismatch is not None:
-            mismatches.append(mismatch)
-    return TransformersVerification(num_requests=count, mismatches=tuple(mismatches))
+        if mismatch is None:
+            continue
+        if near_ties_allowed and mismatch.ours is not None and mismatch.theirs is not None:
+            # A token differs (rather than one side ending first): check ours on our tokens.
+            logits = _logits_after(model, prompt, mine)
+            outcome = _on_own_tokens(
+                mismatch, mine, logits, new=new, stop=stop,
+                tolerance=float(tolerance), relative_tolerance=float(relative_tolerance),
+            )  # fmt: skip
+            if isinstance(outcome, NearTie):
+                near_ties.append(outcome)
+                continue
+            mismatch = outcome
+        mismatches.append(mismatch)
+    return TransformersVerification(
+        num_requests=count, mismatches=tuple(mismatches), near_ties=tuple(near_ties)
+    )
+
+
+def _logits_after(model: Any, prompt: list[int], generated: list[int]) -> npt.NDArray[np.float64]:
+    """transformers' logits for each of ``generated`` after the prompt and the generated
+    tokens before it (one forward pass), as ``[len(generated), vocab_size]`` float64."""
+    import torch
+
+    ids = torch.tensor([prompt + generated[:-1]], dtype=torch.long)
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    rows: npt.NDArray[np.float64] = (
+        logits[0, len(prompt) - 1 :].to(torch.float64).numpy().astype(np.float64)
+    )
+    return rows
+
+
+def _on_own_tokens(
+    mismatch: Mismatch,
+    generated: list[int],
+    logits: npt.NDArray[np.float64],
+    *,
+    new: int,
+    stop: Collection[int],
+    tolerance: float,
+    relative_tolerance: float,
+) -> NearTie | Mismatch:
+    """A near-tie if every generated token agrees with transformers' ``logits`` after the
+    same tokens (the greedy-id rule) and the tokens end where generation stops; otherwise
+    ``mismatch``, or the first token that disagrees (with its gap)."""
+    if _until_stop(generated, stop) != generated or (
+        len(generated) < new and generated[-1] not in stop
+    ):
+        return mismatch  # ends where greedy generation would not, whatever the logits
+    chosen = np.array(generated, dtype=np.int64)
+    agree, slack = greedy_ids_agree(
+        logits, chosen, tolerance=tolerance, relative_tolerance=relative_tolerance
+    )
+    gaps = logits.max(axis=1) - logits[np.arange(chosen.size), chosen]
+    if agree.all():
+        return NearTie(
+            index=mismatch.index, position=mismatch.position, ours=int(mismatch.ours or 0),
+            theirs=int(mismatch.theirs or 0),
+            worst_fraction=float(np.max(gaps / np.maximum(slack, np.finfo(np.float64).tiny))),
+        )  # fmt: skip
+    position = int(np.argmin(agree))
+    return Mismatch(
+        index=mismatch.index, position=position, ours=generated[position],
+        theirs=int(np.argmax(logits[position])), gap=float(gaps[position]),
+        slack=float(slack[position]),
+    )  # fmt: skip
 
 
 def _greedy(max_new_tokens: int) -> Any:

@@ -82,7 +82,7 @@ from .._partition import Partition, partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int, check_positions, read_only
-from ..backends import Backend, BackendFactory, load_backend, max_positions
+from ..backends import Backend, BackendFactory, load_backend, max_positions, relative_tolerance
 from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, _execute_schedule
 
 __all__ = [
@@ -292,6 +292,17 @@ class RayGenerationResult:
 # -- the actor ----------------------------------------------------------------------------
 
 
+@attrs.frozen(kw_only=True)
+class _Facts:
+    """What a replica tells the driver of its backend once it is built."""
+
+    name: str
+    vocab_size: int
+    max_position_embeddings: int | None
+    tolerance: float
+    relative_tolerance: float
+
+
 class _Replica:
     """One replica: a backend built once, running one part at a time (a Ray actor)."""
 
@@ -308,11 +319,16 @@ class _Replica:
             self._error = error
         self._done = (-1, 0, 0)  # part, requests done, tokens done
 
-    def ready(self) -> tuple[str, int, int | None]:
-        """The backend's name, vocabulary size and longest sequence (``None``: not said),
-        once it is built."""
+    def ready(self) -> _Facts:
+        """What the driver reads of the backend, once it is built."""
         backend = self._get()
-        return backend.name, backend.vocab_size, max_positions(backend)
+        return _Facts(
+            name=backend.name,
+            vocab_size=backend.vocab_size,
+            max_position_embeddings=max_positions(backend),
+            tolerance=float(backend.tolerance),
+            relative_tolerance=relative_tolerance(backend),
+        )
 
     def progress(self) -> tuple[int, int, int]:
         return self._done
@@ -462,9 +478,16 @@ class RayReplicas:
         try:
             for _ in range(self.num_replicas):
                 self._actors.append(self._start())
+            facts = self._wait_ready()
             #: The backend's registered name, vocabulary size, and longest sequence it takes
             #: (its ``max_position_embeddings``; ``None`` when it does not say).
-            self.name, self.vocab_size, self.max_position_embeddings = self._wait_ready()
+            self.name = facts.name
+            self.vocab_size = facts.vocab_size
+            self.max_position_embeddings = facts.max_position_embeddings
+            #: The logits difference it promises: ``tolerance`` plus ``relative_tolerance``
+            #: times the largest |logit| (see :func:`~pypto_sched.compare_results`).
+            self.tolerance = facts.tolerance
+            self.relative_tolerance = facts.relative_tolerance
         except BaseException:
             self.close()  # no actor outlives a pool that failed to start
             raise
@@ -688,7 +711,7 @@ class RayReplicas:
         ray.kill(self._actors[i])
         self._actors[i] = self._start()
 
-    def _wait_ready(self) -> tuple[str, int, int | None]:
+    def _wait_ready(self) -> _Facts:
         refs = [actor.ready.remote() for actor in self._actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
         if len(ready) < len(refs):
@@ -698,7 +721,7 @@ class RayReplicas:
                 f"cluster has {_totals()} available {_available()})"
             )
         try:
-            answers: list[tuple[str, int, int | None]] = ray.get(refs)
+            answers: list[_Facts] = ray.get(refs)
         except ray.exceptions.RayTaskError as error:
             raise _cause(error)  # noqa: B904 (its own cause is kept)
         except _LOST as error:  # its process died while building the backend
