@@ -7,7 +7,7 @@ error naming the parameter instead of failing deep inside NumPy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import attrs
 import numpy as np
@@ -23,7 +23,9 @@ __all__ = [
     "check_index",
     "check_int",
     "check_positions",
+    "ints_array",
     "is_int",
+    "is_sequence",
     "read_only",
     "utf8_error",
 ]
@@ -202,10 +204,8 @@ def as_count_array(
                 f"{name!r} values must be <= {max_value}: item {index} is {int(values[index])}"
             )
         array = values.astype(np.int64, copy=True)
-    elif isinstance(values, Sequence) and not isinstance(
-        values, str | bytes | bytearray | memoryview
-    ):
-        array = _from_sequence(name, values, min_value=min_value, max_value=max_value)
+    elif is_sequence(values):
+        array = ints_array(name, values, min_value=min_value, max_value=max_value)
     else:
         raise InvalidInputError(
             f"{name!r} must be a sequence or 1-D array of ints: {type(values).__name__}"
@@ -227,9 +227,23 @@ def as_count_array(
     return read_only(array)
 
 
-def _from_sequence(
-    name: str, values: Sequence[Any], *, min_value: int, max_value: int
+def is_sequence(values: object) -> TypeGuard[Sequence[Any]]:
+    """Whether ``values`` is a sequence of items (text and bytes are not)."""
+    return isinstance(values, Sequence) and not isinstance(
+        values, str | bytes | bytearray | memoryview
+    )
+
+
+def ints_array(
+    name: str,
+    values: Sequence[Any],
+    *,
+    min_value: int = -(2**63),
+    max_value: int = 2**63 - 1,
 ) -> npt.NDArray[np.int64]:
+    """A sequence of ints in ``[min_value, max_value]`` as an int64 array, or an
+    :class:`InvalidInputError` naming ``name`` and the first bad item (a bool, a float or a
+    nested sequence is one: NumPy would read ``True`` as 1 and fail on a nested list)."""
     # Fast path: plain ints in range convert in one call (a list of 100,000 lengths takes
     # milliseconds instead of a checked loop's tenths of a second).
     if set(map(type, values)) == {int}:

@@ -28,7 +28,16 @@ from ._pages import BlockTables, plan_pages
 from ._plan import plan_one_shot
 from ._policies import check_num_computed_tokens
 from ._schedule import Dispatch, Schedule
-from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
+from ._validate import (
+    arrays_stay_read_only,
+    check_bool,
+    check_callback,
+    check_int,
+    check_positions,
+    ints_array,
+    is_sequence,
+    read_only,
+)
 from .backends import (
     Backend,
     DispatchInput,
@@ -154,19 +163,26 @@ def _execute_schedule(
     cache: Any,
     on_dispatch: Callable[[DispatchDone], None] | None,
     names: Sequence[int] | None,
+    finite_embeddings: bool = True,
 ) -> ExecutionResult:
     """:func:`execute_schedule`, its errors naming request ``r`` ``names[r]`` (the indices of
-    a part's requests in the whole batch; ``None``: ``r``)."""
+    a part's requests in the whole batch; ``None``: ``r``). ``finite_embeddings=False`` lets
+    non-finite input embeddings through to the backend (the conformance check hands it NaN
+    ones to see that it refuses its NaN logits)."""
     if not isinstance(schedule, Schedule):
         raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
     check_is_backend(backend)
     schedule.validate()
     check_callback("on_dispatch", on_dispatch)
+    return_logits = check_bool("return_logits", return_logits)
+    return_greedy = check_bool("return_greedy", return_greedy)
     prompts = _token_ids(token_ids, schedule, backend)
     embeddings = (
         None
         if input_embeddings is None
-        else _embeddings(input_embeddings, schedule, hidden_size=backend.hidden_size)
+        else _embeddings(
+            input_embeddings, schedule, hidden_size=backend.hidden_size, finite=finite_embeddings
+        )
     )
     tables = _block_tables(schedule, block_tables, page_size)
     if cache is None and schedule.num_computed_tokens.any():
@@ -276,7 +292,7 @@ def _token_ids(
 def token_array(name: str, values: object, *, vocab_size: int) -> npt.NDArray[np.int64]:
     """``values`` as a read-only int64 array of token ids in ``[0, vocab_size)``, or an
     :class:`InvalidInputError` naming ``name``."""
-    array = np.asarray(values)
+    array = ints_array(name, values) if is_sequence(values) else np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise InvalidInputError(
             f"{name!r} must be a 1-D sequence of ints: shape {array.shape}, dtype {array.dtype}"
@@ -291,8 +307,11 @@ def token_array(name: str, values: object, *, vocab_size: int) -> npt.NDArray[np
 
 
 def _embeddings(
-    input_embeddings: object, schedule: Schedule, *, hidden_size: int
+    input_embeddings: object, schedule: Schedule, *, hidden_size: int, finite: bool
 ) -> list[npt.NDArray[np.floating[Any]]]:
+    """``input_embeddings`` checked: one float array ``[length, hidden_size]`` per request,
+    each finite (if ``finite``): a NaN there is the caller's, not a backend fault to be found
+    in its logits."""
     prompts = _per_request("input_embeddings", input_embeddings, schedule.num_requests)
     checked = []
     for r, prompt in enumerate(prompts):
@@ -303,6 +322,12 @@ def _embeddings(
                 f"shape {array.shape}, dtype {array.dtype}"
             )
         _check_length(f"input_embeddings[{r}]", array, int(schedule.prompt_lengths[r]))
+        if finite and not np.isfinite(array).all():
+            position = int(np.argmin(np.isfinite(array).all(axis=1)))
+            raise InvalidInputError(
+                f"'input_embeddings[{r}]' must be finite: position {position} holds "
+                f"{array[position][~np.isfinite(array[position])][0]}"
+            )
         checked.append(array)
     return checked
 

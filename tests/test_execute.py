@@ -509,7 +509,7 @@ def test_write_prefixes_checks_num_computed_tokens_as_plan_prefill_does(
         ([[1, 2]], r"'token_ids' must hold one entry per request \(4\): 1 entries"),
         ([[1] * 9, [1] * 3, [1] * 13, [1] * 6], r"'token_ids\[2\]' must cover the whole prompt"),
         ([[1] * 9, [1] * 3, [VOCAB] * 14, [1] * 6], r"values must be in \[0, 11\).*: 11"),
-        ([[1.5] * 9, [1] * 3, [1] * 14, [1] * 6], r"'token_ids\[0\]' must be a 1-D sequence"),
+        ([[1.5] * 9, [1] * 3, [1] * 14, [1] * 6], r"'token_ids\[0\]' must hold ints: item 0 "),
         ("abcd", "'token_ids' must hold one entry per request"),
     ],
 )

@@ -81,7 +81,7 @@ from .._generate import (
 from .._partition import Partition, partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
-from .._validate import check_int, check_positions, read_only
+from .._validate import check_bool, check_int, check_positions, read_only
 from ..backends import Backend, BackendFactory, load_backend, max_positions, relative_tolerance
 from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, _execute_schedule
 
@@ -524,6 +524,7 @@ class RayReplicas:
         in input order."""
         tokens = self._prompts(prompts)
         _check_config(config)
+        return_logits = check_bool("return_logits", return_logits)
         for r, prompt in enumerate(tokens):  # execute_schedule's check, named in the batch
             check_positions(f"'prompts[{r}]'", prompt.size, self.max_position_embeddings)
         lengths = np.array([p.size for p in tokens], dtype=np.int64)
@@ -538,7 +539,7 @@ class RayReplicas:
                 [tokens[r] for r in part.tolist()],
                 part.tolist(),
                 config,
-                bool(return_logits),
+                return_logits,
                 page_size,
             ),
             on_progress,

@@ -89,7 +89,7 @@ from ..backends import (
     protocol_gaps,
     relative_tolerance,
 )
-from ..execute import ExecutionResult, execute_schedule, write_prefixes
+from ..execute import ExecutionResult, _execute_schedule, execute_schedule, write_prefixes
 
 __all__ = ["check_backend"]
 
@@ -331,14 +331,19 @@ def _check_refuses_non_finite(backend: Backend, page_size: int) -> None:
     must raise rather than return ids: the driver never sees the logits behind them."""
     length = min(3, max_positions(backend) or 3)
     try:
-        execute_schedule(
+        _execute_schedule(
             plan_one_shot([length]),
             backend,
             [np.zeros(length, dtype=np.int64)],
             input_embeddings=[np.full((length, backend.hidden_size), np.nan)],
             return_logits=False,
             return_greedy=True,
+            block_tables=None,
             page_size=page_size,
+            cache=None,
+            on_dispatch=None,
+            names=None,
+            finite_embeddings=False,  # (execute_schedule refuses them, as the caller's error)
         )
     except ExecutionError:
         return
