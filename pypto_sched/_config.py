@@ -27,6 +27,11 @@ def _plain(value: object) -> object:
     return value
 
 
+def _policy_name(value: Policy) -> Policy:
+    """A NumPy string becomes ``str``, as :func:`_plain` does for integers."""
+    return str(value) if isinstance(value, np.str_) else value  # type: ignore[return-value]
+
+
 def _count(_self: object, field: attrs.Attribute[Any], value: object) -> None:
     check_int(field.name, value, min_value=1, error=InvalidConfigError)
 
@@ -37,7 +42,8 @@ def _optional_count(_self: object, field: attrs.Attribute[Any], value: object) -
 
 
 def _policy(_self: object, _field: attrs.Attribute[Any], value: object) -> None:
-    if value not in POLICIES:
+    # (Not `value in POLICIES` alone: an array holding a policy name passes that test.)
+    if not isinstance(value, str) or value not in POLICIES:
         choices = ", ".join(repr(p) for p in POLICIES)
         raise InvalidConfigError(f"'policy' must be one of {choices}: {value!r}")
 
@@ -64,7 +70,7 @@ class PlannerConfig:
     #: When set, every non-final chunk ends on a multiple of it (KV pages are never split).
     page_size: int | None = attrs.field(default=None, converter=_plain, validator=_optional_count)
     #: ``"round_robin"`` (the seed's behaviour) or ``"packed"`` (co-scheduled chunks).
-    policy: Policy = attrs.field(default="round_robin", validator=_policy)
+    policy: Policy = attrs.field(default="round_robin", converter=_policy_name, validator=_policy)
     #: ``packed`` only: most requests part-way through their prefill at once (``None``: no
     #: limit).
     max_num_partial_prefills: int | None = attrs.field(

@@ -58,7 +58,15 @@ from ._errors import (
     InvalidInputError,
     UnknownRequestError,
 )
-from ._online import PrefillState, StepChunk, _check_hashable, _Rows, _step_chunk, plan_step
+from ._online import (
+    PrefillState,
+    StepChunk,
+    _check_hashable,
+    _plan_rows,
+    _Rows,
+    _step_chunk,
+    plan_step,
+)
 from ._persistent import Frozen, PersistentMap
 from ._policies import preemption_victim
 from ._pool import PagePool, _Holds, check_holds_alone
@@ -153,7 +161,8 @@ class GenerationState(Frozen, Generic[RequestId]):
         int for all or one per request."""
         lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
         if isinstance(max_new_tokens, int | np.integer) and not isinstance(max_new_tokens, bool):
-            news = np.full(lengths.size, int(max_new_tokens), dtype=np.int64)
+            new = check_int("max_new_tokens", max_new_tokens, min_value=1)
+            news = np.full(lengths.size, new, dtype=np.int64)
         else:
             news = as_count_array("max_new_tokens", max_new_tokens, min_value=1)
             if news.size != lengths.size:
@@ -370,7 +379,7 @@ class GenerationStep(Generic[RequestId]):
 
     def arrays(self, *, index: int = 0) -> DispatchArrays:
         """The dispatch's kernel arrays; row ``i``'s ``requests`` entry is ``i``."""
-        return step_arrays(self.rows, self.pool, index=index)
+        return _step_arrays(self.rows, self.pool, index=index)
 
 
 def step_arrays(
@@ -380,6 +389,15 @@ def step_arrays(
     logits indices) for any step's rows, decode and prefill alike, with their pages in
     ``pool``. Row ``i`` of the arrays is the ``i``-th item of ``rows``; its ``requests`` entry
     is ``i`` (the row of ``pool.block_tables(list(rows))``)."""
+    if not isinstance(pool, PagePool):
+        raise InvalidInputError(f"'pool' must be a PagePool: {type(pool).__name__}")
+    return _step_arrays(_plan_rows(rows), pool, index=index)
+
+
+def _step_arrays(
+    rows: Mapping[RequestId, StepChunk], pool: PagePool[RequestId], *, index: int
+) -> DispatchArrays:
+    """:func:`step_arrays` of rows and a pool known to be such."""
     ids = list(rows)
     chunks = list(rows.values())
     dispatch = Dispatch(

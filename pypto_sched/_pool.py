@@ -169,7 +169,11 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def _table(self, request_id: RequestId) -> _Table:
         """The block table of ``request_id`` as stored (:data:`_NO_TABLE` if none)."""
-        table = self._owned.get(request_id)
+        try:
+            table = self._owned.get(request_id)
+        except TypeError:
+            _check_hashable(request_id)  # an unhashable id is the caller's mistake: named
+            raise
         return _NO_TABLE if table is None else table
 
     def _table_reader(self) -> Callable[[RequestId, _Table], _Table]:
@@ -249,12 +253,16 @@ class PagePool(Frozen, Generic[RequestId]):
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages that hold ``num_tokens`` tokens of one request."""
+        return self._pages_for(check_int("num_tokens", num_tokens, min_value=0))
+
+    def _pages_for(self, num_tokens: int) -> int:
+        """:meth:`pages_for` of a checked count (the planner's, once per row)."""
         return -(-num_tokens // self._page_size)
 
     def missing_pages(self, request_id: RequestId, num_tokens: int) -> int:
         """Pages ``request_id`` still needs to hold ``num_tokens`` tokens of context."""
         tokens = check_int("num_tokens", num_tokens, min_value=0)
-        return max(self.pages_for(tokens) - self._held(request_id), 0)
+        return max(self._pages_for(tokens) - self._held(request_id), 0)
 
     def can_hold(self, request_id: RequestId, num_tokens: int) -> bool:
         """Whether :meth:`hold` of ``num_tokens`` would succeed."""
@@ -287,7 +295,7 @@ class PagePool(Frozen, Generic[RequestId]):
         _check_hashable(request_id)
         tokens = check_int("num_tokens", num_tokens, min_value=0, max_value=MAX_TOKENS)
         have = self._held(request_id)
-        missing = self.pages_for(tokens) - have
+        missing = self._pages_for(tokens) - have
         if missing <= 0:
             return self
         if missing > self.num_free:
@@ -426,7 +434,7 @@ def check_holds_alone(
     """Raise ``error`` naming ``name`` if ``pool`` has too few pages in all for
     ``request_id``'s ``num_tokens`` tokens of KV (``what`` says what they are): such a
     request could never run to its end, even alone. The one statement of that rule."""
-    needed = pool.pages_for(num_tokens)
+    needed = pool._pages_for(num_tokens)
     if needed > pool.num_pages:
         raise error(
             f"{name!r} must hold every request alone: request {request_id!r} needs "
@@ -474,7 +482,7 @@ class _Holds(Generic[RequestId]):
         """Note that ``request_id`` holds ``num_tokens`` tokens of context (within its
         :meth:`room`: the pages are free)."""
         table = self.get(request_id, _NO_TABLE)
-        missing = self.base.pages_for(num_tokens) - table[1]
+        missing = self.base._pages_for(num_tokens) - table[1]
         if missing > 0:
             self.grows.append((request_id, table, missing))
             self.free -= missing

@@ -119,10 +119,12 @@ def sample_token(
     if not np.isfinite(row).all():
         bad = int(np.flatnonzero(~np.isfinite(row))[0])
         raise InvalidInputError(f"'logits' must be finite: column {bad} is {row[bad]}")
-    if params.is_greedy:
-        return int(np.argmax(row))
+    # (Checked under greedy decoding too, which does not read them: a bad index is a bug
+    # whichever the params.)
     request = check_int("request_index", request_index, min_value=0, max_value=2**63 - 1)
     token = check_int("token_index", token_index, min_value=0, max_value=2**63 - 1)
+    if params.is_greedy:
+        return int(np.argmax(row))
     row = row.astype(np.float64)
     with np.errstate(over="ignore"):  # an overflow is a -inf: a probability of 0
         scaled = (row - row.max()) / params.temperature

@@ -15,15 +15,24 @@ import pytest
 from pypto_sched import (
     BlockTables,
     CacheTooSmallError,
+    GenerationState,
     InvalidConfigError,
     InvalidInputError,
     InvalidScheduleError,
+    PagePool,
     PlannerConfig,
     PyptoSchedError,
+    SamplingParams,
     dispatch_arrays,
+    execute_schedule,
+    generate,
+    load_backend,
+    plan_generation_step,
     plan_pages,
     plan_prefill,
     plan_warmup,
+    sample_token,
+    step_arrays,
 )
 
 CONFIG = PlannerConfig(max_num_batched_tokens=64)
@@ -331,3 +340,114 @@ def test_an_array_value_out_of_range_is_named_by_its_item_whatever_its_dtype(dty
     with pytest.raises(InvalidInputError, match=rf"^'prompt_lengths' values must be <= "
                        rf"2147483647: item 1 is {big}$"):  # fmt: skip
         plan_prefill(lengths, CONFIG)
+
+
+# -- found by fuzzing the public surface with what careless callers pass -----------------------
+
+BACKEND = load_backend("reference", seed=0)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        ([True, 2, 3], r"item 0 is True \(bool\)"),  # NumPy would read it as token 1
+        ([1, [2], 3], r"item 1 is \[2\] \(list\)"),  # NumPy would fail on the ragged list
+        ([1, 2.0, 3], r"item 1 is 2.0 \(float\)"),
+    ],
+    ids=["bool", "nested", "float"],
+)
+def test_a_token_id_that_is_not_an_int_is_named_with_its_request(
+    prompt: list[Any], fragment: str
+) -> None:
+    config = PlannerConfig(max_num_batched_tokens=8)
+    with pytest.raises(InvalidInputError, match=rf"^'prompts\[1\]' must hold ints: {fragment}"):
+        generate(BACKEND, [[1, 2], prompt], config=config, max_new_tokens=1)
+    with pytest.raises(InvalidInputError, match=rf"^'token_ids\[1\]' must hold ints: {fragment}"):
+        execute_schedule(plan_prefill([2, 3], config), BACKEND, [[1, 2], prompt])
+
+
+@pytest.mark.parametrize("flag", ["return_logits", "return_greedy"])
+@pytest.mark.parametrize("value", ["no", 1, None], ids=repr)
+def test_execute_schedules_flags_are_bools_not_truth_values(flag: str, value: Any) -> None:
+    schedule = plan_prefill([3], PlannerConfig(max_num_batched_tokens=8))
+    with pytest.raises(InvalidInputError, match=rf"^'{flag}' must be a bool: "):
+        execute_schedule(schedule, BACKEND, [[1, 2, 3]], **{flag: value})
+
+
+def test_non_finite_input_embeddings_are_the_callers_error_not_the_backends() -> None:
+    schedule = plan_prefill([3, 2], PlannerConfig(max_num_batched_tokens=8))
+    embeddings = [BACKEND.embed(np.array(ids)) for ids in ([1, 2, 3], [4, 5])]
+    embeddings[1] = embeddings[1].copy()
+    embeddings[1][1, 3] = np.inf
+    with pytest.raises(
+        InvalidInputError, match=r"^'input_embeddings\[1\]' must be finite: position 1 holds inf"
+    ):
+        execute_schedule(schedule, BACKEND, [[1, 2, 3], [4, 5]], input_embeddings=embeddings)
+
+
+@pytest.mark.parametrize("value", [2**63, np.uint64(2**64 - 1)], ids=repr)
+def test_a_huge_max_new_tokens_for_every_request_is_named(value: Any) -> None:
+    with pytest.raises(InvalidInputError, match=r"^'max_new_tokens' must be <= 2147483647: "):
+        GenerationState.from_prompt_lengths([5], max_new_tokens=value, num_pages=9, page_size=4)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        lambda pool: pool.pages(["a"]),
+        lambda pool: pool.capacity(["a"]),
+        lambda pool: pool.tokens_holdable(["a"]),
+        lambda pool: pool.missing_pages(["a"], 3),
+        lambda pool: pool.can_hold(["a"], 3),
+        lambda pool: pool.slot(["a"], 0),
+        lambda pool: pool.block_tables([["a"]]),
+    ],
+    ids=["pages", "capacity", "tokens_holdable", "missing_pages", "can_hold", "slot",
+         "block_tables"],
+)  # fmt: skip
+def test_a_page_pool_query_names_an_unhashable_request_id(query: Any) -> None:
+    pool = PagePool[Any](num_pages=8, page_size=4).hold("a", 5)
+    with pytest.raises(InvalidInputError, match=r"^'request_id' must be hashable: \['a'\]"):
+        query(pool)
+
+
+@pytest.mark.parametrize("value", [3.7, True, -5, math.nan, None, np.uint64(2**64 - 1)], ids=repr)
+def test_pages_for_takes_a_token_count(value: Any) -> None:
+    with pytest.raises(InvalidInputError, match=r"^'num_tokens' must be "):
+        PagePool(num_pages=8, page_size=4).pages_for(value)
+
+
+def test_step_arrays_checks_its_rows_and_pool() -> None:
+    state = GenerationState.from_prompt_lengths([5, 3], max_new_tokens=2, num_pages=4, page_size=4)
+    step = plan_generation_step(state, PlannerConfig(max_num_batched_tokens=8))
+    bad_rows = {"list": [0, 1], "tuples": {0: (0, 5, True)}, "None": None}
+    for rows in bad_rows.values():
+        with pytest.raises(InvalidInputError, match=r"^'rows' must (be a mapping|map each)"):
+            step_arrays(rows, step.pool)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"^'pool' must be a PagePool: NoneType"):
+        step_arrays(step.rows, None)  # type: ignore[arg-type]
+    checked, planned = step_arrays(step.rows, step.pool), step.arrays()
+    assert np.array_equal(checked.slot_mapping, planned.slot_mapping)
+
+
+@pytest.mark.parametrize("policy", [np.array(["packed"]), ["packed"], b"packed"], ids=repr)
+def test_a_policy_is_a_name_not_something_holding_one(policy: Any) -> None:
+    with pytest.raises(InvalidConfigError, match=r"^'policy' must be one of "):
+        PlannerConfig(max_num_batched_tokens=8, policy=policy)
+
+
+def test_a_numpy_string_policy_is_kept_as_a_str() -> None:
+    config = PlannerConfig(max_num_batched_tokens=8, policy=np.str_("packed"))  # type: ignore[arg-type]
+    assert type(config.policy) is str
+    assert config == PlannerConfig(max_num_batched_tokens=8, policy="packed")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("request_index", None), ("token_index", "x"), ("token_index", -1), ("request_index", True)],
+)
+def test_sample_token_checks_its_indices_under_greedy_decoding_too(name: str, value: Any) -> None:
+    indices = {"request_index": 0, "token_index": 0, name: value}
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        with pytest.raises(InvalidInputError, match=rf"^'{name}' must be"):
+            sample_token(np.array([0.5, 1.5]), params, **indices)
