@@ -158,22 +158,39 @@ class GenerationState(Frozen, Generic[RequestId]):
         page_size: int,
     ) -> GenerationState[int]:
         """A state of requests ``0 .. n-1`` arrived in that order; ``max_new_tokens`` is one
-        int for all or one per request."""
-        lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
+        int for all or one per request. It may be empty."""
+        lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1, allow_empty=True)
         if isinstance(max_new_tokens, int | np.integer) and not isinstance(max_new_tokens, bool):
             new = check_int("max_new_tokens", max_new_tokens, min_value=1)
             news = np.full(lengths.size, new, dtype=np.int64)
         else:
-            news = as_count_array("max_new_tokens", max_new_tokens, min_value=1)
+            news = as_count_array("max_new_tokens", max_new_tokens, min_value=1, allow_empty=True)
             if news.size != lengths.size:
                 raise InvalidInputError(
                     f"'max_new_tokens' must have one entry per prompt ({lengths.size}): "
                     f"{news.size} entries"
                 )
         state: GenerationState[int] = GenerationState(num_pages=num_pages, page_size=page_size)
-        for request, (length, new) in enumerate(zip(lengths.tolist(), news.tolist(), strict=True)):
-            state = state.add(request, length, max_new_tokens=new)
-        return state
+        # The state add() after add() would build, built at once (a million requests take
+        # seconds, not minutes). add()'s checks, for every request at once: the first
+        # request to fail one is added, and add() raises its own error.
+        contexts = lengths + news - 1
+        pages = -(-contexts // state._pool.page_size)
+        failing = np.flatnonzero((contexts > MAX_TOKENS) | (pages > state._pool.num_pages))
+        if failing.size:
+            first = int(failing[0])
+            state.add(first, int(lengths[first]), max_new_tokens=int(news[first]))
+            raise AssertionError(f"add() took request {first}, which fails its checks")
+        sequences: PersistentMap[int, _Sequence] = PersistentMap()
+        sequences = sequences.update(
+            (r, _Sequence(r, length, new, 0))
+            for r, (length, new) in enumerate(zip(lengths.tolist(), news.tolist(), strict=True))
+        )
+        return state._evolve(
+            sequences=sequences,
+            prefill=PrefillState.from_prompt_lengths(lengths),
+            next_arrival=lengths.size,
+        )
 
     # -- changing -----------------------------------------------------------------------
 

@@ -527,9 +527,7 @@ def _restore(
 ) -> PrefillState[Any]:
     requests: PersistentMap[Any, _Request] = PersistentMap()
     requests = requests.update((record.id, record) for record in queued)
-    queue: PersistentQueue[_Request] = _NO_QUEUE
-    for record in queued:
-        queue = queue.push(record)
+    queue: PersistentQueue[_Request] = _NO_QUEUE.extend(queued)
     return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
 
 

@@ -27,7 +27,7 @@ levels and inserting always terminates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 # No ``__all__``: these containers are internal to ``PrefillState``, not public API.
@@ -122,6 +122,22 @@ class PersistentQueue(Generic[T]):
             return self._make(self._link(item, None), None)
         return self._make(self._front, self._link(item, self._back))
 
+    def extend(self, items: Sequence[T]) -> PersistentQueue[T]:
+        """A queue with ``items`` added at the back, in order: equal to a :meth:`push` of
+        each (onto an empty queue, its items are linked in one pass and the queue built
+        once)."""
+        if not items:
+            return self
+        if self._front is not None:
+            queue = self
+            for item in items:
+                queue = queue.push(item)
+            return queue
+        link: _Link = None
+        for item in reversed(items):  # (the front list holds the oldest first)
+            link = self._link(item, link)
+        return self._make(link, None)
+
     def push_front(self, item: T) -> PersistentQueue[T]:
         """A queue with ``item`` added at the front (it is the next :meth:`peek`)."""
         return self._make(self._link(item, self._front), self._back)
@@ -213,8 +229,7 @@ class PersistentMap(Generic[K, V]):
         ``flat`` is too big."""
         if len(flat) > self._FLAT_MAX:
             root: _Node = {}
-            for key, value in flat.items():
-                root, _ = _assoc(root, 0, hash(key), key, value)
+            _bind_in_place(root, {id(root)}, flat.items())
             return self._make(root, len(flat))
         new: PersistentMap[K, V] = object.__new__(type(self))
         new._flat = flat
@@ -267,32 +282,7 @@ class PersistentMap(Generic[K, V]):
             flat.update(items)
             return self._make_flat(flat)
         root = self._root.copy()
-        copied = {id(root)}  # nodes of the new map only, which may be changed in place
-        size = self._size
-        for key, value in items:
-            h = hash(key)
-            node, shift = root, 0
-            while True:
-                fragment = (h >> shift) & _MASK
-                child = node.get(fragment)
-                if type(child) is dict:
-                    if id(child) not in copied:
-                        child = node[fragment] = child.copy()
-                        copied.add(id(child))
-                    node, shift = child, shift + _BITS
-                    continue
-                if child is None:
-                    node[fragment] = (h, ((key, value),))
-                    size += 1
-                elif child[0] == h:
-                    kept = _without_key(child[1], key)
-                    node[fragment] = (h, (*kept, (key, value)))
-                    size += len(kept) == len(child[1])
-                else:  # (the new nodes of a split are not in `copied`: changing them copies)
-                    node[fragment] = _split(child, (h, ((key, value),)), shift + _BITS)
-                    size += 1
-                break
-        return self._make(root, size)
+        return self._make(root, self._size + _bind_in_place(root, {id(root)}, items))
 
     def delete(self, key: K) -> PersistentMap[K, V]:
         """A map equal to this one without ``key``; ``KeyError`` if it is absent."""
@@ -336,6 +326,38 @@ class WideMap(PersistentMap[K, V]):
     __slots__ = ()
 
     _FLAT_MAX = 256
+
+
+def _bind_in_place(root: _Node, copied: set[int], items: Iterable[tuple[Any, Any]]) -> int:
+    """Bind each ``(key, value)`` of ``items`` in the trie ``root``, changing in place the
+    nodes whose ids are in ``copied`` (the new map's own) and copying any other node on a
+    path before changing it (once: the copy joins ``copied``). Returns how many keys were
+    new."""
+    added = 0
+    for key, value in items:
+        h = hash(key)
+        node, shift = root, 0
+        while True:
+            fragment = (h >> shift) & _MASK
+            child = node.get(fragment)
+            if type(child) is dict:
+                if id(child) not in copied:
+                    child = node[fragment] = child.copy()
+                    copied.add(id(child))
+                node, shift = child, shift + _BITS
+                continue
+            if child is None:
+                node[fragment] = (h, ((key, value),))
+                added += 1
+            elif child[0] == h:
+                kept = _without_key(child[1], key)
+                node[fragment] = (h, (*kept, (key, value)))
+                added += len(kept) == len(child[1])
+            else:  # (the new nodes of a split are not in `copied`: changing them copies)
+                node[fragment] = _split(child, (h, ((key, value),)), shift + _BITS)
+                added += 1
+            break
+    return added
 
 
 def _assoc(node: _Node, shift: int, h: int, key: Any, value: Any) -> tuple[_Node, bool]:

@@ -159,6 +159,43 @@ def test_with_one_new_token_and_an_ample_pool_the_rows_are_plan_steps(
         prefill = plan.state
 
 
+@given(
+    st.lists(st.integers(min_value=1, max_value=40), max_size=40),
+    st.data(),
+    st.integers(min_value=1, max_value=60),
+    st.integers(min_value=1, max_value=8),
+)
+def test_from_prompt_lengths_is_the_state_add_after_add_builds_and_fails_alike(
+    lengths: list[int], data: st.DataObject, num_pages: int, page_size: int
+) -> None:
+    """Built at once, it must be the state (and raise the error) of adding each in turn."""
+    news = data.draw(
+        st.integers(min_value=1, max_value=40)
+        | st.lists(
+            st.integers(min_value=1, max_value=40), min_size=len(lengths), max_size=len(lengths)
+        )
+    )
+    each = news if isinstance(news, list) else [news] * len(lengths)
+    expected: Any = GenerationState(num_pages=num_pages, page_size=page_size)
+    try:
+        for r, (length, new) in enumerate(zip(lengths, each, strict=True)):
+            expected = expected.add(r, length, max_new_tokens=new)
+    except InvalidConfigError as error:
+        expected = error
+    try:
+        built: Any = GenerationState.from_prompt_lengths(
+            lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+        )
+    except InvalidConfigError as error:
+        built = error
+    if isinstance(expected, Exception):
+        assert str(built) == str(expected)
+        return
+    assert built == expected
+    config = PlannerConfig(max_num_batched_tokens=16, policy="packed")
+    assert run_to_the_end(built, config) == run_to_the_end(expected, config)
+
+
 def test_a_small_pool_preempts_the_youngest_and_it_recomputes() -> None:
     # Two prompts of 4 and 8 new tokens each, pages of 2 tokens, room for 10 tokens.
     config = PlannerConfig(max_num_batched_tokens=16)
