@@ -1,7 +1,7 @@
 """Offline generation: pypto_sched.generate on the npu backend's torch path against
 transformers' continuous batching (``generate_batch``) and padded ``generate()``.
 
-    python benchmarks/bench_generate.py            # 64 prompts, 64 new tokens each
+    python benchmarks/bench_generate.py            # 64 prompts, 64 new tokens each, 3 runs
     python benchmarks/bench_generate.py --quick    # 8 prompts, 8 new tokens (a smoke test)
 
 One random Qwen3 (4 layers of width 512, written by transformers into a temporary directory
@@ -19,11 +19,15 @@ every request known up front, greedy, exactly ``--new-tokens`` tokens each (no s
 * **padded generate()**: ``model.generate`` on batches of ``--padded-batch-size`` prompts in
   input order, left-padded to the batch's longest, with an ``attention_mask``.
 
-For each it reports the wall time, generated tokens a second, dispatches (forward calls of
-the model), the time to first token in dispatches (the first is 1) and in seconds from the
-start of the run, and the machine's load average as the run started (other work on the
-machine slows a side several times over: compare runs made at similar loads); for ours also
-the planning time as a share of the wall time. It checks
+Each side runs ``--repeats`` times (default 3), the three sides taking turns in an order
+that reverses every repeat, and each is timed the same way: wall seconds around the whole
+call, from before the call to its return (for ours, the KV pool's allocation and the
+inputs' validation included). For each it reports the run of median wall time: its wall
+time, generated tokens a second, dispatches (forward calls of the model), the time to first
+token in dispatches (the first is 1) and in seconds from the same start as its wall time,
+and the machine's load average as the run started (other work on the machine slows a side
+several times over: compare runs made at similar loads); for ours also the planning time as
+a share of the wall time; then every run's wall time. It checks
 that the three give the same greedy tokens, and explains every difference by the one-shot
 logits of the context where the tokens first part: a near-tie (the two tokens' logits within
 ``--tie``) is float32 rounding deciding between equals, anything else is a failure.
@@ -90,6 +94,8 @@ class Run:
     #: The machine's load average when the run started: other work slows every side.
     load: float
     note: str = ""
+    #: Ours: the seconds spent planning (``None``: the other sides).
+    planning_seconds: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -116,7 +122,7 @@ class ForwardClock:
 
 def run_ours(
     backend: Backend, prompts: Sequence[list[int]], new_tokens: int, config: PlannerConfig
-) -> tuple[Run, float]:
+) -> Run:
     ends: list[float] = []
     load = os.getloadavg()[0]
     start = time.perf_counter()
@@ -128,12 +134,13 @@ def run_ours(
         page_size=PAGE_SIZE,
         on_step=lambda _done: ends.append(time.perf_counter()),
     )
+    seconds = time.perf_counter() - start
     stats = result.stats
     first = [s.first_token_dispatch for s in result.sequences]
-    run = Run(
+    return Run(
         name=f"ours ({config.policy})",
         tokens=[s.token_ids.tolist() for s in result.sequences],
-        seconds=stats.wall_seconds,
+        seconds=seconds,
         num_dispatches=stats.num_dispatches,
         ttft_dispatches=[f + 1 for f in first],
         ttft_seconds=[ends[f] - start for f in first],
@@ -142,8 +149,8 @@ def run_ours(
             f"{stats.num_mixed_dispatches} mixed, {stats.num_preemptions} preemptions, "
             f"planning {stats.planning_seconds:.3f} s"
         ),
+        planning_seconds=stats.planning_seconds,
     )
-    return run, stats.planning_seconds / stats.wall_seconds
 
 
 def run_generate_batch(
@@ -284,6 +291,23 @@ def report(runs: Sequence[Run]) -> None:
         )
 
 
+def median_run(runs: Sequence[Run]) -> Run:
+    """The run of median wall time (of an even number, the faster of the middle two)."""
+    ranked = sorted(runs, key=lambda run: run.seconds)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def alternating(sides: Sequence[Callable[[], Run]], repeats: int) -> list[list[Run]]:
+    """Each side's runs: ``repeats`` rounds of every side, in an order that reverses every
+    round, so that no side always runs first or after the same neighbour."""
+    runs: list[list[Run]] = [[] for _ in sides]
+    for repeat in range(repeats):
+        order = range(len(sides)) if repeat % 2 == 0 else range(len(sides) - 1, -1, -1)
+        for index in order:
+            runs[index].append(sides[index]())
+    return runs
+
+
 def seconds_of(run: Callable[[], object]) -> float:
     start = time.perf_counter()
     run()
@@ -303,8 +327,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1; 0: torch's own)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each side, alternating; the median counts"
+    )
     parser.add_argument("--no-check", action="store_true", help="report without the targets")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1: {args.repeats}")
     if args.quick:
         args.num_prompts, args.new_tokens, args.max_length = 8, 8, 512
     if args.threads:
@@ -346,10 +375,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup += seconds_of(lambda: run_padded_generate(model, clock, warm, 4, 4))
     print(f"warm-up {warmup:.1f} s")
 
-    ours, planning_share = run_ours(backend, prompts, args.new_tokens, config)
-    batch = run_generate_batch(model, clock, prompts, args.new_tokens, args.max_batch_tokens)
-    padded = run_padded_generate(model, clock, prompts, args.new_tokens, args.padded_batch_size)
+    runs = alternating(
+        [
+            lambda: run_ours(backend, prompts, args.new_tokens, config),
+            lambda: run_generate_batch(
+                model, clock, prompts, args.new_tokens, args.max_batch_tokens
+            ),
+            lambda: run_padded_generate(
+                model, clock, prompts, args.new_tokens, args.padded_batch_size
+            ),
+        ],
+        args.repeats,
+    )
+    ours, batch, padded = (median_run(side) for side in runs)
+    print(f"the run of median wall time of {args.repeats} per side, in alternating order:")
     report([ours, batch, padded])
+    for side in runs:
+        print(f"  {side[0].name} wall s: " + ", ".join(f"{run.seconds:.2f}" for run in side))
+    assert ours.planning_seconds is not None
+    planning_share = ours.planning_seconds / ours.seconds
 
     failures = []
     for other in (batch, padded):

@@ -1,13 +1,16 @@
 """Time one ``plan_step`` against a simple pure-Python step, for 10 to 10,000 requests in flight.
 
-    python benchmarks/bench_online.py            # 2,000 steps per case
-    python benchmarks/bench_online.py --quick    # 200 steps per case (a smoke test)
+    python benchmarks/bench_online.py             # 2,000 steps per case, targets checked
+    python benchmarks/bench_online.py --quick     # 200 steps per case (a smoke test, report only)
+    python benchmarks/bench_online.py --no-check  # report only
 
 Each case keeps ``N`` requests in flight: prompts of 64 to 4,096 tokens, and a new request
-arrives for every one that finishes. ``plan_step`` and the simple step run in lockstep on
-the same arrivals; the script checks that they plan the same rows at every step, and times
-every call. The simple step keeps every request in one tuple and rebuilds it each step, as
-the obvious immutable implementation would, so its cost grows with ``N``.
+arrives for every one that finishes; the four sizes of a policy, workload and pool are
+stepped in turn. ``plan_step`` and the simple step run in lockstep on the same arrivals,
+taking turns going first; the script checks that they plan the same rows at every step, and
+times every call (only the calls: converting and comparing the rows happen outside the
+timed windows). The simple step keeps every request in one tuple and rebuilds it each step,
+as the obvious immutable implementation would, so its cost grows with ``N``.
 
 Two workloads: ``bench`` (budget 2,048, threshold 512, page 16, 64 rows: about five rows a
 packed step) and ``seed`` (the seed's budget 8,192 and threshold 256, page 16, 64 rows:
@@ -17,19 +20,26 @@ decides who runs. A step that plans nothing while requests wait (every page held
 part-way prefills) preempts the youngest page holder, which gives its pages back and is
 queued again (at the front under ``packed``), as generation does; both sides do the same.
 
-The *rows* column is the floor of a step: building the same rows as the plan's (a dict of
-``StepChunk``), timed beside it. The *waiting* sweep keeps a fixed set of started requests
-(prompts too long to finish) and 100 to 100,000 requests waiting behind them, to show that
-a step's cost does not grow with the number waiting. Under ``packed`` every step of it
-plans the same rows as the one before (the steady state of a long prefill); it is timed
-beside its floor too. The *context* sweep is that steady state with a page pool, the
-started requests already 4,096 to 1,048,576 tokens in (their pages held), to show that a
-step's cost does not grow with the context either (a hold appends to a block table).
+The *rows* column is the floor of a step: returning the same rows as the plan's, built as
+``plan_step`` builds them (its own chunk builder and read-only mapping), timed beside it.
+The *waiting* sweep keeps a fixed set of started requests (prompts too long to finish) and
+100 to 100,000 requests waiting behind them, to show that a step's cost does not grow with
+the number waiting. Under ``packed`` every step of it plans the same rows as the one before
+(the steady state of a long prefill); it is timed beside its floor too. The *context*
+sweep is that steady state with a page pool, the started requests already 4,096 to
+1,048,576 tokens in (their pages held), to show that a step's cost does not grow with the
+context either (a hold appends to a block table).
 
 It prints the median microseconds per step of each (medians resist a busy machine better
-than means), their ratios and the load average. Targets: a step at 1,000 and 10,000 in
-flight costs at most about 15 us (a tenth of vLLM's ``Scheduler.schedule()``), and the
-waiting sweep stays flat.
+than means), their ratios and the load average. The targets, ratios of steps timed in the
+same run (``_targets.MAX_GROWTH``, the rule ``bench_vs_vllm.py`` checks too): a step's cost
+does not grow, that is the step at the largest size costs at most 1.5x the step at the
+smallest, from 1,000 to 10,000 in flight (every policy, workload and pool), from 100 to
+100,000 waiting (each policy) and from 4,096 to 1,048,576 tokens of context. A missed
+target makes it exit 1; ``--quick`` and ``--no-check`` only report. The issue's absolute
+figure for a step at 1,000 and 10,000 in flight, about 15 us (a tenth of vLLM's
+``Scheduler.schedule()``), is printed for reference and not checked: ``bench_vs_vllm.py``
+checks the 10x against ``schedule()`` run beside ``plan_step``.
 """
 
 from __future__ import annotations
@@ -38,9 +48,12 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
+
+from _targets import growth_miss
 
 from pypto_sched import (
     POLICIES,
@@ -53,12 +66,18 @@ from pypto_sched import (
     plan_step,
 )
 
+# The floor builds its rows with plan_step's own builders (see build_rows).
+from pypto_sched._online import _Rows, _step_chunk
+
 IN_FLIGHT = (10, 100, 1_000, 10_000)
 WAITING = (100, 1_000, 10_000, 100_000)
 CONTEXTS = (4_096, 65_536, 1_048_576)
 SHORTEST, LONGEST = 64, 4_096
 PAGE = 16
-TARGET_US = 15.0
+#: The issue's target, about a tenth of vLLM's ``Scheduler.schedule()``: printed for
+#: reference only, since an absolute time on a shared machine proves nothing;
+#: ``bench_vs_vllm.py`` checks the 10x against ``schedule()`` run beside it.
+REFERENCE_US = 15.0
 TARGET_IN_FLIGHT = (1_000, 10_000)
 
 Workload = Literal["bench", "seed"]
@@ -276,17 +295,27 @@ def as_tuples(plan: StepPlan[int]) -> Rows:
     return {r: (c.start, c.length, c.is_final) for r, c in plan.rows.items()}
 
 
-def build_rows(rows: Rows) -> dict[int, StepChunk]:
-    """The floor: the plan's rows, built."""
-    return {
-        r: StepChunk(start=start, length=length, is_final=final)
-        for r, (start, length, final) in rows.items()
-    }
+def build_rows(rows: Rows) -> Mapping[int, StepChunk]:
+    """The floor: the plan's rows built as ``plan_step`` builds the rows it returns (each
+    chunk by its unchecked builder, then the read-only mapping), so that the floor is the
+    cost of returning them."""
+    return _Rows(
+        {r: _step_chunk(start, length, final) for r, (start, length, final) in rows.items()}
+    )
+
+
+class Timed(NamedTuple):
+    """One step of a :class:`Run`: its rows and the ns of each side (0: not run)."""
+
+    num_rows: int
+    planner_ns: int
+    simple_ns: int
+    floor_ns: int
 
 
 class Run:
     """One case: ``plan_step`` and, with ``check``, the simple step in lockstep on the same
-    arrivals, checked to plan the same rows."""
+    arrivals, each timed on its own and checked to plan the same rows."""
 
     def __init__(
         self, config: PlannerConfig, pool: PagePool[int] | None, seed: int, *, check: bool
@@ -298,6 +327,7 @@ class Run:
         self.check = check
         pages = None if pool is None else SimplePages({}, pool.num_free)
         self.simple = SimpleState(pages=pages)
+        self.simple_rows: Rows = {}
         self.next_id = 0
         self.preemptions = 0
 
@@ -308,27 +338,37 @@ class Run:
             self.simple = self.simple.add(self.next_id, length)
         self.next_id += 1
 
-    def step(self) -> tuple[int, int, int, int]:
-        """One step of each side; the rows, ns of plan_step, the simple step and the rows."""
+    def step(self, *, simple_first: bool = False) -> Timed:
+        """One step of each side, the simple step first if ``simple_first`` (so that neither
+        always finds the caches the other left), then the floor. Only the calls are timed:
+        converting and comparing the rows is not."""
+        simple_ns = self.simple_step() if simple_first else 0
         start = time.perf_counter_ns()
         plan = plan_step(self.state, self.config, pool=self.pool)
-        middle = end = time.perf_counter_ns()
+        planner_ns = time.perf_counter_ns() - start
+        simple_ns = simple_ns if simple_first else self.simple_step()
         planned = as_tuples(plan)
-        if self.check:
-            simple_rows, self.simple = simple_step(self.simple, self.config)
-            end = time.perf_counter_ns()
-            if list(planned.items()) != list(simple_rows.items()):
-                raise SystemExit(f"{self.config}: the steps differ: {planned} != {simple_rows}")
-        floor_start = time.perf_counter_ns()
+        if self.check and list(planned.items()) != list(self.simple_rows.items()):
+            raise SystemExit(f"{self.config}: the steps differ: {planned} != {self.simple_rows}")
+        start = time.perf_counter_ns()
         build_rows(planned)
-        floor = time.perf_counter_ns() - floor_start
+        floor_ns = time.perf_counter_ns() - start
         self.state, self.pool = plan.state, plan.pool
         for request_id in plan.finished:
             self.release(request_id)
             self.arrive()  # keep the number in flight
         if not plan.rows and self.state:
             self.preempt_youngest_holder()
-        return len(planned), middle - start, end - middle, floor
+        return Timed(len(planned), planner_ns, simple_ns, floor_ns)
+
+    def simple_step(self) -> int:
+        """With ``check``, one step of the simple side, its rows kept in ``simple_rows``;
+        the ns it took (0 without ``check``)."""
+        if not self.check:
+            return 0
+        start = time.perf_counter_ns()
+        self.simple_rows, self.simple = simple_step(self.simple, self.config)
+        return time.perf_counter_ns() - start
 
     def release(self, request_id: int) -> None:
         if self.pool is not None:
@@ -349,40 +389,35 @@ class Run:
 
 
 def measure(
-    policy: Policy,
-    in_flight: int,
-    steps: int,
-    workload: Workload = "bench",
-    pool: PoolKind = "none",
-) -> Result:
-    """Two passes over the same arrivals: in lockstep with the simple step, checked and
-    timing the simple step; then ``plan_step`` alone (the simple step's big copies would
-    evict the planner's state from the caches), timing it and the floor side by side."""
+    policy: Policy, steps: int, workload: Workload = "bench", pool: PoolKind = "none"
+) -> list[Result]:
+    """Every number in flight of ``IN_FLIGHT``, stepped in turn (interleaved, so that a busy
+    spell of the machine falls on all of them alike); in each, ``plan_step``, the simple
+    step and the floor side by side on the same arrivals, the two steps taking turns going
+    first."""
     config = make_config(policy, workload)
-    checked = Run(config, make_pool(pool, in_flight), seed=in_flight, check=True)
-    alone = Run(config, make_pool(pool, in_flight), seed=in_flight, check=False)
-    for _ in range(in_flight):
-        checked.arrive()
-        alone.arrive()
-    simple_ns = [checked.step()[2] for _ in range(steps)]
-    rows, planner_ns, floor_ns = 0, [], []
-    for _ in range(steps):
-        num_rows, planner, _, floor = alone.step()
-        rows += num_rows
-        planner_ns.append(planner)
-        floor_ns.append(floor)
-    assert alone.state == checked.state, "the two passes saw the same steps"
-    return Result(
-        policy=policy,
-        workload=workload,
-        pool=pool,
-        in_flight=in_flight,
-        rows_per_step=rows / steps,
-        planner_us=statistics.median(planner_ns) / 1e3,
-        simple_us=statistics.median(simple_ns) / 1e3,
-        rows_us=statistics.median(floor_ns) / 1e3,
-        preemptions=alone.preemptions,
-    )
+    runs = [Run(config, make_pool(pool, n), seed=n, check=True) for n in IN_FLIGHT]
+    for run, in_flight in zip(runs, IN_FLIGHT, strict=True):
+        for _ in range(in_flight):
+            run.arrive()
+    timed: list[list[Timed]] = [[] for _ in IN_FLIGHT]
+    for step in range(steps):
+        for index, run in enumerate(runs):
+            timed[index].append(run.step(simple_first=step % 2 == 1))
+    return [
+        Result(
+            policy=policy,
+            workload=workload,
+            pool=pool,
+            in_flight=in_flight,
+            rows_per_step=sum(t.num_rows for t in times) / steps,
+            planner_us=statistics.median(t.planner_ns for t in times) / 1e3,
+            simple_us=statistics.median(t.simple_ns for t in times) / 1e3,
+            rows_us=statistics.median(t.floor_ns for t in times) / 1e3,
+            preemptions=run.preemptions,
+        )
+        for in_flight, times, run in zip(IN_FLIGHT, timed, runs, strict=True)
+    ]
 
 
 class WaitingResult(NamedTuple):
@@ -470,10 +505,10 @@ def measure_context(steps: int) -> list[ContextResult]:
     floor_ns: list[list[int]] = [[] for _ in CONTEXTS]
     for _ in range(steps):
         for index, run in enumerate(runs):
-            num_rows, planner, _, floor = run.step()
-            rows[index] += num_rows
-            planner_ns[index].append(planner)
-            floor_ns[index].append(floor)
+            timed = run.step()
+            rows[index] += timed.num_rows
+            planner_ns[index].append(timed.planner_ns)
+            floor_ns[index].append(timed.floor_ns)
     return [
         ContextResult(
             context,
@@ -595,18 +630,67 @@ def load() -> str:
     return "load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def misses(
+    results: Sequence[Result], waiting: Sequence[WaitingResult], contexts: Sequence[ContextResult]
+) -> list[str]:
+    """The targets missed: a step's cost does not grow (``growth_miss``) from 1,000 to
+    10,000 in flight (each policy, workload and pool), from the fewest waiting requests to
+    the most (each policy), nor from the shortest context to the longest."""
+    found = []
+    for policy in POLICIES:
+        for workload in WORKLOADS:
+            for pool in POOLS:
+                small, large = (
+                    next(
+                        r
+                        for r in results
+                        if (r.policy, r.workload, r.pool, r.in_flight)
+                        == (policy, workload, pool, n)
+                    )
+                    for n in TARGET_IN_FLIGHT
+                )
+                found.append(
+                    growth_miss(
+                        f"plan_step ({policy}, {workload}, pool {pool})",
+                        (f"{small.in_flight:,} in flight", small.planner_us),
+                        (f"{large.in_flight:,} in flight", large.planner_us),
+                    )
+                )
+        sweep = [r for r in waiting if r.policy == policy]
+        found.append(
+            growth_miss(
+                f"plan_step ({policy}) in the waiting sweep",
+                (f"{sweep[0].waiting:,} waiting", sweep[0].planner_us),
+                (f"{sweep[-1].waiting:,} waiting", sweep[-1].planner_us),
+            )
+        )
+    found.append(
+        growth_miss(
+            "plan_step (packed, pool ample) in the context sweep",
+            (f"{contexts[0].context:,} tokens in", contexts[0].planner_us),
+            (f"{contexts[-1].context:,} tokens in", contexts[-1].planner_us),
+        )
+    )
+    return [miss for miss in found if miss is not None]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="200 steps per case, not 2,000")
+    parser.add_argument(
+        "--quick", action="store_true", help="200 steps per case, not 2,000; report only"
+    )
+    parser.add_argument(
+        "--no-check", action="store_true", help="report only: exit 0 even if a target is missed"
+    )
     args = parser.parse_args(argv)
     steps = 200 if args.quick else 2_000
     print(load())
     results = [
-        measure(policy, n, steps, workload, pool)
+        result
         for workload in WORKLOADS
         for pool in POOLS
         for policy in POLICIES
-        for n in IN_FLIGHT
+        for result in measure(policy, steps, workload, pool)
     ]
     print(in_flight_table(results))
     print(load())
@@ -620,20 +704,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"slowest step at {' and '.join(f'{n:,}' for n in TARGET_IN_FLIGHT)} in flight: "
         f"{worst.planner_us:.1f} us ({worst.policy}, {worst.workload}, pool {worst.pool}); "
-        f"target about {TARGET_US:.0f} us"
+        f"the issue's figure is about {REFERENCE_US:.0f} us (not checked here: "
+        "bench_vs_vllm.py checks it against vLLM side by side)"
     )
-    for policy in POLICIES:
-        times = [r.planner_us for r in waiting if r.policy == policy]
-        print(
-            f"waiting sweep, {policy}: the slowest step is {max(times) / min(times):.2f}x the "
-            "fastest (target: flat)"
-        )
-    times = [r.planner_us for r in contexts]
-    print(
-        f"context sweep: the slowest step is {max(times) / min(times):.2f}x the fastest "
-        "(target: flat)"
-    )
+    if args.quick:
+        # The targets are set for the full run: a smoke test only reports.
+        print("targets not checked (--quick)")
+        return 0
+    found = misses(results, waiting, contexts)
+    for miss in found:
+        print(f"MISSED: {miss}")
+    if found and not args.no_check:
+        return 1
+    print("targets met" if not found else "targets not checked (--no-check)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

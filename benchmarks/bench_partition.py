@@ -96,6 +96,20 @@ def heap_loop(weights: list[int], n: int) -> list[int]:
     return assignment
 
 
+def check_same_assignment(lengths: npt.NDArray[np.int64], n: int) -> None:
+    """Fail loudly unless ``partition_requests`` and the heap loop assign every request to
+    the same part: timing them against each other would otherwise compare different work."""
+    ours = partition_requests(lengths, n).assignment
+    loop = np.asarray(heap_loop(lengths.tolist(), n))
+    if not np.array_equal(ours, loop):
+        first = int(np.flatnonzero(ours != loop)[0])
+        raise SystemExit(
+            f"partition_requests and the heap loop assign {lengths.size:,} prompts into {n} "
+            f"parts differently: request {first} to part {int(ours[first])} against "
+            f"{int(loop[first])}"
+        )
+
+
 def best_cpu_seconds(run: Callable[[], object], repeats: int = 3) -> float:
     best = math.inf
     for _ in range(repeats):
@@ -152,10 +166,11 @@ def main() -> None:
             if np.any(ours > theirs + 1e-12):
                 failures.append(f"{n} replicas: longest-first worse than {name} on a draw")
     lengths = long_tailed(0, 1_000_000)
+    check_same_assignment(lengths, 16)
     ours_s = best_cpu_seconds(lambda: partition_requests(lengths, 16))
     loop_s = best_cpu_seconds(lambda: heap_loop(lengths.tolist(), 16))
     print(f"1,000,000 prompts into 16 parts: partition_requests is {loop_s / ours_s:.1f}x "
-          f"the plain heap loop (same assignment)")  # fmt: skip
+          f"the plain heap loop (same assignment, checked)")  # fmt: skip
     if args.ray:
         ray_generation()
     if failures:

@@ -21,9 +21,10 @@ arrivals also of a quarter of the batch -- ``round_robin`` without a threshold, 
 ``packed`` without a threshold admitting the requests queued together shortest first
 (``order="shortest_first"``); and, with every request queued at once, a control: ``"fifo"``
 on a server of 4 rows a batch. For each: the batches run, the keys a batch reads on average,
-the time to first token (mean, median and p99, in batches and in CPU seconds), the
-throughput (prompt and generated tokens a CPU second) and the scheduler's own milliseconds a
-batch. Every run must return the tokens of ``"fifo"``.
+the time to first token (mean, median and p99, in batches and in CPU seconds; the p99 of one
+draw of 128 requests lies between its 2nd and 3rd slowest, of 24 between its two slowest,
+as a line under each table says), the throughput (prompt and generated tokens a CPU second)
+and the scheduler's own milliseconds a batch. Every run must return the tokens of ``"fifo"``.
 
 The workloads (``--workloads``, default all three; ``--requests`` prompts each, default 128,
 32 new tokens each):
@@ -88,9 +89,13 @@ What the figures show (each printed):
    own tokens and the weights, and the batches are the measure to trust.
 
 The target, checked on ``long-tail`` and on ``arrivals`` when they run (exit status 1 if
-missed on either; ``--no-check`` only reports): a pypto_sched side with at least
-``"fifo"``'s throughput and a p99 time to first token below ``"fifo"``'s, both in batches
-(throughput: the batches to serve every request) and in CPU seconds. It is not met: with
+missed on either; ``--no-check`` only reports, ``--quick`` does not check; checking needs 2
+rounds or more): a pypto_sched side with at least ``"fifo"``'s throughput and a p99 time to
+first token below ``"fifo"``'s, both in batches (throughput: the batches to serve every
+request; these repeat exactly) and in CPU seconds, where the win must exceed the noise of
+the run: the widest of the spread of ``"fifo"``'s own rounds (slowest over fastest) and the
+gap between ``"fifo"`` and a side that ran exactly its batches (1.03x to 1.06x in
+throughput, 0.92x to 0.97x in p99 in earlier runs). It is not met: with
 every request queued, ``packed`` shortest first has the lower p99 on the default draw but
 takes more batches, and a higher p99 on other draws (``--requests 256``, ``--long-share
 8``); with arrivals no side beats ``"fifo"``'s p99 at the default share of long prompts, for
@@ -437,6 +442,32 @@ def p99_floor(lengths: Sequence[int], budget: int) -> float:
     return float(np.percentile(bounds, 99))
 
 
+def p99_rank(count: int) -> str:
+    """What the p99 of ``count`` values is: numpy's percentile interpolates between two
+    order statistics, so over a batch of requests it is one of its few slowest, not a rate
+    ("between the 2nd slowest and the 3rd slowest of 128")."""
+    position = 0.99 * (count - 1)  # index from the fastest
+    ranks = sorted({count - int(np.ceil(position)), count - int(np.floor(position))})
+    names = [f"the {ordinal(rank)}slowest" for rank in ranks]
+    return ("between " if len(names) == 2 else "") + " and ".join(names) + f" of {count}"
+
+
+def ordinal(rank: int) -> str:
+    """``""`` for 1 (the slowest), else ``"2nd "``, ``"3rd "``, ``"11th "``..."""
+    if rank == 1:
+        return ""
+    suffix = (
+        "th" if rank % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(rank % 10, "th")
+    )
+    return f"{rank}{suffix} "
+
+
+def runs_fifos_batches(side: Side, fifo: Side) -> bool:
+    """Whether ``side`` ran exactly ``fifo``'s batches (the same queries and keys in each)."""
+    shapes = (side.first.batch_queries, side.first.batch_keys)
+    return shapes == (fifo.first.batch_queries, fifo.first.batch_keys)
+
+
 def batch_cost(run: Run) -> tuple[float, float, float]:
     """The least-squares fit ``seconds = a + b * Q * (K + Q)`` over ``run``'s batches
     (``Q`` query tokens, ``K`` keys read): ``a`` in ms, ``b`` in ns, and R^2."""
@@ -461,6 +492,11 @@ def report(sides: Sequence[Side], lengths: Sequence[int], *, arrivals: bool) -> 
         f"{'':<26} {'':>7} {'':>6} {'mean':>6}{'p50':>6}{'p99':>6} "
         f"{'mean':>6}{'p50':>6}{'p99':>6} {'CPU s':>6} {'ms/b':>5}"
     )
+    count = len(fifo.first.ttft_batches)
+    print(
+        f"p99 time to first token: {p99_rank(count)} requests of this draw "
+        "(numpy's interpolated percentile)"
+    )
     for side in sides:
         loads = [r.load for r in side.runs]
         print(
@@ -477,6 +513,12 @@ def report(sides: Sequence[Side], lengths: Sequence[int], *, arrivals: bool) -> 
             f"{side.throughput('wall') / fifo.throughput('wall'):>11.2f} "
             f"{side.ttft_seconds('wall', 99) / fifo.ttft_seconds('wall', 99):>5.2f}"
         )
+    for side in sides[1:]:
+        if runs_fifos_batches(side, fifo):
+            print(
+                f"{side.name} ran fifo's batches (the same queries and keys in each): its "
+                f"seconds differ from fifo's by its own cost and noise alone"
+            )
     if arrivals:
         report_classes(sides, lengths)
         return
@@ -492,13 +534,6 @@ def report(sides: Sequence[Side], lengths: Sequence[int], *, arrivals: bool) -> 
         f"{100 * (queries - decodes) / room:.1f}% prompt tokens, {100 * decodes / room:.1f}% "
         f"decode tokens, {100 * (room - queries) / room:.1f}% unused"
     )
-    for side in sides[1:]:
-        shapes = (side.first.batch_queries, side.first.batch_keys)
-        if shapes == (fifo.first.batch_queries, fifo.first.batch_keys):
-            print(
-                f"{side.name} ran fifo's batches (the same queries and keys in each): its "
-                f"seconds differ from fifo's by its own cost and noise alone"
-            )
     a, b, r2 = batch_cost(fifo.first)
     print(
         f"a batch's CPU cost (fit over fifo's batches): {a:.1f} ms + {b:.0f} ns per query x "
@@ -620,12 +655,45 @@ def bench_workload(
     return sides
 
 
+@attrs.frozen(kw_only=True)
+class Noise:
+    """How far apart this run put runs of the same batches, as factors of at least 1: the
+    spread (slowest over fastest) of ``"fifo"``'s own rounds, and the gap between ``"fifo"``
+    and each side that ran exactly its batches, whichever is widest."""
+
+    throughput: float
+    p99: float
+
+    @classmethod
+    def of(cls, sides: Sequence[Side]) -> Noise:
+        fifo = sides[0]
+        throughputs = [fifo.num_tokens / run.cpu_seconds for run in fifo.runs]
+        p99s = [float(np.percentile(run.ttft_cpu, 99)) for run in fifo.runs]
+        throughput = max(throughputs) / min(throughputs)
+        p99 = max(p99s) / min(p99s)
+        for side in sides[1:]:
+            if runs_fifos_batches(side, fifo):
+                gap = side.throughput("cpu") / fifo.throughput("cpu")
+                throughput = max(throughput, gap, 1 / gap)
+                gap = side.ttft_seconds("cpu", 99) / fifo.ttft_seconds("cpu", 99)
+                p99 = max(p99, gap, 1 / gap)
+        return cls(throughput=throughput, p99=p99)
+
+
 def target(sides: Sequence[Side], workload: str) -> bool:
     """The issue's target on ``workload``: a pypto_sched side with at least ``"fifo"``'s
     throughput and a lower p99 time to first token, both in batches (the figures that
     repeat exactly; throughput: the batches to serve every request) and in CPU seconds
-    (medians over the rounds)."""
+    (medians over the rounds), where in CPU seconds the win must exceed the run's
+    :class:`Noise`: throughput at least its factor times ``"fifo"``'s, and the p99 below
+    ``"fifo"``'s over its factor."""
     fifo = sides[0]
+    noise = Noise.of(sides)
+    rank = p99_rank(len(fifo.first.ttft_batches))
+    print(
+        f"noise of this run (fifo's {len(fifo.runs)} rounds and any side on fifo's batches): "
+        f"{noise.throughput:.2f}x in throughput, {noise.p99:.2f}x in p99, CPU s"
+    )
     met = False
     for side in sides:
         if not side.name.startswith("pypto_sched"):
@@ -634,12 +702,18 @@ def target(sides: Sequence[Side], workload: str) -> bool:
         p99_batches = side.ttft_batches(99) / fifo.ttft_batches(99)
         throughput = side.throughput("cpu") / fifo.throughput("cpu")
         p99_cpu = side.ttft_seconds("cpu", 99) / fifo.ttft_seconds("cpu", 99)
-        side_met = batches >= 1 and throughput >= 1 and p99_batches < 1 and p99_cpu < 1
+        side_met = (
+            batches >= 1
+            and p99_batches < 1
+            and throughput >= noise.throughput
+            and p99_cpu < 1 / noise.p99
+        )
         met |= side_met
         print(
-            f"target, {side.name}: throughput vs fifo's {batches:.2f}x in batches, "
-            f"{throughput:.2f}x in CPU s; p99 TTFT {p99_batches:.2f}x in batches, "
-            f"{p99_cpu:.2f}x in CPU s: {'met' if side_met else 'not met'}"
+            f"target, {side.name}: throughput vs fifo's {batches:.2f}x in batches (>= 1), "
+            f"{throughput:.2f}x in CPU s (>= {noise.throughput:.2f}); p99 TTFT ({rank}) "
+            f"{p99_batches:.2f}x in batches (< 1), {p99_cpu:.2f}x in CPU s "
+            f"(< {1 / noise.p99:.2f}): {'met' if side_met else 'not met'}"
         )
     print(f"target ({workload}): {'met' if met else 'NOT met'}")
     return met
@@ -675,6 +749,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="report without the target")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
+    checked = not (args.quick or args.no_check)
+    if checked and args.rounds == 1:
+        parser.error(
+            "--rounds must be 2 or more to check the target (the spread of fifo's rounds is "
+            "its margin); or add --no-check"
+        )
     if (
         not set(workloads) <= set(WORKLOADS)
         or args.load <= 0
@@ -699,11 +779,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     met = True
     if "long-tail" in workloads:
         sides = bench_workload(model, "long-tail", long_tail, new_tokens, rounds)
-        met &= target(sides, "long-tail")
+        met &= args.quick or target(sides, "long-tail")
     if "arrivals" in workloads:
         sides = bench_workload(model, ARRIVALS, long_tail, new_tokens, rounds, args.load)
-        met &= target(sides, ARRIVALS)
-    return 0 if met or args.no_check else 1
+        met &= args.quick or target(sides, ARRIVALS)
+    if not checked:
+        # The target is set for the full run (several rounds): a smoke test only reports.
+        print("target not checked (" + ("--quick" if args.quick else "--no-check") + ")")
+    return 0 if met or not checked else 1
 
 
 if __name__ == "__main__":
