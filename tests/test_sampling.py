@@ -13,6 +13,8 @@ from pypto_sched import InvalidConfigError, InvalidInputError, SamplingParams, s
 
 logit_rows = st.lists(
     st.floats(min_value=-20, max_value=20, allow_nan=False), min_size=1, max_size=40
+).map(np.array) | st.lists(  # few distinct values: long runs of ties, ranked by id
+    st.integers(min_value=-2, max_value=2).map(float), min_size=1, max_size=60
 ).map(np.array)
 sampled_params = st.builds(
     SamplingParams,
@@ -88,6 +90,25 @@ def test_top_k_and_top_p_keep_only_the_most_likely() -> None:
     for params in (top_k, top_p):
         drawn = {sample_token(logits, params, request_index=1, token_index=t) for t in range(300)}
         assert drawn == {1, 2}
+
+
+def test_ties_rank_the_lower_id_first_however_many() -> None:
+    """With ``top_k=1`` only the first of the ranking can be drawn: the lowest id of the
+    highest logits (a sort that is not stable breaks ties otherwise beyond 16 of them)."""
+    logits = np.random.default_rng(1).integers(0, 3, size=200).astype(np.float64)
+    params = SamplingParams(temperature=1.0, top_k=1)
+    drawn = {sample_token(logits, params, request_index=0, token_index=t) for t in range(20)}
+    assert drawn == {int(np.argmax(logits))}
+
+
+def test_the_tokens_top_p_keeps_are_renormalised() -> None:
+    """top_p 0.6 keeps the tokens of probability 0.5 and 0.3, drawn 5/8 and 3/8 of the time:
+    without renormalising, the 0.2 left over would go to the last kept token."""
+    logits = np.log(np.array([0.5, 0.3, 0.2]))
+    params = SamplingParams(temperature=1.0, top_p=0.6)
+    drawn = [sample_token(logits, params, request_index=0, token_index=t) for t in range(4000)]
+    assert set(drawn) == {0, 1}
+    assert abs(drawn.count(0) / len(drawn) - 5 / 8) < 0.03  # 5 sigma is about 0.038
 
 
 @pytest.mark.parametrize(
