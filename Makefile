@@ -43,7 +43,8 @@ $(MIN_VENV)/.done: pyproject.toml backends/reference/pyproject.toml .ci/min_cons
 	$(PYTHON) .ci/min_constraints.py --exclude torch mypy ruff safetensors matplotlib \
 		> $(MIN_VENV)/constraints.txt
 	$(MIN_VENV)/bin/python -m pip --disable-pip-version-check install -q \
-		-c $(MIN_VENV)/constraints.txt -e '.[testing,cli]' -e backends/reference pytest
+		-c $(MIN_VENV)/constraints.txt -e '.[testing,cli]' -e backends/reference pytest \
+		pytest-timeout
 	touch $@
 
 test-min: $(MIN_VENV)/.done
