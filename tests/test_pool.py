@@ -652,3 +652,20 @@ def test_a_request_the_whole_pool_cannot_hold_is_refused_not_left_stuck(
         return
     assert not state
     assert not too_long, "a request longer than the pool finished"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_waiting_request_longer_than_the_pool_is_refused_while_others_hold_every_page(
+    policy: Policy,
+) -> None:
+    """The head of the queue has no pages and cannot get any (the server's decode request
+    holds them all); it is longer than the whole pool, so waiting for pages cannot help:
+    the step raises now rather than plan nothing until the pages come back."""
+    pool = PagePool[str](num_pages=4, page_size=4).hold("decoding", 16)
+    state = PrefillState[str]().add("long", 17).add("short", 3)
+    config = PlannerConfig(max_num_batched_tokens=8, policy=policy)
+    with pytest.raises(CacheTooSmallError, match="request 'long' needs"):
+        plan_step(state, config, pool=pool)
+    # A head that fits the pool waits for the pages instead.
+    fits = PrefillState[str]().add("fits", 16)
+    assert not plan_step(fits, config, pool=pool).rows
