@@ -627,12 +627,15 @@ def test_verify_exits_1_on_a_mismatch(
     assert "FAIL vs transformers generate(): 0/1 equal" in err
     assert "request 0: generated token 1 is" in err
     assert "after the same tokens" in err  # checked again within the backend's tolerance
-    # The backend's tolerance sets the slack near-ties have: a vast one lets the change pass.
+    # The backend's tolerance sets the slack near-ties have: within a vast one every token
+    # keeps to it, but the changed token derails the ones after it, and so many tokens off
+    # transformers' choice are no near-ties.
     monkeypatch.setattr(generate_command, "relative_tolerance", lambda backend: 1e6)
     status, _, err = cli(capsys, *option, "--prompts", path, "--max-new-tokens", "4", *CHUNKED,
                          "--verify")  # fmt: skip
-    assert status == EXIT_OK, err
+    assert status == EXIT_FAILED, err
     assert "0/1 equal, 1 more break a near-tie the other way" in err
+    assert "more than 1 in 20 of the tokens differ: too many to be near-ties" in err
 
 
 def test_verification_is_plain_greedy_whatever_the_checkpoints_generation_config(
@@ -869,10 +872,26 @@ def test_a_near_tie_broken_the_other_way_passes_within_the_tolerance_and_fails_b
     assert mismatch.gap == pytest.approx(gap)
     assert mismatch.slack == pytest.approx(gap * 0.99)
     assert "after the same tokens is" in beyond.describe()
-    # Tokens that end where greedy generation does not are no near-tie, whatever the slack.
-    cut = verify(ours[:-1], tolerance=1e6)
-    assert cut.mismatches == (hf_verify.Mismatch(index=0, position=flip, ours=runner_up,
-                                                 theirs=best),)  # fmt: skip
+    # Tokens that end where greedy generation does not are no near-tie, whatever the slack,
+    # and the mismatch says how they end.
+    endings = {
+        "ends after 5 of 6 tokens without a stop token": ours[:-1],
+        "generated 7 tokens, more than max_new_tokens 6": [*ours, ours[-1]],
+    }
+    for ending, tokens in endings.items():
+        (wrong,) = verify(tokens, tolerance=1e6).mismatches
+        assert wrong.ending == ending
+        assert wrong.describe() == f"request 0: {ending}"
+    # Two tokens off transformers' choice in six are too many to be near-ties.
+    after = ours[: flip + 1]
+    row = _greedy_after(model, prompt + after, 1)[1][0]
+    second = [*after, int(row.topk(2).indices[1])]  # the second choice again
+    second += _greedy_after(model, prompt + second, 6 - len(second))[0]
+    twice = verify(second, tolerance=1e6)
+    assert twice.mismatches == ()
+    assert twice.near_ties[0].num_differing == 2
+    assert not twice.passed
+    assert "too many to be near-ties" in twice.describe()
 
 
 @pytest.mark.parametrize(
