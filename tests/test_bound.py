@@ -158,3 +158,21 @@ def test_the_quick_test_is_sure_only_of_greedy_dispatches_that_keep_to_the_bound
     before = lower_bound(np.array(left), config)
     if sure and any(after):
         assert lower_bound(np.array([n for n in after if n]), config) <= before - 1
+
+
+@given(
+    st.integers(min_value=1, max_value=60),
+    st.integers(min_value=1, max_value=12),
+    st.sampled_from(POLICIES),
+)
+def test_when_rows_bind_the_bound_counts_them_rounded_up(
+    num_requests: int, max_num_seqs: int, policy: Policy
+) -> None:
+    """One-token prompts and a budget that holds them all: only the row limit binds, and the
+    fewest dispatches are ``ceil(num_requests / max_num_seqs)``, which both policies take
+    (round_robin with rows to spare runs the whole batch at once)."""
+    config = PlannerConfig(max_num_batched_tokens=100, max_num_seqs=max_num_seqs, policy=policy)
+    schedule = plan_prefill([1] * num_requests, config)
+    assert schedule.lower_bound == -(-num_requests // max_num_seqs)
+    if policy == "packed":
+        assert schedule.num_dispatches == schedule.lower_bound

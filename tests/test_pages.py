@@ -137,3 +137,14 @@ def test_from_lists_rejects_pages_outside_the_cache(page: int) -> None:
 def test_from_lists_rejects_what_is_not_a_list_of_page_lists(tables: object) -> None:
     with pytest.raises(InvalidInputError, match="'tables"):
         BlockTables.from_lists(tables, page_size=4, num_pages=4)  # type: ignore[arg-type]
+
+
+def test_page_ids_beyond_16_bits_are_kept() -> None:
+    tables = plan_pages([1] * 40_000, page_size=1, num_pages=40_000)
+    assert tables.pages.dtype == np.int32
+    assert np.array_equal(tables.pages, np.arange(40_000))
+
+
+def test_a_context_of_exactly_max_tokens_is_planned() -> None:
+    tables = plan_pages([2**31 - 1], page_size=2**20, num_pages=2**11)
+    assert tables.table(0).tolist() == list(range(2**11))

@@ -855,3 +855,19 @@ def test_a_dispatch_built_by_hand_may_hold_its_rows_in_any_order() -> None:
     backward = Dispatch(index=0, requests=[2, 0], starts=[0, 2], lengths=[3, 2], is_final=final)
     ahead, behind = (pypto_sched.dispatch_arrays(d, tables) for d in (forward, backward))
     assert ahead.slot_mapping.tolist() == [*behind.slot_mapping[3:], *behind.slot_mapping[:3]]
+
+
+def test_dispatches_with_the_same_rows_at_different_indices_differ() -> None:
+    """Equality and hashing cover the index: two one-row dispatches of equal prompts under
+    round_robin must not collapse in a set."""
+    schedule = plan_prefill([8, 8], PlannerConfig(max_num_batched_tokens=4))
+    first, second = schedule.dispatch(0), schedule.dispatch(2)
+    assert first.rows[0].length == second.rows[0].length
+    moved = Dispatch(index=1, requests=first.requests, starts=first.starts,
+                     lengths=first.lengths, is_final=first.is_final)  # fmt: skip
+    assert moved != first
+    assert len({first, moved}) == 2
+    edge = Dispatch(index=0, requests=np.array([0], np.int32),
+                    starts=np.array([2**31 - 2], np.int32), lengths=np.array([1], np.int32),
+                    is_final=np.array([True]))  # fmt: skip
+    assert int(edge.starts[0] + edge.lengths[0]) == 2**31 - 1  # a row may end at the limit

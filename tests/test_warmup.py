@@ -167,3 +167,9 @@ def test_a_warmup_shape_built_by_hand_is_checked(fields: dict[str, Any], message
     shape = WarmupShape(num_rows=np.int64(3), tokens_per_row=np.int32(4))
     assert shape == WarmupShape(num_rows=3, tokens_per_row=4)
     assert type(shape.num_rows) is int
+
+
+def test_a_shape_of_exactly_max_tokens_is_allowed() -> None:
+    assert WarmupShape(num_rows=1, tokens_per_row=2**31 - 1).num_tokens == 2**31 - 1
+    with pytest.raises(InvalidInputError, match=r"must be <= 2147483647: 2147483648"):
+        WarmupShape(num_rows=2, tokens_per_row=2**30)
