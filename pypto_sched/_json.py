@@ -10,7 +10,10 @@ names the document and the problem.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import numpy as np
 
 from ._errors import InvalidInputError
 
@@ -39,26 +42,24 @@ def _no_constant(name: str) -> Any:
     raise _Rejected(f"{name} is not JSON")
 
 
+#: A JSON string literal, escapes included.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+#: Per byte: +1 for an opening bracket or brace, -1 for a closing one, else 0.
+_NESTING = np.zeros(256, dtype=np.int8)
+_NESTING[[ord("["), ord("{")]] = 1
+_NESTING[[ord("]"), ord("}")]] = -1
+
+
 def _depth(text: str) -> int:
-    """Deepest nesting of ``[``/``{`` outside strings (a linear scan, no recursion)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
+    """Deepest nesting of ``[``/``{`` outside strings (no recursion, and no Python loop
+    over the characters: a 30 MB schedule is read in a fraction of a second)."""
+    outside = _STRING.sub("", text)
+    unterminated = outside.find('"')  # the rest is inside a string that never ends
+    if unterminated >= 0:
+        outside = outside[:unterminated]
+    steps = _NESTING[np.frombuffer(outside.encode("utf-8", "surrogatepass"), dtype=np.uint8)]
+    moves = steps[steps != 0]  # the brackets alone: a running sum as long as they are
+    return int(np.cumsum(moves, dtype=np.int64).max(initial=0))
 
 
 def load_json(
