@@ -329,9 +329,11 @@ def _on_own_tokens(
     )
     gaps = logits.max(axis=1) - logits[np.arange(chosen.size), chosen]
     if agree.all():
+        assert mismatch.ours is not None, "the caller checks tokens that differ"
+        assert mismatch.theirs is not None, "the caller checks tokens that differ"
         return NearTie(
-            index=mismatch.index, position=mismatch.position, ours=int(mismatch.ours or 0),
-            theirs=int(mismatch.theirs or 0),
+            index=mismatch.index, position=mismatch.position, ours=mismatch.ours,
+            theirs=mismatch.theirs,
             worst_fraction=float(np.max(gaps / np.maximum(slack, np.finfo(np.float64).tiny))),
             num_differing=int(np.count_nonzero(gaps > 0)),
         )  # fmt: skip
