@@ -16,7 +16,7 @@ from optimum import optimum
 from oracle import oracle_plan
 from test_planner import rows_of
 
-from pypto_sched import POLICIES, PlannerConfig, Policy, plan_prefill
+from pypto_sched import POLICIES, PlannerConfig, Policy, PrefillState, plan_prefill, plan_step
 from pypto_sched._policies import surely_keeps_to_the_bound
 from pypto_sched._schedule import lower_bound
 
@@ -176,3 +176,54 @@ def test_when_rows_bind_the_bound_counts_them_rounded_up(
     assert schedule.lower_bound == -(-num_requests // max_num_seqs)
     if policy == "packed":
         assert schedule.num_dispatches == schedule.lower_bound
+
+
+def _stepped(lengths: list[int], config: PlannerConfig) -> list[list[tuple[int, int, int, bool]]]:
+    """The dispatches of stepping ``PrefillState`` until it drains."""
+    state = PrefillState.from_prompt_lengths(lengths)
+    dispatches = []
+    while state:
+        plan = plan_step(state, config)
+        dispatches.append([(r, c.start, c.length, c.is_final) for r, c in plan.rows.items()])
+        state = plan.state
+    return dispatches
+
+
+@pytest.mark.parametrize(
+    ("lengths", "config", "expected"),
+    [
+        # A tie between two ways to keep to the bound takes the one that runs more of the
+        # longest request now (the larger k).
+        ([1, 2, 6, 1], PlannerConfig(max_num_batched_tokens=5, long_prefill_token_threshold=3,
+                                     policy="packed"),
+         [[(0, 0, 1, True), (1, 0, 1, False), (2, 0, 3, False)],
+          [(1, 1, 1, True), (2, 3, 3, True), (3, 0, 1, True)]]),
+        # The greedy fill takes 6; the bound, 5, is reached by looking at the longest request
+        # left when each greedy dispatch finishes some (the most, not the least, of them).
+        ([3, 3, 6, 3], PlannerConfig(max_num_batched_tokens=3, long_prefill_token_threshold=1,
+                                     policy="packed"),
+         [[(0, 0, 1, False), (1, 0, 1, False), (2, 0, 1, False)],
+          [(0, 1, 1, False), (1, 1, 1, False), (3, 0, 1, False)],
+          [(0, 2, 1, True), (2, 1, 1, False), (3, 1, 1, False)],
+          [(1, 2, 1, True), (2, 2, 1, False), (3, 2, 1, True)],
+          [(2, 3, 3, True)]]),
+    ],
+)  # fmt: skip
+def test_packed_keeps_to_the_bound_as_the_semantics_say_offline_and_stepped(
+    lengths: list[int], config: PlannerConfig, expected: list[list[tuple[int, int, int, bool]]]
+) -> None:
+    schedule = plan_prefill(lengths, config)
+    assert rows_of(schedule) == expected
+    assert schedule.num_dispatches == schedule.lower_bound
+    assert _stepped(lengths, config) == expected
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_request_is_never_planned_again() -> None:
+    """Found by a mutant that put finished requests back with 0 tokens left: packed then
+    looped forever here."""
+    config = PlannerConfig(max_num_batched_tokens=25, long_prefill_token_threshold=4,
+                           page_size=1, max_num_seqs=2, policy="packed")  # fmt: skip
+    lengths = [19, 16, 4, 5, 15]
+    schedule = plan_prefill(lengths, config)
+    assert rows_of(schedule) == oracle_plan(lengths, config)

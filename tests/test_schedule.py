@@ -871,3 +871,12 @@ def test_dispatches_with_the_same_rows_at_different_indices_differ() -> None:
                     starts=np.array([2**31 - 2], np.int32), lengths=np.array([1], np.int32),
                     is_final=np.array([True]))  # fmt: skip
     assert int(edge.starts[0] + edge.lengths[0]) == 2**31 - 1  # a row may end at the limit
+
+
+@pytest.mark.parametrize("value", [2**31, 2**63 + 5])
+@pytest.mark.parametrize("field", ["prompt_lengths", "num_computed_tokens"])
+def test_a_loaded_count_beyond_the_token_limit_is_named(field: str, value: int) -> None:
+    config = PlannerConfig(max_num_batched_tokens=8, policy="packed")
+    lengths, computed = ([value], None) if field == "prompt_lengths" else ([1], [value])
+    with pytest.raises(InvalidScheduleError, match=rf"^'{field}' must hold ints in \["):
+        Schedule.from_dispatches(config, lengths, [[[0, 0, 1, True]]], num_computed_tokens=computed)
