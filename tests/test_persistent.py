@@ -143,7 +143,7 @@ def test_a_map_growing_past_a_flat_dict_and_shrinking_back_agrees_with_a_dict(
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["push", "push_front", "pop"]), st.integers(0, 20)),
+        st.tuples(st.sampled_from(["push", "push_front", "pop", "extend"]), st.integers(0, 20)),
         max_size=60,
     )
 )
@@ -159,6 +159,9 @@ def test_a_ranked_queue_knows_its_two_highest_ranks_after_any_pushes_and_pops(
             queue, model = queue.push(item), [*model, item]
         elif operation == "push_front":
             queue, model = queue.push_front(item), [item, *model]
+        elif operation == "extend":  # several at once (onto an empty queue: linked at once)
+            items = [item, (rank // 2, -serial - 1)][: rank % 3]
+            queue, model = queue.extend(items), [*model, *items]
         elif model:
             queue, model = queue.pop(), model[1:]
         assert list(queue) == model
