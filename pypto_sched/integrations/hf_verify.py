@@ -362,9 +362,10 @@ def _wrong_ending(generated: list[int], new: int, stop: Collection[int]) -> tupl
     ends right): past ``new`` tokens, past a stop token, or short of ``new`` without one."""
     if len(generated) > new:
         return new, f"generated {len(generated)} tokens, more than max_new_tokens {new}"
-    for position, token in enumerate(generated[:-1]):
-        if token in stop:
-            return position + 1, f"goes on after stop token {token} (generated token {position})"
+    stopped = len(_until_stop(generated, stop))
+    if stopped < len(generated):
+        token = generated[stopped - 1]
+        return stopped, f"goes on after stop token {token} (generated token {stopped - 1})"
     if len(generated) < new and (not generated or generated[-1] not in stop):
         return len(generated), (f"ends after {len(generated)} of {new} tokens without a stop token")
     return None
