@@ -621,10 +621,35 @@ Int32Array = npt.NDArray[np.int32]
 Rows = tuple[IntArray, Int32Array, Int32Array, Int32Array, npt.NDArray[np.bool_]]
 
 
+#: The most chunks the offline planner plans in one schedule: 2**28 rows are 4 to 6 GB of
+#: arrays (14 to 22 bytes a row), beyond what a batch needs and what many machines hold. A
+#: larger schedule is refused before any of it is built, rather than failing for memory
+#: part-way (or being killed by the operating system).
+MAX_CHUNKS = 2**28
+
+
+def fewest_chunks(remaining: IntArray, config: PlannerConfig) -> int:
+    """The fewest chunks any schedule of requests with ``remaining`` tokens each can hold
+    under ``config``: no chunk is above the :func:`request_cap` of a request alone."""
+    lone = request_cap(config, 1, 0, 0)
+    return int((-(-remaining // lone)).sum())
+
+
 def plan_rows(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
     """The rows of the schedule of prompts of ``lengths`` with ``computed`` tokens cached
     (both checked) under ``config``'s policy: ``(dispatch_offsets, requests, starts, lengths,
-    is_final)``, in dispatch order and, within a dispatch, in request order."""
+    is_final)``, in dispatch order and, within a dispatch, in request order.
+
+    Raises :class:`InvalidInputError` when the schedule would hold more than
+    :data:`MAX_CHUNKS` chunks."""
+    chunks = fewest_chunks(lengths - computed, config)
+    if chunks > MAX_CHUNKS:
+        raise InvalidInputError(
+            f"the schedule of these prompts would hold at least {chunks:,} chunks, more than "
+            f"the planner's limit of {MAX_CHUNKS:,} (2**28, 4 to 6 GB of arrays): plan them "
+            f"in smaller batches, or with a larger 'max_num_batched_tokens' or "
+            f"'long_prefill_token_threshold'"
+        )
     if config.policy == "round_robin":
         return _plan_round_robin(lengths, computed, config)
     return _plan_packed(lengths, computed, config)

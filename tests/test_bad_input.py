@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pypto_sched import (
+    POLICIES,
     BlockTables,
     CacheTooSmallError,
     GenerationState,
@@ -23,6 +24,7 @@ from pypto_sched import (
     PlannerConfig,
     PyptoSchedError,
     SamplingParams,
+    _policies,
     dispatch_arrays,
     execute_schedule,
     generate,
@@ -451,3 +453,29 @@ def test_sample_token_checks_its_indices_under_greedy_decoding_too(name: str, va
     for params in (SamplingParams(), SamplingParams(temperature=1.0)):
         with pytest.raises(InvalidInputError, match=rf"^'{name}' must be"):
             sample_token(np.array([0.5, 1.5]), params, **indices)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_schedule_beyond_the_chunk_limit_is_refused_before_it_is_built(policy: Any) -> None:
+    # 2**31 - 1 one-token chunks: about 30 GB of arrays. The error comes at once, not from
+    # the memory allocator (or the operating system's out-of-memory killer) part-way.
+    config = PlannerConfig(max_num_batched_tokens=1, policy=policy)
+    with pytest.raises(InvalidInputError, match=r"at least 2,147,483,647 chunks.*268,435,456"):
+        plan_prefill([2**31 - 1], config)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_chunk_limit_admits_a_schedule_of_exactly_the_limit(
+    policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Budget 4 and threshold 2: at least 3 + 1 + 2 = 6 chunks under packed (a request left
+    # alone may run all 4 tokens), 5 + 2 + 3 = 10 under round_robin.
+    config = PlannerConfig(max_num_batched_tokens=4, long_prefill_token_threshold=2, policy=policy)
+    lengths = [9, 3, 5]
+    fewest = _policies.fewest_chunks(np.array(lengths), config)
+    assert plan_prefill(lengths, config).num_chunks >= fewest
+    monkeypatch.setattr(_policies, "MAX_CHUNKS", fewest)
+    plan_prefill(lengths, config)
+    monkeypatch.setattr(_policies, "MAX_CHUNKS", fewest - 1)
+    with pytest.raises(InvalidInputError, match=f"at least {fewest} chunks"):
+        plan_prefill(lengths, config)

@@ -38,6 +38,7 @@ from pypto_sched._policies import (
     chunk_limit,
     chunk_size,
     chunk_sizes,
+    fewest_chunks,
     fits_one_dispatch,
     full_step,
     leaves_tokens_to_prefill,
@@ -224,6 +225,14 @@ def test_at_most_max_num_partial_prefills_requests_are_part_way_after_any_dispat
 def test_the_lower_bound_is_never_beaten(case: Case) -> None:
     schedule = case.plan()
     assert 1 <= schedule.lower_bound <= schedule.num_dispatches
+
+
+@given(cases())
+def test_no_schedule_holds_fewer_chunks_than_the_chunk_limit_counts(case: Case) -> None:
+    # The count that MAX_CHUNKS is checked against, before planning, is a lower bound.
+    schedule = case.plan()
+    remaining = schedule.prompt_lengths - schedule.num_computed_tokens
+    assert fewest_chunks(remaining, schedule.config) <= schedule.num_chunks
 
 
 @given(cases())
