@@ -6,8 +6,9 @@
 
 Each case keeps ``N`` requests in flight: prompts of 64 to 4,096 tokens, and a new request
 arrives for every one that finishes; the four sizes of a policy, workload and pool are
-stepped in turn. ``plan_step`` and the simple step run in lockstep on the same arrivals,
-taking turns going first; the script checks that they plan the same rows at every step, and
+stepped in turn. In blocks of 50 steps, ``plan_step`` runs every case, then the simple step
+replays the same steps on the same arrivals (so that neither is timed in the caches the
+other's last call left); the script checks that they plan the same rows at every step, and
 times every call (only the calls: converting and comparing the rows happen outside the
 timed windows). The simple step keeps every request in one tuple and rebuilds it each step,
 as the obvious immutable implementation would, so its cost grows with ``N``.
@@ -305,105 +306,142 @@ def build_rows(rows: Rows) -> Mapping[int, StepChunk]:
 
 
 class Timed(NamedTuple):
-    """One step of a :class:`Run`: its rows and the ns of each side (0: not run)."""
+    """One step of a :class:`Run`: its rows and the ns of each call."""
 
     num_rows: int
     planner_ns: int
-    simple_ns: int
     floor_ns: int
 
 
-class Run:
-    """One case: ``plan_step`` and, with ``check``, the simple step in lockstep on the same
-    arrivals, each timed on its own and checked to plan the same rows."""
+class Events(NamedTuple):
+    """What one step of a :class:`Run` planned and what followed it, for the simple side to
+    replay: the rows, the requests finished (their pages released, a new request arriving
+    for each: ``arrivals``) and a preemption, if any (victim, prompt length, at front)."""
 
-    def __init__(
-        self, config: PlannerConfig, pool: PagePool[int] | None, seed: int, *, check: bool
-    ) -> None:
+    rows: Rows
+    finished: tuple[int, ...]
+    arrivals: tuple[tuple[int, int], ...]
+    preempted: tuple[int, int, bool] | None
+
+
+class Run:
+    """One case: ``plan_step`` on a stream of arrivals, each step's call and floor timed."""
+
+    def __init__(self, config: PlannerConfig, pool: PagePool[int] | None, seed: int) -> None:
         self.config = config
         self.rng = random.Random(seed)
         self.state: PrefillState[int] = PrefillState()
         self.pool = pool
-        self.check = check
-        pages = None if pool is None else SimplePages({}, pool.num_free)
-        self.simple = SimpleState(pages=pages)
-        self.simple_rows: Rows = {}
         self.next_id = 0
         self.preemptions = 0
 
-    def arrive(self, length: int | None = None) -> None:
+    def arrive(self, length: int | None = None) -> tuple[int, int]:
         length = self.rng.randint(SHORTEST, LONGEST) if length is None else length
-        self.state = self.state.add(self.next_id, length)
-        if self.check:
-            self.simple = self.simple.add(self.next_id, length)
+        request_id = self.next_id
+        self.state = self.state.add(request_id, length)
         self.next_id += 1
+        return request_id, length
 
-    def step(self, *, simple_first: bool = False) -> Timed:
-        """One step of each side, the simple step first if ``simple_first`` (so that neither
-        always finds the caches the other left), then the floor. Only the calls are timed:
-        converting and comparing the rows is not."""
-        simple_ns = self.simple_step() if simple_first else 0
+    def step(self) -> tuple[Timed, Events]:
+        """One step, then the floor: returning the same rows. Only the calls are timed:
+        converting the rows is not."""
         start = time.perf_counter_ns()
         plan = plan_step(self.state, self.config, pool=self.pool)
         planner_ns = time.perf_counter_ns() - start
-        simple_ns = simple_ns if simple_first else self.simple_step()
         planned = as_tuples(plan)
-        if self.check and list(planned.items()) != list(self.simple_rows.items()):
-            raise SystemExit(f"{self.config}: the steps differ: {planned} != {self.simple_rows}")
         start = time.perf_counter_ns()
         build_rows(planned)
         floor_ns = time.perf_counter_ns() - start
         self.state, self.pool = plan.state, plan.pool
+        arrivals = []
         for request_id in plan.finished:
-            self.release(request_id)
-            self.arrive()  # keep the number in flight
+            if self.pool is not None:
+                self.pool = self.pool.release(request_id)
+            arrivals.append(self.arrive())  # keep the number in flight
+        preempted = None
         if not plan.rows and self.state:
-            self.preempt_youngest_holder()
-        return Timed(len(planned), planner_ns, simple_ns, floor_ns)
+            preempted = self.preempt_youngest_holder()
+        events = Events(planned, tuple(plan.finished), tuple(arrivals), preempted)
+        return Timed(len(planned), planner_ns, floor_ns), events
 
-    def simple_step(self) -> int:
-        """With ``check``, one step of the simple side, its rows kept in ``simple_rows``;
-        the ns it took (0 without ``check``)."""
-        if not self.check:
-            return 0
-        start = time.perf_counter_ns()
-        self.simple_rows, self.simple = simple_step(self.simple, self.config)
-        return time.perf_counter_ns() - start
-
-    def release(self, request_id: int) -> None:
-        if self.pool is not None:
-            self.pool = self.pool.release(request_id)
-        if self.check and self.simple.pages is not None:
-            self.simple = self.simple._replace(pages=self.simple.pages.release(request_id))
-
-    def preempt_youngest_holder(self) -> None:
+    def preempt_youngest_holder(self) -> tuple[int, int, bool]:
         assert self.pool is not None, "without a pool a step with requests makes progress"
         victim = max(self.pool.owners())
         length = self.state[victim].prompt_length
-        self.release(victim)
+        self.pool = self.pool.release(victim)
         at_front = self.config.policy == "packed"
         self.state = self.state.remove(victim).add(victim, length, at_front=at_front)
-        if self.check:
-            self.simple = self.simple.remove(victim).add(victim, length, at_front=at_front)
         self.preemptions += 1
+        return victim, length, at_front
+
+
+class SimpleRun:
+    """The simple step on the same stream as a :class:`Run`: it replays that run's
+    :class:`Events`, timing each step and checking that it plans the same rows."""
+
+    def __init__(self, config: PlannerConfig, pool: PagePool[int] | None) -> None:
+        self.config = config
+        pages = None if pool is None else SimplePages({}, pool.num_free)
+        self.state = SimpleState(pages=pages)
+
+    def arrive(self, request_id: int, length: int) -> None:
+        self.state = self.state.add(request_id, length)
+
+    def replay(self, events: Events) -> int:
+        """One step, checked against the rows ``plan_step`` planned; the ns it took."""
+        start = time.perf_counter_ns()
+        rows, self.state = simple_step(self.state, self.config)
+        simple_ns = time.perf_counter_ns() - start
+        if list(rows.items()) != list(events.rows.items()):
+            raise SystemExit(f"{self.config}: the steps differ: {events.rows} != {rows}")
+        for request_id in events.finished:
+            self.release(request_id)
+        for request_id, length in events.arrivals:
+            self.arrive(request_id, length)
+        if events.preempted is not None:
+            victim, length, at_front = events.preempted
+            self.release(victim)
+            self.state = self.state.remove(victim).add(victim, length, at_front=at_front)
+        return simple_ns
+
+    def release(self, request_id: int) -> None:
+        if self.state.pages is not None:
+            self.state = self.state._replace(pages=self.state.pages.release(request_id))
+
+
+#: Steps run by ``plan_step`` in every case before the simple step replays them: the simple
+#: step rebuilds a state of every request in flight, and ``plan_step`` timed right after it
+#: found the caches that rebuild left (at 10,000 in flight, 1.4x the same step run on its
+#: own). In blocks, every call but the first of a block follows a call of its own kind.
+BLOCK = 50
 
 
 def measure(
     policy: Policy, steps: int, workload: Workload = "bench", pool: PoolKind = "none"
 ) -> list[Result]:
     """Every number in flight of ``IN_FLIGHT``, stepped in turn (interleaved, so that a busy
-    spell of the machine falls on all of them alike); in each, ``plan_step``, the simple
-    step and the floor side by side on the same arrivals, the two steps taking turns going
-    first."""
+    spell of the machine falls on all of them alike), in blocks of ``BLOCK`` steps: in each,
+    ``plan_step`` and the floor for every case, then the simple step replaying the same
+    steps, checked to plan the same rows."""
     config = make_config(policy, workload)
-    runs = [Run(config, make_pool(pool, n), seed=n, check=True) for n in IN_FLIGHT]
-    for run, in_flight in zip(runs, IN_FLIGHT, strict=True):
+    runs = [Run(config, make_pool(pool, n), seed=n) for n in IN_FLIGHT]
+    simple = [SimpleRun(config, run.pool) for run in runs]
+    for run, replay, in_flight in zip(runs, simple, IN_FLIGHT, strict=True):
         for _ in range(in_flight):
-            run.arrive()
+            replay.arrive(*run.arrive())
     timed: list[list[Timed]] = [[] for _ in IN_FLIGHT]
-    for step in range(steps):
-        for index, run in enumerate(runs):
-            timed[index].append(run.step(simple_first=step % 2 == 1))
+    simple_ns: list[list[int]] = [[] for _ in IN_FLIGHT]
+    for block in range(0, steps, BLOCK):
+        size = min(BLOCK, steps - block)
+        events: list[list[Events]] = [[] for _ in IN_FLIGHT]
+        for _ in range(size):
+            for index, run in enumerate(runs):
+                step_timed, step_events = run.step()
+                timed[index].append(step_timed)
+                events[index].append(step_events)
+        for step in range(size):
+            for index, replay in enumerate(simple):
+                simple_ns[index].append(replay.replay(events[index][step]))
     return [
         Result(
             policy=policy,
@@ -412,11 +450,11 @@ def measure(
             in_flight=in_flight,
             rows_per_step=sum(t.num_rows for t in times) / steps,
             planner_us=statistics.median(t.planner_ns for t in times) / 1e3,
-            simple_us=statistics.median(t.simple_ns for t in times) / 1e3,
+            simple_us=statistics.median(ns) / 1e3,
             rows_us=statistics.median(t.floor_ns for t in times) / 1e3,
             preemptions=run.preemptions,
         )
-        for in_flight, times, run in zip(IN_FLIGHT, timed, runs, strict=True)
+        for in_flight, times, ns, run in zip(IN_FLIGHT, timed, simple_ns, runs, strict=True)
     ]
 
 
@@ -486,7 +524,7 @@ def context_case(config: PlannerConfig, context: int, steps: int) -> Run:
     chunk of the sweep."""
     started = config.max_num_batched_tokens // config.chunk_cap
     pages = started * -(-(context + steps * config.chunk_cap + LONGEST) // PAGE)
-    run = Run(config, PagePool(num_pages=pages, page_size=PAGE), seed=context, check=False)
+    run = Run(config, PagePool(num_pages=pages, page_size=PAGE), seed=context)
     for _ in range(started):
         assert run.pool is not None
         run.pool = run.pool.hold(run.next_id, context)
@@ -505,7 +543,7 @@ def measure_context(steps: int) -> list[ContextResult]:
     floor_ns: list[list[int]] = [[] for _ in CONTEXTS]
     for _ in range(steps):
         for index, run in enumerate(runs):
-            timed = run.step()
+            timed, _ = run.step()
             rows[index] += timed.num_rows
             planner_ns[index].append(timed.planner_ns)
             floor_ns[index].append(timed.floor_ns)
