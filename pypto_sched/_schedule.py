@@ -152,7 +152,12 @@ def _check_rows(dispatch: Dispatch, _attribute: object, _value: object) -> None:
         raise InvalidInputError(
             f"'requests' must name each request at most once: {requests.tolist()}"
         )
-    ends = dispatch.starts.astype(np.int64) + dispatch.lengths
+    _check_ends(dispatch.starts, dispatch.lengths)
+
+
+def _check_ends(starts: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer]) -> None:
+    """:func:`check_chunk_end` over row arrays."""
+    ends = starts.astype(np.int64) + lengths
     if ends.size and int(ends.max()) > MAX_TOKENS:
         raise InvalidInputError(f"'starts' + 'lengths' must be <= {MAX_TOKENS}: {int(ends.max())}")
 
@@ -556,7 +561,8 @@ def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
     return [int(value) for value in values]
 
 
-_Columns = tuple[IntArray, tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_]]]
+_RowArray = npt.NDArray[np.integer[Any]]
+_Columns = tuple[IntArray, tuple[_RowArray, _RowArray, _RowArray, npt.NDArray[np.bool_]]]
 
 
 def _checked_rows(dispatches: Sequence[object]) -> _Columns:
@@ -583,10 +589,10 @@ def _checked_rows(dispatches: Sequence[object]) -> _Columns:
 
 def _json_rows(dispatches: Sequence[object]) -> _Columns | None:
     """:func:`_checked_rows` at once, for the JSON form whose rows all keep :class:`Chunk`'s
-    rules: lists of ``[int, int, int, bool]`` (exactly those types), ``request`` and
-    ``start`` at least 0, ``length`` at least 1, ``start + length`` at most ``2**31 - 1``.
-    ``None`` for anything else, which :func:`_checked_rows` then reads row by row (a schedule
-    of a million rows loads in a second instead of ten)."""
+    rules: lists of ``[int, int, int, bool]`` (exactly those types) whose columns
+    :class:`Dispatch`'s row arrays accept (the same rules over arrays). ``None`` for anything
+    else, which :func:`_checked_rows` then reads row by row, naming the first bad row (a
+    schedule of a million rows loads in a second instead of ten)."""
     if any(type(dispatch) is not list for dispatch in dispatches):
         return None
     flat: list[object] = list(itertools.chain.from_iterable(cast(list[list[object]], dispatches)))
@@ -599,17 +605,13 @@ def _json_rows(dispatches: Sequence[object]) -> _Columns | None:
         return None
     try:
         columns = np.array([requests, starts, sizes], dtype=np.int64)
-    except OverflowError:  # beyond int64: the checked reading names it
-        return None
-    low = columns.min(axis=1)
-    ends = columns[1] + columns[2]
-    if low[0] < 0 or low[1] < 0 or low[2] < 1 or int(columns[0].max()) > MAX_TOKENS:
-        return None
-    if int(ends.max()) > MAX_TOKENS:
+        rows = (_requests(columns[0]), _starts(columns[1]), _lengths(columns[2]))
+        _check_ends(rows[1], rows[2])
+    except (OverflowError, InvalidInputError):  # the checked reading names the row
         return None
     offsets = np.zeros(len(dispatches) + 1, dtype=np.int64)
     np.cumsum([len(cast(list[object], d)) for d in dispatches], out=offsets[1:])
-    return offsets, (columns[0], columns[1], columns[2], np.array(final, dtype=np.bool_))
+    return offsets, (*rows, np.array(final, dtype=np.bool_))
 
 
 def _row(row: object, where: str) -> tuple[int, int, int, bool]:
