@@ -880,3 +880,112 @@ def test_a_loaded_count_beyond_the_token_limit_is_named(field: str, value: int) 
     lengths, computed = ([value], None) if field == "prompt_lengths" else ([1], [value])
     with pytest.raises(InvalidScheduleError, match=rf"^'{field}' must hold ints in \["):
         Schedule.from_dispatches(config, lengths, [[[0, 0, 1, True]]], num_computed_tokens=computed)
+
+
+# -- each invariant at its edge (from a mutation review: each case fails a checker that drops
+# or loosens the rule) ------------------------------------------------------------------------
+
+# (config, prompt lengths, computed tokens, dispatches, the rule named)
+BROKEN_INVARIANTS = {
+    "a first chunk re-running the cached prefix": (
+        PlannerConfig(max_num_batched_tokens=8), [4], [2], [[[0, 0, 4, True]]],
+        "first chunk must start at its computed-token count",
+    ),
+    "a first chunk skipping the first tokens": (
+        PlannerConfig(max_num_batched_tokens=8), [4], None, [[[0, 2, 2, True]]],
+        "first chunk must start at its computed-token count",
+    ),
+    "a last chunk short of the prompt": (
+        PlannerConfig(max_num_batched_tokens=8), [4], None, [[[0, 0, 3, True]]],
+        "last chunk must end at its prompt length",
+    ),
+    "a gap between two chunks": (
+        PlannerConfig(max_num_batched_tokens=4), [8], None,
+        [[[0, 0, 2, False]], [[0, 4, 4, True]]],
+        "chunks must be contiguous",
+    ),
+    "one token over the budget": (
+        PlannerConfig(max_num_batched_tokens=4), [4, 1], None,
+        [[[0, 0, 4, True], [1, 0, 1, True]]],
+        "at most 4 tokens",
+    ),
+    "one row over max_num_seqs": (
+        PlannerConfig(max_num_batched_tokens=8, max_num_seqs=1), [1, 1], None,
+        [[[0, 0, 1, True], [1, 0, 1, True]]],
+        "at most 1 rows",
+    ),
+    "round_robin beyond its threshold in one dispatch": (
+        PlannerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=4), [2, 3], None,
+        [[[0, 0, 2, True], [1, 0, 3, True]]],
+        "at most 4 tokens",
+    ),
+    "packed's whole budget while two requests are unfinished": (
+        PlannerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=2, policy="packed"),
+        [4, 4], None, [[[0, 0, 4, True], [1, 0, 4, True]]],
+        "chunk cap",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "lengths", "computed", "dispatches", "rule"),
+    [pytest.param(*case, id=name) for name, case in BROKEN_INVARIANTS.items()],
+)
+def test_each_invariant_is_checked_at_its_edge(
+    config: PlannerConfig,
+    lengths: list[int],
+    computed: list[int] | None,
+    dispatches: list[list[list[object]]],
+    rule: str,
+) -> None:
+    with pytest.raises(InvalidScheduleError, match=rule):
+        Schedule.from_dispatches(config, lengths, dispatches, num_computed_tokens=computed)
+
+
+def test_a_request_left_alone_under_packed_may_run_the_whole_budget() -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=8, long_prefill_token_threshold=2, policy="packed"
+    )
+    Schedule.from_dispatches(config, [8], [[[0, 0, 8, True]]]).validate()
+
+
+def test_validate_names_offsets_that_end_short_of_the_rows() -> None:
+    schedule = Schedule(
+        config=PlannerConfig(max_num_batched_tokens=8),
+        prompt_lengths=np.array([1, 1, 1]),
+        num_computed_tokens=np.zeros(3, np.int64),
+        dispatch_offsets=np.array([0, 2], np.int64),
+        requests=np.arange(3, dtype=np.int32),
+        starts=np.zeros(3, np.int32),
+        lengths=np.ones(3, np.int32),
+        is_final=np.ones(3, bool),
+    )
+    with pytest.raises(InvalidScheduleError, match="dispatch offsets must run from 0"):
+        schedule.validate()
+
+
+def test_a_chunk_or_dispatch_may_end_at_the_token_limit_and_not_past_it() -> None:
+    limit = 2**31 - 1
+    Chunk(request=0, start=limit - 1, length=1, is_final=True)
+    with pytest.raises(InvalidInputError, match="'start' \\+ 'length' must be <="):
+        Chunk(request=0, start=limit, length=1, is_final=True)
+    Dispatch(index=0, requests=[0], starts=[limit - 1], lengths=[1], is_final=[True])
+    with pytest.raises(InvalidInputError, match="'starts' \\+ 'lengths' must be <="):
+        Dispatch(index=0, requests=[0], starts=[limit], lengths=[1], is_final=[True])
+
+
+def test_schedules_differing_only_in_their_config_differ() -> None:
+    rows = [[[0, 0, 4, True]]]
+    one = Schedule.from_dispatches(PlannerConfig(max_num_batched_tokens=8), [4], rows)
+    other = Schedule.from_dispatches(PlannerConfig(max_num_batched_tokens=9), [4], rows)
+    assert one != other
+    assert len({one, other}) == 2
+
+
+@pytest.mark.parametrize("request_id", [2**31, 2**32])
+def test_a_json_row_naming_a_request_beyond_int32_is_refused_not_wrapped(request_id: int) -> None:
+    # 2**32 wraps to request 0 in an int32 array.
+    data = plan_prefill([4], PlannerConfig(max_num_batched_tokens=8)).to_dict()
+    data["dispatches"][0][0][0] = request_id
+    with pytest.raises(InvalidScheduleError, match="dispatch 0 row 0"):
+        Schedule.from_dict(data)
