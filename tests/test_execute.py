@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from pypto_sched import (
+    BlockTables,
     CacheTooSmallError,
     ExecutionError,
     InvalidInputError,
@@ -155,6 +157,26 @@ def test_greedy_ids_only_when_asked() -> None:
     )
 
 
+class Int32GreedyBackend(CountingBackend):
+    """Returns its greedy ids as int32, which the contract allows (any integer dtype)."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        ids = output.greedy_token_ids
+        return attrs.evolve(output, greedy_token_ids=None if ids is None else ids.astype(np.int32))
+
+
+def test_greedy_ids_come_back_as_int64_whatever_the_backends_integer_dtype() -> None:
+    prompts = prompts_of(LENGTHS)
+    schedule = plan_prefill(LENGTHS, PACKED)
+    ids = execute_schedule(schedule, Int32GreedyBackend(), prompts, return_greedy=True)
+    assert ids.greedy_token_ids is not None
+    assert ids.greedy_token_ids.dtype == np.int64
+    np.testing.assert_array_equal(
+        ids.greedy_token_ids, [np.argmax(expected_logits(p)) for p in prompts]
+    )
+
+
 def test_without_return_logits_no_logits_are_asked_for() -> None:
     backend = CountingBackend()
     result = execute_schedule(
@@ -287,6 +309,22 @@ def test_block_tables_too_small_for_a_prompt_fail_before_any_dispatch() -> None:
             plan_prefill(LENGTHS, CHUNKED), backend, prompts_of(LENGTHS), block_tables=tables
         )
     assert backend.batches == []
+
+
+def test_block_tables_one_token_short_fail_before_any_dispatch() -> None:
+    backend = CountingBackend()
+    tables = BlockTables.from_lists([[0, 1]], page_size=2, num_pages=3)  # 4 of 5 tokens
+    with pytest.raises(CacheTooSmallError, match="must hold every prompt"):
+        execute_schedule(plan_prefill([5], CHUNKED), backend, prompts_of([5]), block_tables=tables)
+    assert backend.batches == []
+
+
+def test_block_tables_for_another_number_of_requests_are_refused() -> None:
+    tables = plan_pages([4, 4], page_size=4, num_pages=2)
+    with pytest.raises(InvalidInputError, match="one table per request"):
+        execute_schedule(
+            plan_prefill([4], CHUNKED), CountingBackend(), prompts_of([4]), block_tables=tables
+        )
 
 
 # -- failures --------------------------------------------------------------------------------
@@ -508,6 +546,7 @@ def test_write_prefixes_checks_num_computed_tokens_as_plan_prefill_does(
     [
         ([[1, 2]], r"'token_ids' must hold one entry per request \(4\): 1 entries"),
         ([[1] * 9, [1] * 3, [1] * 13, [1] * 6], r"'token_ids\[2\]' must cover the whole prompt"),
+        ([[1] * 9, [1] * 3, [1] * 15, [1] * 6], r"'token_ids\[2\]' must cover the whole prompt"),
         ([[1] * 9, [1] * 3, [VOCAB] * 14, [1] * 6], r"values must be in \[0, 11\).*: 11"),
         ([[1.5] * 9, [1] * 3, [1] * 14, [1] * 6], r"'token_ids\[0\]' must hold ints: item 0 "),
         ("abcd", "'token_ids' must hold one entry per request"),

@@ -125,6 +125,22 @@ def test_a_near_tie_may_break_either_way_within_twice_the_tolerance() -> None:
     )
 
 
+def test_a_greedy_id_must_be_an_argmax_of_the_logits_returned_with_it() -> None:
+    # Within the tolerance of one-shot's logits, and within twice it of their best, but not
+    # the best of its own run's logits: the backend's two outputs contradict each other.
+    verification = compare_results(
+        result(logits=[[0.0, 1.0]], greedy=[0]), np.array([[0.0, 1.0]]), tolerance=1.0
+    )
+    assert verification.logits_agree is not None
+    assert verification.logits_agree.all()
+    assert verification.greedy_agrees is not None
+    assert verification.greedy_agrees.all()
+    assert verification.greedy_consistent is not None
+    assert not verification.greedy_consistent.any()
+    assert not verification.passed
+    assert "not an argmax of the logits returned with it" in str(verification.first_problem())
+
+
 def test_a_relative_tolerance_grows_with_the_rows_largest_logit() -> None:
     """Low-precision backends err in proportion to their logits' size (see the backend
     contract's optional ``relative_tolerance``)."""
@@ -194,6 +210,7 @@ def test_non_finite_logits_never_agree() -> None:
         (result(greedy=[0, 1]), np.zeros((1, 2)), "'actual.greedy_token_ids' must have one id"),
         (result(greedy=[0]), result(greedy=[0]), "'expected' must hold logits"),
         (result(greedy=[0]), np.zeros(2), r"'expected' must be a float array"),
+        (result(greedy=[0]), np.array([[1, 0]]), r"'expected' must be a float array"),
     ],
 )
 def test_bad_arguments_are_rejected(actual: Any, expected: Any, message: str) -> None:
