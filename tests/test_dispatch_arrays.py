@@ -314,3 +314,74 @@ assert copied.data_ptr() != positions.ctypes.data
 assert copied.tolist() == view.tolist() == positions.tolist()
 """
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- from a mutation review: dtypes and read-only flags beyond dispatch_arrays' own fields, and
+# messages that name the right row --------------------------------------------------------------
+
+KERNEL_DTYPES = {
+    "requests": np.int32,
+    "token_starts": np.int32,
+    "token_ends": np.int32,
+    "positions": np.int32,
+    "padded_positions": np.int32,
+    "cu_seqlens": np.int32,
+    "seq_lens": np.int32,
+    "slot_mapping": np.int64,
+    "block_tables": np.int32,
+    "is_final": np.bool_,
+    "logits_indices": np.int64,
+    "query_lens": np.int32,
+    "final_requests": np.int32,
+}
+
+
+def _prefix_hit_arrays() -> list[DispatchArrays]:
+    config = PlannerConfig(max_num_batched_tokens=8, policy="packed")
+    schedule = plan_prefill([3, 20], config, num_computed_tokens=[0, 4])
+    blocks = BlockTables.from_lists([[5], [4, 0, 2, 6, 1]], page_size=4, num_pages=7)
+    return [dispatch_arrays(d, blocks) for d in schedule.dispatches]
+
+
+def test_every_array_and_its_last_tokens_keep_the_kernel_dtypes_read_only() -> None:
+    for arrays in _prefix_hit_arrays():
+        for view in (arrays, arrays.last_tokens()):
+            for name, dtype in KERNEL_DTYPES.items():
+                array = getattr(view, name)
+                assert array.dtype == dtype, name
+                assert not array.flags.writeable, name
+
+
+def test_last_tokens_block_tables_are_as_wide_as_the_final_rows_need() -> None:
+    # Dispatch 0 runs 6 tokens of request 0 (2 pages, not final), request 1 whole (final, 1
+    # page) and a token of request 2: alone, the final row needs a table 1 page wide.
+    config = PlannerConfig(
+        max_num_batched_tokens=10,
+        long_prefill_token_threshold=6,
+        max_num_partial_prefills=2,
+        policy="packed",
+    )
+    schedule = plan_prefill([8, 3, 9], config)
+    arrays = dispatch_arrays(schedule.dispatch(0), plan_pages([8, 3, 9], page_size=4, num_pages=8))
+    assert arrays.block_tables.shape == (3, 2)
+    assert arrays.last_tokens().block_tables.tolist() == [[2]]
+
+
+def test_a_missing_table_names_the_highest_request_of_the_dispatch() -> None:
+    dispatch = plan_prefill([4, 4], PlannerConfig(max_num_batched_tokens=8)).dispatch(0)
+    tables = plan_pages([4], page_size=4, num_pages=1)
+    with pytest.raises(
+        InvalidInputError, match=r"^'block_tables' must cover request 1: it has 1 tables$"
+    ):
+        dispatch_arrays(dispatch, tables)
+
+
+def test_tables_short_of_pages_name_the_first_short_row() -> None:
+    dispatch = plan_prefill([4, 8], PlannerConfig(max_num_batched_tokens=12)).dispatch(0)
+    tables = BlockTables.from_lists([[0], [1]], page_size=2, num_pages=8)  # both short
+    with pytest.raises(
+        CacheTooSmallError,
+        match=r"^'block_tables' must cover every row's context: request 0 needs 2 pages for "
+        r"context 4 at page_size 2, its table has 1$",
+    ):
+        dispatch_arrays(dispatch, tables)

@@ -148,3 +148,49 @@ def test_page_ids_beyond_16_bits_are_kept() -> None:
 def test_a_context_of_exactly_max_tokens_is_planned() -> None:
     tables = plan_pages([2**31 - 1], page_size=2**20, num_pages=2**11)
     assert tables.table(0).tolist() == list(range(2**11))
+
+
+# -- from a mutation review ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tables", ["", "01", b"", b"\x00\x01"])
+def test_from_lists_refuses_text_and_bytes_as_the_tables(tables: object) -> None:
+    # Both are sequences: "" would be no tables, b"\x00\x01" a sequence of ints.
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"^'tables' must be a sequence of page lists: {type(tables).__name__}$",
+    ):
+        BlockTables.from_lists(tables, page_size=4, num_pages=8)  # type: ignore[arg-type]
+
+
+def test_a_shared_page_is_named_by_the_lowest_page_reused() -> None:
+    # Page 1 is in two tables, page 2 in three.
+    with pytest.raises(
+        InvalidInputError, match=r"^'tables' must not share pages: page 1 is reused$"
+    ):
+        BlockTables.from_lists([[1, 2], [1, 2], [2]], page_size=4, num_pages=8)
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [
+        BlockTables.from_lists([[3, 1], [], [0]], page_size=4, num_pages=8),
+        plan_pages([5, 1, 9], page_size=4, num_pages=16, max_new_tokens=2),
+    ],
+    ids=["from_lists", "plan_pages"],
+)
+def test_block_tables_hold_int32_pages_and_int64_offsets_however_built(tables: BlockTables) -> None:
+    assert tables.pages.dtype == np.int32
+    assert tables.offsets.dtype == np.int64
+    assert tables.capacity.dtype == np.int64
+    assert tables.table(0).dtype == np.int32
+    assert tables.padded().dtype == np.int32
+
+
+def test_a_cache_too_small_counts_the_requests_and_the_pages_they_need() -> None:
+    # 3 requests of 5 tokens need 2 pages of 4 each.
+    with pytest.raises(
+        CacheTooSmallError,
+        match=r"^'num_pages' must be >= 6, the pages 3 requests need at page_size 4: 5$",
+    ):
+        plan_pages([5, 5, 5], page_size=4, num_pages=5)

@@ -173,3 +173,9 @@ def test_a_shape_of_exactly_max_tokens_is_allowed() -> None:
     assert WarmupShape(num_rows=1, tokens_per_row=2**31 - 1).num_tokens == 2**31 - 1
     with pytest.raises(InvalidInputError, match=r"must be <= 2147483647: 2147483648"):
         WarmupShape(num_rows=2, tokens_per_row=2**30)
+
+
+@pytest.mark.parametrize("tokens", [0, -1])
+def test_a_warmup_shape_needs_at_least_one_token_per_row(tokens: int) -> None:
+    with pytest.raises(InvalidInputError, match=rf"^'tokens_per_row' must be >= 1: {tokens}$"):
+        WarmupShape(num_rows=2, tokens_per_row=tokens)
