@@ -411,8 +411,9 @@ class SimpleRun:
 
 #: Steps run by ``plan_step`` in every case before the simple step replays them: the simple
 #: step rebuilds a state of every request in flight, and ``plan_step`` timed right after it
-#: found the caches that rebuild left (at 10,000 in flight, 1.4x the same step run on its
-#: own). In blocks, every call but the first of a block follows a call of its own kind.
+#: found the caches that rebuild left (``round_robin`` with a bounded pool measured 48 us a
+#: step at 1,000 in flight there against 16 us on its own). In blocks, every call but the
+#: first of a block follows a call of its own kind.
 BLOCK = 50
 
 
