@@ -123,27 +123,32 @@ def test_last_tokens_are_the_arrays_of_the_final_rows_last_tokens_alone(
         np.testing.assert_array_equal(last.positions, arrays.positions[arrays.logits_indices])
 
 
+KERNEL_DTYPES = {
+    "requests": np.int32,
+    "token_starts": np.int32,
+    "token_ends": np.int32,
+    "positions": np.int32,
+    "padded_positions": np.int32,
+    "cu_seqlens": np.int32,
+    "seq_lens": np.int32,
+    "slot_mapping": np.int64,
+    "block_tables": np.int32,
+    "is_final": np.bool_,
+    "logits_indices": np.int64,
+    "query_lens": np.int32,
+    "final_requests": np.int32,
+}
+
+
 @given(planned_with_tables())
 def test_arrays_have_kernel_dtypes_and_are_read_only(planned: tuple[Case, BlockTables]) -> None:
     case, blocks = planned
     arrays = dispatch_arrays(case.plan().dispatch(0), blocks)
-    dtypes = {
-        "requests": np.int32,
-        "token_starts": np.int32,
-        "token_ends": np.int32,
-        "positions": np.int32,
-        "padded_positions": np.int32,
-        "cu_seqlens": np.int32,
-        "seq_lens": np.int32,
-        "slot_mapping": np.int64,
-        "block_tables": np.int32,
-        "is_final": np.bool_,
-        "logits_indices": np.int64,
-    }
-    for name, dtype in dtypes.items():
-        array = getattr(arrays, name)
-        assert array.dtype == dtype, name
-        assert not array.flags.writeable, name
+    for view in (arrays, arrays.last_tokens()):  # every array, derived ones too
+        for name, dtype in KERNEL_DTYPES.items():
+            array = getattr(view, name)
+            assert array.dtype == dtype, name
+            assert not array.flags.writeable, name
     assert arrays.padded_positions.ndim == arrays.block_tables.ndim == 2
 
 
@@ -316,40 +321,7 @@ assert copied.tolist() == view.tolist() == positions.tolist()
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# -- from a mutation review: dtypes and read-only flags beyond dispatch_arrays' own fields, and
-# messages that name the right row --------------------------------------------------------------
-
-KERNEL_DTYPES = {
-    "requests": np.int32,
-    "token_starts": np.int32,
-    "token_ends": np.int32,
-    "positions": np.int32,
-    "padded_positions": np.int32,
-    "cu_seqlens": np.int32,
-    "seq_lens": np.int32,
-    "slot_mapping": np.int64,
-    "block_tables": np.int32,
-    "is_final": np.bool_,
-    "logits_indices": np.int64,
-    "query_lens": np.int32,
-    "final_requests": np.int32,
-}
-
-
-def _prefix_hit_arrays() -> list[DispatchArrays]:
-    config = PlannerConfig(max_num_batched_tokens=8, policy="packed")
-    schedule = plan_prefill([3, 20], config, num_computed_tokens=[0, 4])
-    blocks = BlockTables.from_lists([[5], [4, 0, 2, 6, 1]], page_size=4, num_pages=7)
-    return [dispatch_arrays(d, blocks) for d in schedule.dispatches]
-
-
-def test_every_array_and_its_last_tokens_keep_the_kernel_dtypes_read_only() -> None:
-    for arrays in _prefix_hit_arrays():
-        for view in (arrays, arrays.last_tokens()):
-            for name, dtype in KERNEL_DTYPES.items():
-                array = getattr(view, name)
-                assert array.dtype == dtype, name
-                assert not array.flags.writeable, name
+# -- from a mutation review: last_tokens' table width, and messages that name the right row --
 
 
 def test_last_tokens_block_tables_are_as_wide_as_the_final_rows_need() -> None:
