@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pypto_sched
 from pypto_sched import (
     BackendError,
     DispatchArrays,
@@ -699,3 +700,127 @@ def test_generation_asks_nothing_of_a_dispatch_of_intermediate_chunks() -> None:
     generate(backend, [[1, 2, 3, 4, 5], [6, 7, 8]], config=config, max_new_tokens=3)
     assert any(finals == 0 for finals, _ in backend.asks)
     assert all(asked == (finals > 0) for finals, asked in backend.asks)
+
+
+# -- from a mutation review: the scenarios the check runs, and bugs only one of them catches -----
+
+
+@pytest.fixture
+def planned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[PlannerConfig, Any, list[int]]]:
+    """(config, num_computed_tokens, prompt lengths) of every prefill example planned."""
+    calls: list[tuple[PlannerConfig, Any, list[int]]] = []
+    real = pypto_sched.plan_prefill
+
+    def recorded(lengths: Any, config: PlannerConfig, **options: Any) -> Any:
+        calls.append((config, options.get("num_computed_tokens"), list(lengths)))
+        return real(lengths, config, **options)
+
+    monkeypatch.setattr(_conformance, "plan_prefill", recorded)
+    return calls
+
+
+def test_prefill_examples_cover_both_policies_prefix_hits_and_every_option(
+    planned: list[tuple[PlannerConfig, Any, list[int]]],
+) -> None:
+    check_backend(Wrapped(), max_examples=12, generation_examples=0)
+    configs = [config for config, _, _ in planned]
+    assert {config.policy for config in configs} == {"round_robin", "packed"}
+    assert any(np.any(computed) for _, computed, _ in planned)
+    assert any(config.page_size is not None for config in configs)
+    assert any(config.max_num_seqs is not None for config in configs)
+    assert any(config.max_num_partial_prefills is not None for config in configs)
+
+
+def test_the_seed_changes_the_examples(
+    planned: list[tuple[PlannerConfig, Any, list[int]]],
+) -> None:
+    check_backend(Wrapped(), max_examples=3, generation_examples=0, seed=0)
+    check_backend(Wrapped(), max_examples=3, generation_examples=0, seed=1)
+    assert [lengths for _, _, lengths in planned[:3]] != [lengths for _, _, lengths in planned[3:]]
+
+
+def test_prefill_block_tables_leave_spare_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tables "drawn from a pool with spare pages", so that a backend must read its own.
+    spare: list[int] = []
+    real = _conformance._scattered_tables
+
+    def recorded(rng: Any, lengths: Any, page_size: int, extra: int) -> Any:
+        tables = real(rng, lengths, page_size, extra)
+        spare.append(tables.num_pages - sum(-(-n // page_size) for n in lengths))
+        return tables
+
+    monkeypatch.setattr(_conformance, "_scattered_tables", recorded)
+    check_backend(Wrapped(), max_examples=4, generation_examples=0)
+    assert any(n > 0 for n in spare)
+
+
+class WrongGreedyWhenAskedAlone(Wrapped):
+    """Its greedy-only path (no logits asked for) returns the id after the argmax for host
+    embeddings: a fast path that disagrees with the full one."""
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        embeddings = batch.input_embeddings
+        if batch.return_logits or not batch.return_greedy or embeddings is None:
+            return super().run_dispatch(batch, cache)
+        if not np.isfinite(embeddings).all():
+            return super().run_dispatch(batch, cache)
+        full = super().run_dispatch(attrs.evolve(batch, return_logits=True), cache)
+        assert full.logits is not None
+        wrong = (np.argmax(full.logits, axis=1) + 1) % self.vocab_size
+        return DispatchOutput(greedy_token_ids=wrong)
+
+
+def test_a_wrong_greedy_only_path_fails() -> None:
+    with pytest.raises(AssertionError, match=r"host embeddings.*is not an argmax"):
+        check_backend(WrongGreedyWhenAskedAlone(), max_examples=4, generation_examples=0)
+
+
+class RowSpansOne(Wrapped):
+    """Logits rescaled per row to [0, 1] (monotone: the same greedy ids), so that every row
+    spans exactly 1 however it is chunked."""
+
+    def __init__(self, tolerance: float) -> None:
+        super().__init__()
+        self._tolerance = tolerance
+
+    @property
+    def tolerance(self) -> float:
+        return self._tolerance
+
+    def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
+        output = super().run_dispatch(batch, cache)
+        if output.logits is None:
+            return output
+        logits = np.asarray(output.logits, dtype=np.float64)
+        low, high = logits.min(axis=1, keepdims=True), logits.max(axis=1, keepdims=True)
+        return attrs.evolve(output, logits=(logits - low) / (high - low))
+
+
+@pytest.mark.parametrize(("tolerance", "refused"), [(0.4, False), (0.5, True), (0.75, True)])
+def test_a_tolerance_of_half_a_rows_span_is_refused_and_below_it_passes(
+    tolerance: float, refused: bool
+) -> None:
+    # Twice the tolerance is what greedy ids may differ by: from half the span on, any do.
+    if not refused:
+        check_backend(RowSpansOne(tolerance), max_examples=2, generation_examples=0)
+        return
+    with pytest.raises(AssertionError, match="allows at least half of what a row"):
+        check_backend(RowSpansOne(tolerance), max_examples=2, generation_examples=0)
+
+
+def test_the_oracles_relative_tolerance_is_used() -> None:
+    backend = WrongModel()  # every logit 1% larger
+    with pytest.raises(AssertionError, match="differ from the oracle"):
+        check_backend(
+            backend,
+            max_examples=2,
+            generation_examples=0,
+            oracle=lambda prompts: whole_prompt_logits(backend, prompts),
+        )
+    check_backend(
+        backend,
+        max_examples=2,
+        generation_examples=0,
+        oracle=lambda prompts: whole_prompt_logits(backend, prompts),
+        oracle_relative_tolerance=0.05,
+    )

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
+from hypothesis.errors import InvalidArgument, NoSuchExample
 from hypothesis.statistics import collector
 
 from pypto_sched import (
@@ -674,3 +674,107 @@ except ImportError as error:
 def test_prompt_lengths_take_bounds_as_st_integers_does(length: int) -> None:
     assert type(length) is int
     assert 3 <= length <= 10
+
+
+# -- from a mutation review: every documented extreme can still be drawn, and nothing beyond it --
+
+SEEDED = settings(
+    max_examples=200, database=None, derandomize=True, deadline=None,
+    suppress_health_check=list(HealthCheck),
+)  # fmt: skip
+
+
+def never(strategy: st.SearchStrategy[T], condition: Callable[[T], bool]) -> None:
+    with pytest.raises(NoSuchExample):
+        find(strategy, condition, settings=NO_SHRINK)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "condition"),
+    [
+        pytest.param(prompt_lengths(), lambda n: n == 4096, id="a 4096-token prompt"),
+        pytest.param(schedules(), lambda s: s.num_requests == 10, id="10 requests"),
+        pytest.param(
+            schedules(), lambda s: bool((s.prompt_lengths == 1).any()), id="a one-token prompt"
+        ),
+        pytest.param(
+            schedules(),
+            lambda s: bool((s.prompt_lengths == 4 * s.config.chunk_cap).any()),
+            id="a prompt of four whole chunks",
+        ),
+        pytest.param(
+            schedules(),
+            lambda s: bool(
+                ((s.num_computed_tokens == s.prompt_lengths - 1) & (s.prompt_lengths > 1)).any()
+            ),
+            id="a prefix hit of all but the last token",
+        ),
+        pytest.param(
+            prefill_states(),
+            lambda s: any(
+                not r.is_started
+                and r.prompt_length > 1
+                and r.num_computed_tokens == r.prompt_length - 1
+                for r in s.values()
+            ),
+            id="a waiting request cached but for its last token",
+        ),
+        pytest.param(
+            planner_configs(),
+            lambda c: c.long_prefill_token_threshold == 2 * c.max_num_batched_tokens > 2,
+            id="a threshold of twice the budget",
+        ),
+        pytest.param(
+            planner_configs(), lambda c: c.long_prefill_token_threshold == 1, id="a threshold of 1"
+        ),
+        pytest.param(planner_configs(), lambda c: c.max_num_seqs == 16, id="16 rows"),
+        pytest.param(
+            planner_configs(), lambda c: c.max_num_partial_prefills == 8, id="8 partial prefills"
+        ),
+        pytest.param(
+            # Alone under a budget of 8 without prefix hits, a request runs 8 tokens a step:
+            # only a drawn token reservation leaves it part-way elsewhere.
+            prefill_states(
+                configs=st.just(PlannerConfig(max_num_batched_tokens=8)),
+                max_size=1,
+                allow_prefix_hits=False,
+            ),
+            lambda s: any(r.is_started and r.num_computed_tokens % 8 for r in s.values()),
+            id="a step shortened by a reservation",
+        ),
+    ],
+)
+def test_the_documented_extremes_are_drawn(strategy: Any, condition: Any) -> None:
+    reaches(strategy, condition)
+
+
+def test_nothing_is_drawn_beyond_the_documented_limits() -> None:
+    never(planner_configs(), lambda c: (c.max_num_seqs or 0) > 16)
+    never(planner_configs(), lambda c: (c.max_num_partial_prefills or 0) > 8)
+    never(prompt_lengths(min_value=2**31 - 100), lambda n: n > 2**31 - 1)
+
+
+@SEEDED
+@given(schedules(allow_prefix_hits=False))
+def test_no_prefix_hits_when_refused_with_the_default_lengths(schedule: Schedule) -> None:
+    assert not schedule.num_computed_tokens.any()
+
+
+@SEEDED
+@given(schedules(prompt_lengths=st.integers(min_value=1, max_value=10**6)))
+def test_the_default_chunk_cap_holds_the_tokens_in_128_chunks(schedule: Schedule) -> None:
+    assert schedule.config.chunk_cap * 128 >= int(schedule.prompt_lengths.sum())
+
+
+@SEEDED
+@given(schedules(configs=st.just(PlannerConfig(max_num_batched_tokens=2**31 - 1)), max_size=2))
+def test_default_lengths_stay_valid_under_the_largest_chunk_cap(schedule: Schedule) -> None:
+    assert schedule.prompt_lengths.max() <= 2**31 - 1
+
+
+@pytest.mark.parametrize("budget", [2**31 - 1, np.int64(8)], ids=repr)
+def test_a_budget_may_be_any_count_a_numpy_int_too(budget: Any) -> None:
+    config = find(
+        planner_configs(max_num_batched_tokens=st.just(budget)), lambda c: True, settings=NO_SHRINK
+    )
+    assert config.max_num_batched_tokens == budget
