@@ -53,6 +53,8 @@ The rules, one function each
 * :func:`prefill_room`: the tokens and rows a step leaves for prefill after the caller's decode
   reservations.
 * :func:`dispatch_bound`: the lower bound of the dispatches left.
+* :func:`fewest_chunks`: the fewest chunks any schedule of a batch holds; the offline planner
+  refuses a batch whose schedule would hold more than ``MAX_CHUNKS`` (before building any).
 * :func:`bound_rule_applies`, :func:`surely_keeps_to_the_bound`, :func:`deadline_minimums`,
   :func:`fill_sizes`: ``packed`` keeping to the bound (below).
 
