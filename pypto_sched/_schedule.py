@@ -561,8 +561,7 @@ def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
     return [int(value) for value in values]
 
 
-_RowArray = npt.NDArray[np.integer[Any]]
-_Columns = tuple[IntArray, tuple[_RowArray, _RowArray, _RowArray, npt.NDArray[np.bool_]]]
+_Columns = tuple[IntArray, tuple[IntArray, IntArray, IntArray, npt.NDArray[np.bool_]]]
 
 
 def _checked_rows(dispatches: Sequence[object]) -> _Columns:
@@ -605,13 +604,13 @@ def _json_rows(dispatches: Sequence[object]) -> _Columns | None:
         return None
     try:
         columns = np.array([requests, starts, sizes], dtype=np.int64)
-        rows = (_requests(columns[0]), _starts(columns[1]), _lengths(columns[2]))
-        _check_ends(rows[1], rows[2])
+        _requests(columns[0]), _starts(columns[1]), _lengths(columns[2])  # Dispatch's rules
+        _check_ends(columns[1], columns[2])
     except (OverflowError, InvalidInputError):  # the checked reading names the row
         return None
     offsets = np.zeros(len(dispatches) + 1, dtype=np.int64)
     np.cumsum([len(cast(list[object], d)) for d in dispatches], out=offsets[1:])
-    return offsets, (*rows, np.array(final, dtype=np.bool_))
+    return offsets, (columns[0], columns[1], columns[2], np.array(final, dtype=np.bool_))
 
 
 def _row(row: object, where: str) -> tuple[int, int, int, bool]:

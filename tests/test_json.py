@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pypto_sched import InvalidScheduleError, PlannerConfig, Schedule, plan_prefill
@@ -55,6 +55,7 @@ rows = st.lists(fields, min_size=3, max_size=3).flatmap(
 
 
 @given(st.lists(st.lists(rows, max_size=4), min_size=1, max_size=4))
+@example([[[0, 0, 1, True]], [[1, 2, 3, False], [0, 1, 2, True]]])  # rows the fast path reads
 def test_the_json_rows_read_at_once_are_the_rows_read_one_by_one(
     dispatches: list[list[Any]],
 ) -> None:
