@@ -724,6 +724,71 @@ def test_cancelling_a_request_mid_prefill_frees_its_blocks_and_keeps_the_others_
         assert results[request_id].generated_tokens == reference(prompt, new_tokens)
 
 
+@pytest.mark.parametrize(
+    ("lengths", "new_tokens", "num_blocks"),
+    [([58, 120, 81, 12], 13, 29), ([113, 88, 7, 78, 2, 72, 41, 11], 16, 35)],
+)
+def test_under_the_safety_margin_prompts_part_way_go_on_and_new_ones_wait(
+    model: Any, reference: Any, lengths: list[int], new_tokens: int, num_blocks: int
+) -> None:
+    """Under the server's safety margin, a prompt part-way keeps running beside the decodes
+    (the server's own schedulers stop it), no new request starts beside them, and every
+    chunk leaves each decoding request a free block: on these workloads no decode starves,
+    so the server never offloads a request (each prompt is prefilled once, in order),
+    while without that reserve one would."""
+    prompts = random_prompts(1, lengths)
+    config = PlannerConfig(
+        max_num_batched_tokens=12, long_prefill_token_threshold=8, policy="packed"
+    )
+    batches: list[ScheduledBatch] = []
+    checked_progress(register(config, on_batch=batches.append))
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=num_blocks, max_batch_tokens=12)
+    expected = [reference(prompt, new_tokens) for prompt in prompts]
+    assert run_batch(model, prompts, new_tokens, "pypto_sched", server) == expected
+    assert run_batch(model, prompts, new_tokens, "fifo", server) == expected
+    check_batches(batches, config, max_batch_tokens=12)
+    check_prefills(batches, prompts, config)  # nothing offloaded: each prompt tiled once
+    beside_decodes = [
+        [row for row in batch.rows if row.is_prefill]
+        for batch in batches
+        if batch.under_safety_margin and not batch.rows[0].is_prefill
+    ]
+    assert any(row.start > 0 for rows in beside_decodes for row in rows), "none went on"
+    assert all(row.start > 0 for rows in beside_decodes for row in rows), "a new one started"
+
+
+@pytest.mark.parametrize(
+    ("lengths", "new_tokens", "num_blocks", "max_batch_tokens"),
+    [([67, 4, 5, 10, 43, 71], 22, 22, 16), ([3, 4, 95, 4], 13, 15, 12)],
+)
+def test_under_the_safety_margin_a_new_request_starts_only_alone(
+    model: Any,
+    reference: Any,
+    lengths: list[int],
+    new_tokens: int,
+    num_blocks: int,
+    max_batch_tokens: int,
+) -> None:
+    """Caches too small for the workload, where the server offloads requests: under the
+    margin a request starts (its first chunk, or again after an offload) only as the one
+    row of its batch, and the tokens are those of ``generate()``."""
+    prompts = random_prompts(1, lengths)
+    config = PlannerConfig(max_num_batched_tokens=max_batch_tokens, policy="packed")
+    batches: list[ScheduledBatch] = []
+    checked_progress(register(config, on_batch=batches.append))
+    server = ContinuousBatchingConfig(
+        page_size=PAGE, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens
+    )
+    expected = [reference(prompt, new_tokens) for prompt in prompts]
+    assert run_batch(model, prompts, new_tokens, "pypto_sched", server) == expected
+    check_batches(batches, config, max_batch_tokens=max_batch_tokens)
+    under = [batch for batch in batches if batch.under_safety_margin]
+    assert under, "the cache never went under the margin"
+    for batch in under:
+        if any(row.is_prefill and row.start == 0 for row in batch.rows):
+            assert len(batch.rows) == 1, batch
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_requests_added_while_the_server_runs_get_the_tokens_of_generate(
     model: Any, reference: Any, policy: str

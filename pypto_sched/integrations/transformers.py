@@ -28,9 +28,9 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    and rows reserved: the policy, the chunk cap, page alignment and the partial-prefill
    limit all come from the planner.
 4. *The server's checks.* Each planned row then goes through the server's own checks, in
-   order: new requests wait while ``block_new_requests`` is set, under the cache's safety
-   margin a prefill row runs only in an empty batch, a row must fit the cache budget, and
-   its cache blocks must be allocated. The server looks up a new request's prefix in its
+   order: new requests wait while ``block_new_requests`` is set or the cache is under its
+   safety margin (see *The safety margin*), a row must fit the cache budget, and its cache
+   blocks must be allocated. The server looks up a new request's prefix in its
    cache as its row is taken: a hit moves the request forward, and the rest of the batch is
    planned again with it at the front, from where the hit left it (the rows after it were
    sized for its old start), so it runs in this batch, as under the server's own
@@ -41,6 +41,20 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    that a started request that cannot get blocks is reported in ``starved_requests``; when
    nothing runs because the cache is full the batch is ``None``, and the server offloads
    requests and asks again.
+
+The safety margin
+=================
+The server gives its scheduler a safety margin (``0.15`` by default, as for ``"fifo"``): the
+share of the cache that must be free for new prefill requests to be scheduled, in the words
+of the server's ``Scheduler``. Its own schedulers stop every prefill row under the margin,
+a prompt already part-way included, unless the batch is otherwise empty; the batch then
+runs the decodes alone while the part-way prompt holds its blocks. This scheduler applies
+the margin to admission, as the server's words say and as vLLM's watermark does: under the
+margin no new request starts (except as the only row of an empty batch, the server's rule),
+and the requests already part-way go on, each chunk only if the cache can still give every
+decoding request a new block after it (the next page each may need, counted by the cache's
+own ``count_storable_requests``), so going on does not starve the decodes. Above the
+margin, nothing changes: ``packed`` without a threshold runs ``"fifo"``'s batches.
 
 Admission order
 ===============
@@ -122,6 +136,9 @@ class ScheduledBatch:
     rows: tuple[ScheduledRow, ...]
     token_budget: int
     cache_budget: int
+    #: Whether the cache's free share was under the server's safety margin when the batch
+    #: was built (see *The safety margin*): no new request starts beside other rows.
+    under_safety_margin: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -269,7 +286,10 @@ class PyptoScheduler(Scheduler):
             return None, batch.decode_fast_path, 0, 0
         if batch.rows:
             scheduled = ScheduledBatch(
-                rows=tuple(batch.rows), token_budget=token_budget, cache_budget=cache_budget
+                rows=tuple(batch.rows),
+                token_budget=token_budget,
+                cache_budget=cache_budget,
+                under_safety_margin=not batch.in_safety_margin,
             )
             for observer in self.batch_observers:
                 observer(scheduled)
@@ -382,17 +402,41 @@ class PyptoScheduler(Scheduler):
 
     def _schedule_prefill(self, config: PlannerConfig, batch: _Batch) -> None:
         """Plan the prefill rows in the room the decodes left, and run those the server
-        accepts.
+        accepts (see *The safety margin* in the module doc for the cache under it)."""
+        new_requests = not self.block_new_requests
+        if batch.in_safety_margin:
+            self._run_planned(config, batch, set(), new_requests=new_requests)
+            return
+        # Under the margin: the requests part-way go on, while they leave the decodes a block.
+        self._run_planned(config, batch, set(), new_requests=False, keep_a_block_per_decode=True)
+        if not batch.scheduled:
+            # The server's rule for an empty batch: one prefill row, new or not. A request
+            # reported starved is not asked again (it would be offloaded twice).
+            starved = {state.request_id for state, _ in self.starved_requests}
+            self._run_planned(config, batch, starved, new_requests=new_requests, one_row=True)
 
-        A plan whose rows the server all refuses is planned again without them (and
-        without the new requests, once a new one found no free cache block), until a row
-        runs or nothing is left to plan: a request whose blocks cannot be allocated is then
+    def _run_planned(
+        self,
+        config: PlannerConfig,
+        batch: _Batch,
+        skipped: set[str],
+        *,
+        new_requests: bool,
+        one_row: bool = False,
+        keep_a_block_per_decode: bool = False,
+    ) -> None:
+        """Plan the rest of the batch without the requests ``skipped`` (and without new
+        ones unless ``new_requests``), and run the planned rows the server accepts: only
+        the first (``one_row``), or only those that leave a free cache block for every
+        decoding request (``keep_a_block_per_decode``).
+
+        A plan whose rows are all refused is planned again without them (and without the
+        new requests, once a new one found no free cache block), until a row runs or
+        nothing is left to plan: a request whose blocks cannot be allocated is then
         reported starved, so the server frees blocks (by offloading) instead of waiting for
         a new request that cannot start.
         """
-        skipped: set[str] = set()
-        new_requests = not self.block_new_requests
-        while batch.in_safety_margin or not batch.scheduled:
+        while not (one_row and batch.scheduled):
             step_config, may_start = self._partial_room(config, skipped)
             plan = plan_step(
                 self._plannable(skipped, new_requests=new_requests and may_start),
@@ -404,10 +448,12 @@ class PyptoScheduler(Scheduler):
             refused: list[str] = []
             moved: RequestState | None = None
             for request_id, chunk in plan.rows.items():
-                if not batch.in_safety_margin and batch.scheduled:
-                    break  # under the safety margin, a prefill row only in an empty batch
+                if one_row and batch.scheduled:
+                    break
                 state = self._server_request(request_id)
-                if state is not None and self._run_prefill_row(state, chunk, batch):
+                if state is not None and self._run_prefill_row(
+                    state, chunk, batch, keep_a_block_per_decode=keep_a_block_per_decode
+                ):
                     ran[request_id] = chunk
                     continue
                 refused.append(request_id)
@@ -422,6 +468,7 @@ class PyptoScheduler(Scheduler):
                     del self.progress[request_id]
                 else:
                     self.progress[request_id] = (self.progress[request_id][0], chunk.end)
+            skipped.update(ran)
             if moved is not None:
                 # Planned again from where the hit left it, first in the room left, as the
                 # server's own schedulers run it in the batch that finds the hit; the rows
@@ -429,21 +476,47 @@ class PyptoScheduler(Scheduler):
                 # The rows refused before it are not asked again (a request reported starved
                 # twice would be offloaded twice).
                 self._requeue_at_front(moved)
-                skipped.update(ran)
                 skipped.update(r for r in refused if r != moved.request_id)
                 continue
+            skipped.update(refused)
             if ran or not plan.rows:
                 return
-            skipped.update(plan.rows)
 
-    def _run_prefill_row(self, state: RequestState, chunk: StepChunk, batch: _Batch) -> bool:
-        """Run a planned chunk if the server accepts it; whether it runs."""
+    def _run_prefill_row(
+        self,
+        state: RequestState,
+        chunk: StepChunk,
+        batch: _Batch,
+        *,
+        keep_a_block_per_decode: bool = False,
+    ) -> bool:
+        """Run a planned chunk if the server accepts it (and, with
+        ``keep_a_block_per_decode``, if it leaves a free cache block for every decoding
+        request); whether it runs."""
         if state.position_offset != chunk.start:
             return False  # changed since the reconciliation; planned again next batch
+        if keep_a_block_per_decode and not self._keeps_a_block_per_decode(state, chunk.length):
+            return False
         tokens = self._infer_request_tokens(state, batch.leaving_waiting)
         if state.position_offset != chunk.start:
             return False  # a prefix-cache hit moved it: planned again from there next batch
         return self._run_row(state, tokens, chunk.length, batch)
+
+    def _keeps_a_block_per_decode(self, state: RequestState, size: int) -> bool:
+        """Whether the cache could store ``size`` more tokens of ``state`` and still give
+        every decoding request a new block (the next page each may need), by the cache's
+        own count of what its free blocks can hold."""
+        allocators = self.cache.cache_allocators
+        chunk = {
+            name: allocator.needs_new_blocks(state.request_id, state.current_len(), size)
+            for name, allocator in allocators.items()
+        }
+        page = dict.fromkeys(allocators, 1)
+        decoding = sum(
+            1 for s in self.active_requests.values() if s.status == RequestStatus.DECODING
+        )
+        needed = [chunk] + [page] * decoding
+        return bool(self.cache.count_storable_requests(needed) == len(needed))
 
     def _run_row(self, state: RequestState, tokens: list[int], size: int, batch: _Batch) -> bool:
         """Put ``size`` of ``tokens`` of ``state`` into the batch if the server's cache
