@@ -18,7 +18,9 @@ requests in the queue are also in a persistent map from id to record, which make
 ``remove`` and ``in`` cost ``O(log32 n)`` (plus a scan of ``packed``'s started requests,
 which live in a small tuple that each step rewrites). A removed request's queue entry is left
 in place and skipped when it reaches the head: an entry is live only while the map holds that
-very record.
+very record. The states ``plan_step`` and ``apply`` return keep no dead entry at the queue's
+head, so each is skipped once; ``discard_all`` dropping many requests rebuilds the state of
+the others in one pass.
 
 With a page pool, a step reads each row's block table from the owners' map (one dict while
 it is small), notes the pages the row lacks, and makes every hold at once: each request's
@@ -43,7 +45,7 @@ queue's summary, unless it is the oldest (:func:`_without_best`); ``add``, ``rem
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
 import attrs
@@ -329,11 +331,49 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             return self
         return self.remove(request_id)
 
+    def discard_all(self, request_ids: Iterable[RequestId]) -> PrefillState[RequestId]:
+        """A state without each of ``request_ids`` that is here (the others are ignored, as
+        :meth:`discard` ignores them): many aborts at once, equal to discarding them one by
+        one. ``request_ids`` is a collection of ids, never a single ``str`` or ``bytes``.
+
+        Dropping most of a long queue costs one pass over the state, not a removal each.
+        """
+        if isinstance(request_ids, str | bytes):
+            raise InvalidInputError(
+                f"'request_ids' must be a collection of request ids, not one "
+                f"{type(request_ids).__name__}: {request_ids!r}"
+            )
+        ids = tuple(request_ids)
+        try:
+            gone = set(ids)
+        except TypeError:  # an unhashable id, which no state holds
+            gone = {request_id for request_id in ids if _is_hashable(request_id)}
+        # (A removal costs about 7 us, and an O(n) rebuild of the queue's summary where it
+        # drops one of the two longest; the rebuild about 2 us a request it keeps: removing
+        # one by one is cheaper only while few requests go.)
+        if len(gone) * _REBUILD_SHARE < len(self):
+            state = self
+            for request_id in gone:
+                state = state.discard(request_id)
+            return state
+        requests = self._requests
+        started = tuple(record for record in self._started if record.id not in gone)
+        queued = tuple(
+            record
+            for record in self._queue
+            if record.id not in gone and requests.get(record.id) is record
+        )
+        if len(started) + len(queued) == len(self):
+            return self
+        num_tokens = sum(map(_left, started)) + sum(map(_left, queued))
+        return _restore(started, queued, num_tokens, self._policy)
+
     def apply(self, plan: StepPlan[RequestId]) -> PrefillState[RequestId]:
         """This state after the dispatch ``plan`` describes has run.
 
         ``plan`` was planned from an earlier state, and this one is that state changed only by
-        :meth:`add`, :meth:`remove` and :meth:`discard` while the dispatch ran: the requests
+        :meth:`add`, :meth:`remove`, :meth:`discard` and :meth:`discard_all` while the dispatch
+        ran: the requests
         that arrived meanwhile are kept, and a request removed meanwhile stays removed (its
         row is ignored; do not add its id again before applying). Applied to the state it was
         planned from, it gives ``plan.state``.
@@ -399,6 +439,9 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
                 requests = requests.delete(request_id)
                 admitted.append(after)
         still = tuple(record for record in started if record is not None)
+        # The entries of the requests that left the queue here are dropped off its head, as
+        # plan_step drops them: left there, every later step would walk them again.
+        _, queue = _live_head(requests, queue)
         return self._evolve(requests, queue, (*still, *admitted), num_tokens, policy)
 
     # -- reading -----------------------------------------------------------------------------
@@ -518,6 +561,10 @@ def _left(record: _Request) -> int:
 
 _NO_QUEUE: PersistentQueue[Any] = PersistentQueue(_left)
 
+#: :meth:`PrefillState.discard_all` rebuilds the state once the ids to drop are at least one
+#: in this many of its requests (below, it removes them one by one).
+_REBUILD_SHARE = 4
+
 
 def _restore(
     started: tuple[_Request, ...],
@@ -529,6 +576,14 @@ def _restore(
     requests = requests.update((record.id, record) for record in queued)
     queue: PersistentQueue[_Request] = _NO_QUEUE.extend(queued)
     return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
+
+
+def _is_hashable(request_id: object) -> bool:
+    try:
+        hash(request_id)
+    except TypeError:
+        return False
+    return True
 
 
 def _check_hashable(request_id: object) -> None:

@@ -119,8 +119,8 @@ A server keeps a ``PrefillState``: the requests whose prefill is not finished, k
 server's own hashable ids, each with its prompt length and the tokens computed so far
 (prefix-cache hits plus the chunks already run). Before every device call it asks
 ``plan_step`` for the next dispatch; the answer holds the rows to run, keyed by request id,
-and the state after them. States are immutable: ``add``, ``remove``, ``discard`` and
-``plan_step`` return new states and leave the old one valid, so a dispatch that fails can
+and the state after them. States are immutable: ``add``, ``remove``, ``discard``, ``discard_all``
+and ``plan_step`` return new states and leave the old one valid, so a dispatch that fails can
 simply be planned again from the state before it, and ``state.apply(plan)`` applies a plan to
 a state that has gained or lost requests while the dispatch ran.
 

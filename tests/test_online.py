@@ -1022,6 +1022,67 @@ def test_discard_removes_a_request_if_present_and_is_a_no_op_otherwise() -> None
     assert finished.discard(0) is finished
 
 
+@given(prefill_states_with_configs(), st.integers(min_value=0, max_value=3), st.data())
+def test_discarding_many_at_once_is_discarding_them_one_by_one(
+    state_config: tuple[PrefillState[Any], PlannerConfig], steps: int, data: st.DataObject
+) -> None:
+    state, config = state_config
+    for _ in range(steps):  # some requests started, part-way, finished
+        state = plan_step(state, config).state
+    ids = list(state)
+    # Any share of the state, the few removed one by one and the many by a rebuild, with
+    # ids that are not here (finished, never added, unhashable) ignored.
+    gone = data.draw(st.lists(st.sampled_from(ids), unique=True) if ids else st.just([]))
+    strays = data.draw(st.lists(st.sampled_from([-1, "x", 10**6, (1, [2])]), max_size=3))
+    one_by_one = functools.reduce(PrefillState.discard, gone, state)
+    at_once = state.discard_all(data.draw(st.permutations(gone + strays)))
+    assert at_once == one_by_one
+    assert (at_once.num_tokens, at_once.policy) == (one_by_one.num_tokens, one_by_one.policy)
+    assert drain(at_once, config) == drain(one_by_one, config)
+
+
+def test_discard_all_ignores_what_is_not_here_and_refuses_one_string() -> None:
+    state = PrefillState().add("ab", 10).add("a", 20).add("b", 30)
+    assert state.discard_all([]) is state
+    assert state.discard_all(iter(["zz", [1]])) is state  # unknown, unhashable
+    assert list(state.discard_all(["a", "b", "a"])) == ["ab"]
+    assert list(state.discard_all(iter(["ab", "a", "b"]))) == []
+    for one in ("ab", b"ab"):
+        with pytest.raises(
+            InvalidInputError,
+            match=r"'request_ids' must be a collection of request ids, not one "
+            rf"{type(one).__name__}: {re.escape(repr(one))}",
+        ):
+            state.discard_all(one)
+
+
+def test_dropping_most_of_a_long_queue_takes_one_pass_not_a_rebuild_a_removal() -> None:
+    # One removal each, longest first, would rebuild the queue's summary of its two longest
+    # at every one (each is the longest left, behind a live head): quadratic in the queue.
+    from pypto_sched import _online
+
+    state = PrefillState.from_prompt_lengths(list(range(1, 2001)))
+    calls: list[int] = []
+    real = _online._queue_of
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_online, "_queue_of", lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+        kept = state.discard_all(range(1999, 9, -1))
+    assert calls == []
+    assert list(kept) == list(range(10))
+    assert kept.num_tokens == sum(range(1, 11))
+
+
+def test_applying_a_plan_drops_the_queue_entries_of_the_requests_it_admitted() -> None:
+    # A server applies every plan to its newer state: were the admitted requests' entries
+    # left at the head of the queue, every later step would walk all of them again.
+    state = PrefillState.from_prompt_lengths([4] * 100)
+    applied: PrefillState[Any] = state
+    for step in range(20):
+        plan = plan_step(applied, PACKED_64)
+        applied = applied.add(f"arrived in step {step}", 4).apply(plan)
+    assert len(list(applied._queue)) == len(applied)  # no dead entry left in it
+
+
 def test_applying_a_plan_keeps_its_run_when_the_requests_it_left_were_removed() -> None:
     config = PlannerConfig(max_num_batched_tokens=8)
     # The plan left "x" part-way; "x" is removed while it runs. The state never drained, so
