@@ -202,7 +202,8 @@ class _Batch:
     decode_fast_path: bool
     in_safety_margin: bool
     scheduled: list[FutureRequestState] = attrs.Factory(list)
-    rows: list[ScheduledRow] = attrs.Factory(list)
+    #: What runs, for the batch observers (``None`` without any: not built).
+    rows: list[ScheduledRow] | None = None
     leaving_waiting: set[str] = attrs.Factory(set)
     allocation_failed: bool = False
 
@@ -277,6 +278,7 @@ class PyptoScheduler(Scheduler):
             cache_left=cache_budget,
             decode_fast_path=self.cache.max_blocks_per_request > 0,
             in_safety_margin=self._try_to_meet_safety_margin(),
+            rows=[] if self.batch_observers else None,
         )
         self.starved_requests = []
         self._schedule_decodes(batch)
@@ -381,13 +383,9 @@ class PyptoScheduler(Scheduler):
     def _plannable(self, skipped: set[str], *, new_requests: bool) -> PrefillState[str]:
         """The state to plan from: without the requests ``skipped`` in this batch, and
         without the new (waiting) ones unless ``new_requests``."""
-        state = self.prefill_state
-        for request_id in skipped:
-            state = state.discard(request_id)
-        if not new_requests:
-            for request_id in self.waiting_requests:
-                state = state.discard(request_id)
-        return state
+        if new_requests:
+            return self.prefill_state.discard_all(skipped)
+        return self.prefill_state.discard_all(skipped.union(self.waiting_requests))
 
     def _server_request(self, request_id: str) -> RequestState | None:
         return self.active_requests.get(request_id) or self.waiting_requests.get(request_id)
@@ -548,15 +546,16 @@ class PyptoScheduler(Scheduler):
         complete_blocks = self.cache.count_new_complete_blocks(state, size)
         finished_prefill = not state.remaining_prefill_tokens
         batch.scheduled.append(FutureRequestState(state, finished_prefill, complete_blocks, size))
-        batch.rows.append(
-            ScheduledRow(
-                request_id=state.request_id,
-                start=start,
-                length=size,
-                is_prefill=is_prefill,
-                is_final=finished_prefill,
+        if batch.rows is not None:
+            batch.rows.append(
+                ScheduledRow(
+                    request_id=state.request_id,
+                    start=start,
+                    length=size,
+                    is_prefill=is_prefill,
+                    is_final=finished_prefill,
+                )
             )
-        )
         if self.waiting_requests.pop(state.request_id, None) is not None:
             batch.leaving_waiting.add(state.request_id)
         return True
