@@ -348,6 +348,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             gone = set(ids)
         except TypeError:  # an unhashable id, which no state holds
             gone = {request_id for request_id in ids if _is_hashable(request_id)}
+        if not gone:
+            return self
         # (A removal costs about 7 us, and an O(n) rebuild of the queue's summary where it
         # drops one of the two longest; the rebuild about 2 us a request it keeps: removing
         # one by one is cheaper only while few requests go.)
