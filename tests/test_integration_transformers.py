@@ -654,6 +654,38 @@ def test_a_lone_request_with_a_prefix_hit_is_served_in_the_first_batch_it_is_ask
     assert asked[0] == [("B", len(later) - 3 * PAGE)]  # from the hit, in the first batch
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_batch_whose_planned_rows_are_all_refused_is_planned_again_without_them(
+    model: Any, reference: Any, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server refuses the one row planned first (the first request asked, the first
+    time); the batch is planned again without it and runs the other request, and the
+    refused one runs later."""
+    prompts = random_prompts(4, [20, 9])
+    refused: list[str] = []
+    real = PyptoScheduler._run_prefill_row
+
+    def refuse_the_first(self: PyptoScheduler, state: Any, *args: Any, **kwargs: Any) -> bool:
+        if not refused:
+            refused.append(state.request_id)
+            return False
+        return real(self, state, *args, **kwargs)
+
+    monkeypatch.setattr(PyptoScheduler, "_run_prefill_row", refuse_the_first)
+    # 8 tokens a batch: one row is planned, a chunk of the first request
+    config = PlannerConfig(max_num_batched_tokens=8, policy=policy)  # type: ignore[arg-type]
+    batches: list[ScheduledBatch] = []
+    register(config, on_batch=batches.append)
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=64, max_batch_tokens=8)
+    tokens = run_batch(model, prompts, 3, "pypto_sched", server)
+    assert tokens == [reference(prompt, 3) for prompt in prompts]
+    assert len(refused) == 1
+    first = batches[0].rows
+    assert [row.request_id for row in first] != refused
+    assert len(first) == 1
+    assert first[0].start == 0
+
+
 def test_a_request_the_server_resets_mid_prefill_joins_the_planner_where_the_server_queues_it(
     model: Any, reference: Any
 ) -> None:

@@ -460,9 +460,9 @@ class PyptoScheduler(Scheduler):
                     break
                 if state is not None and state.status == RequestStatus.PENDING:
                     new_requests &= not batch.allocation_failed
-            if len(ran) < len(plan.rows):  # the plan restricted to the rows that ran
-                plan = attrs.evolve(plan, rows=ran)
-            self.prefill_state = self.prefill_state.apply(plan)
+            # (The plan restricted to the rows that ran; as it is when all of them did.)
+            ran_plan = plan if len(ran) == len(plan.rows) else attrs.evolve(plan, rows=ran)
+            self.prefill_state = self.prefill_state.apply(ran_plan)
             for request_id, chunk in ran.items():
                 if chunk.is_final:
                     del self.progress[request_id]
