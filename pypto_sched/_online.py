@@ -375,10 +375,9 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
 
         ``plan`` was planned from an earlier state, and this one is that state changed only by
         :meth:`add`, :meth:`remove`, :meth:`discard` and :meth:`discard_all` while the dispatch
-        ran: the requests
-        that arrived meanwhile are kept, and a request removed meanwhile stays removed (its
-        row is ignored; do not add its id again before applying). Applied to the state it was
-        planned from, it gives ``plan.state``.
+        ran: the requests that arrived meanwhile are kept, and a request removed meanwhile
+        stays removed (its row is ignored; do not add its id again before applying). Applied
+        to the state it was planned from, it gives ``plan.state``.
         A request whose chunk ran rejoins ``round_robin``'s queue behind the requests that
         arrived while it ran, as if queued when the dispatch ended; ``packed``'s newly
         started requests follow its started ones, as in ``plan.state``. The run is the plan's:
@@ -589,12 +588,10 @@ def _is_hashable(request_id: object) -> bool:
 
 
 def _check_hashable(request_id: object) -> None:
-    try:
-        hash(request_id)
-    except TypeError:
+    if not _is_hashable(request_id):
         raise InvalidInputError(
             f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
-        ) from None
+        )
 
 
 class _Rows(dict[RequestId, StepChunk]):

@@ -119,10 +119,11 @@ A server keeps a ``PrefillState``: the requests whose prefill is not finished, k
 server's own hashable ids, each with its prompt length and the tokens computed so far
 (prefix-cache hits plus the chunks already run). Before every device call it asks
 ``plan_step`` for the next dispatch; the answer holds the rows to run, keyed by request id,
-and the state after them. States are immutable: ``add``, ``remove``, ``discard``, ``discard_all``
-and ``plan_step`` return new states and leave the old one valid, so a dispatch that fails can
-simply be planned again from the state before it, and ``state.apply(plan)`` applies a plan to
-a state that has gained or lost requests while the dispatch ran.
+and the state after them. States are immutable: ``add``, ``remove``, ``discard``,
+``discard_all`` and ``plan_step`` return new states and leave the old one valid, so a
+dispatch that fails can simply be planned again from the state before it, and
+``state.apply(plan)`` applies a plan to a state that has gained or lost requests while the
+dispatch ran.
 
 A step's *room* is what the dispatch leaves for prefill once the caller has reserved room
 for the decode tokens it runs in the same dispatch (decode first, as in Sarathi-Serve's
