@@ -40,7 +40,7 @@ from ._errors import CacheTooSmallError, InvalidConfigError, InvalidInputError
 from ._pages import BlockTables
 from ._persistent import Frozen, PersistentMap, WideMap
 from ._policies import page_room
-from ._validate import MAX_TOKENS, check_int, read_only
+from ._validate import MAX_TOKENS, check_ids, check_int, read_only
 
 __all__ = ["PagePool"]
 
@@ -337,12 +337,7 @@ class PagePool(Frozen, Generic[RequestId]):
         rows sharing pages would write the same slots); a str is refused rather than read as
         a sequence of one-character ids.
         """
-        if not isinstance(request_ids, Iterable) or isinstance(request_ids, str | bytes):
-            raise InvalidInputError(
-                f"'request_ids' must be an iterable of request ids ([id] for one): "
-                f"{request_ids!r} ({type(request_ids).__name__})"
-            )
-        ids = list(request_ids)
+        ids = list(check_ids(request_ids))
         first: dict[RequestId, int] = {}
         for i, request_id in enumerate(ids):
             if self._held(request_id) == 0:

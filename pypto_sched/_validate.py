@@ -6,7 +6,7 @@ error naming the parameter instead of failing deep inside NumPy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeGuard, TypeVar
 
 import attrs
@@ -80,6 +80,17 @@ def utf8_error(data: bytes, error: UnicodeDecodeError) -> str:
     their lines): ``"invalid start byte on line 3 (byte 47)"``."""
     line = data.count(b"\n", 0, error.start) + 1
     return f"{error.reason} on line {line} (byte {error.start})"
+
+
+def check_ids(value: object) -> Iterable[Any]:
+    """``value`` as an iterable of request ids, named ``'request_ids'``; a str or bytes, an
+    iterable of characters, is refused rather than read as one-character ids."""
+    if not isinstance(value, Iterable) or isinstance(value, str | bytes):
+        raise InvalidInputError(
+            f"'request_ids' must be an iterable of request ids ([id] for one): "
+            f"{value!r} ({type(value).__name__})"
+        )
+    return value
 
 
 def check_bool(name: str, value: object) -> bool:

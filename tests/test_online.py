@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from oracle import _admitted, _bound, _page_fill, _within_rows, oracle_plan
 
 from pypto_sched import (
+    CacheTooSmallError,
     Chunk,
     DuplicateRequestError,
     InvalidInputError,
@@ -1041,35 +1042,67 @@ def test_discarding_many_at_once_is_discarding_them_one_by_one(
     assert drain(at_once, config) == drain(one_by_one, config)
 
 
-def test_discard_all_ignores_what_is_not_here_and_refuses_one_string() -> None:
+def test_discard_all_ignores_what_is_not_here_and_refuses_what_is_not_ids() -> None:
     state = PrefillState().add("ab", 10).add("a", 20).add("b", 30)
     assert state.discard_all([]) is state
     assert state.discard_all(iter(["zz", [1]])) is state  # unknown, unhashable
     assert list(state.discard_all(["a", "b", "a"])) == ["ab"]
     assert list(state.discard_all(iter(["ab", "a", "b"]))) == []
-    for one in ("ab", b"ab"):
+    for bad in ("ab", b"ab", 5, None):
         with pytest.raises(
             InvalidInputError,
-            match=r"'request_ids' must be a collection of request ids, not one "
-            rf"{type(one).__name__}: {re.escape(repr(one))}",
+            match=r"'request_ids' must be an iterable of request ids \(\[id\] for one\): "
+            rf"{re.escape(repr(bad))} \({type(bad).__name__}\)",
         ):
-            state.discard_all(one)
+            state.discard_all(bad)  # type: ignore[arg-type]
 
 
-def test_dropping_most_of_a_long_queue_takes_one_pass_not_a_rebuild_a_removal() -> None:
-    # One removal each, longest first, would rebuild the queue's summary of its two longest
-    # at every one (each is the longest left, behind a live head): quadratic in the queue.
+@pytest.mark.parametrize("kept", [10, 3001])  # one pass over the state; a deletion each
+def test_dropping_many_from_a_long_queue_never_rebuilds_its_summary_for_each(kept: int) -> None:
+    # Longest first, behind a live head: each removal on its own drops the longest left and
+    # rebuilds the queue's summary of its two longest (O(n) each: quadratic in all).
     from pypto_sched import _online
 
-    state = PrefillState.from_prompt_lengths(list(range(1, 2001)))
+    state = PrefillState.from_prompt_lengths(list(range(1, 4001)))
     calls: list[int] = []
     real = _online._queue_of
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_online, "_queue_of", lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
-        kept = state.discard_all(range(1999, 9, -1))
-    assert calls == []
-    assert list(kept) == list(range(10))
-    assert kept.num_tokens == sum(range(1, 11))
+        patch.setattr(_online, "_queue_of", counted)
+        rest = state.discard_all(range(3999, kept - 1, -1))
+    assert len(calls) <= 1
+    assert list(rest) == list(range(kept))
+    assert rest.num_tokens == sum(range(1, kept + 1))
+    fresh = PrefillState.from_prompt_lengths(list(range(1, kept + 1)))
+    assert drain(rest, PACKED) == drain(fresh, PACKED)
+
+
+@pytest.mark.parametrize("how", ["discard", "discard_all", "a step"])
+def test_a_request_the_pool_never_holds_is_named_behind_dead_queue_entries(how: str) -> None:
+    # Entries at the head of the queue died (their requests removed, or run whole by a step
+    # whose budget ended there); the live request behind them needs more than the whole
+    # pool. A step that plans no row names it, as it does for a state built without them.
+    config = PlannerConfig(max_num_batched_tokens=4, page_size=4, policy="packed")
+    full = PagePool[Any](num_pages=4, page_size=4).hold("decode", 16)  # 16 tokens in all
+    # ("B" and "C" are the queue's two longest: removing "x" or "y" leaves its entry dead.)
+    state: PrefillState[Any] = PrefillState().add("x", 4).add("y", 2)
+    state = state.add("B", 40).add("C", 30)
+    for i in range(20):
+        state = state.add(i, 1)
+    if how == "discard":
+        state = state.discard("x").discard("y")
+    elif how == "discard_all":
+        state = state.discard_all(["y", "x"])  # a few of the state's requests
+    else:  # "x" runs whole and fills the budget; "y" was removed
+        free = PagePool[Any](num_pages=4, page_size=4)
+        state = plan_step(state.remove("y"), config, pool=free).state
+    assert list(state) == ["B", "C", *range(20)]
+    with pytest.raises(CacheTooSmallError, match=r"request 'B' needs 40 tokens"):
+        plan_step(state, config, pool=full)
 
 
 def test_applying_a_plan_drops_the_queue_entries_of_the_requests_it_admitted() -> None:
