@@ -745,8 +745,9 @@ def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[Reques
     more than ``pool`` has in all: no step could ever finish it, so the run would be stuck.
 
     Checked when a step plans no row, which is where such a request leaves the run, and only
-    on the requests that can hold pages (the started ones, the pool's owners and the head of
-    the queue): a stuck step costs the owners, never the length of the queue.
+    on the requests that can hold pages (the started ones, the pool's owners and the first
+    live request of the queue): a stuck step costs the owners and the dead entries before
+    that request, never the rest of the queue.
     """
     requests = state._requests
     # (An owner the state does not hold, a decode request, gives None. The head is the first
