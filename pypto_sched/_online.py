@@ -373,10 +373,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         if requests is self._requests and len(started) == len(self._started):
             return self
         queue = self._queue
-        _, best, _, other = queue.best()
-        if (best is not None and requests.get(best.id) is not best) or (
-            other is not None and requests.get(other.id) is not other
-        ):
+        if not _best_are_live(requests, queue):
             queue = _without_best(requests, queue)
         return self._evolve(requests, queue, started, num_tokens, self._policy)
 
@@ -870,12 +867,17 @@ def _without_best(
     dead entries at its front popped, when that is enough (the oldest of equal lengths are
     the best: aborting the oldest first pops them), else rebuilt of its live entries."""
     _, rest = _live_head(requests, queue)
-    _, item, _, other = rest.best()
-    if (item is None or requests.get(item.id) is item) and (
+    return rest if _best_are_live(requests, rest) else _queue_of(requests, queue)
+
+
+def _best_are_live(
+    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+) -> bool:
+    """Whether the two entries ``queue`` ranks best (those it has) are live."""
+    _, item, _, other = queue.best()
+    return (item is None or requests.get(item.id) is item) and (
         other is None or requests.get(other.id) is other
-    ):
-        return rest
-    return _queue_of(requests, queue)
+    )
 
 
 def _live_best(
@@ -883,10 +885,8 @@ def _live_best(
 ) -> tuple[int, int]:
     """The two most tokens left to live entries of ``queue`` (0 where there are fewer).
     (Read off the queue; only if a dead entry is among its best, by a walk.)"""
-    rank, item, second, other = queue.best()
-    if (item is None or requests.get(item.id) is item) and (
-        other is None or requests.get(other.id) is other
-    ):
+    rank, _, second, _ = queue.best()
+    if _best_are_live(requests, queue):
         return max(rank, 0), max(second, 0)
     best = _queue_of(requests, queue).best()
     return max(best[0], 0), max(best[2], 0)
