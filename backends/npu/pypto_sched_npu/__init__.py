@@ -18,7 +18,7 @@ from ._availability import (
 from ._errors import NpuUnavailableError
 from ._kv_cache import PagedKVCache
 from ._loader import Checkpoint, load_checkpoint
-from .backend import DTYPES, NpuBackend
+from .backend import DTYPES, NpuBackend, TorchBackend
 from .ops import OPS_CHOICES, OpsChoice
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "NpuUnavailableError",
     "OpsChoice",
     "PagedKVCache",
+    "TorchBackend",
     "load_checkpoint",
     "npu_availability",
     "refresh_availability",

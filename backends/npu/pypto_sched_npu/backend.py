@@ -7,10 +7,11 @@ CPU otherwise; the ops follow the device unless ``ops`` names them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +35,7 @@ from ._loader import load_checkpoint
 from ._model import Qwen3Model
 from .ops import OpsChoice, select_ops
 
-__all__ = ["DTYPES", "NpuBackend"]
+__all__ = ["DTYPES", "NpuBackend", "TorchBackend"]
 
 #: Compute dtypes by name.
 DTYPES: dict[str, torch.dtype] = {
@@ -97,10 +98,21 @@ class NpuBackend:
         ``"auto"`` by device, ``"torch"`` or ``"npu"`` explicitly.
         """
         compute = _dtype(dtype)
-        target = _device(device) if device is not None else _default_device()
-        kernels = select_ops(target, choice=ops)
-        loaded = load_checkpoint(checkpoint, dtype=compute)
-        return cls(Qwen3Model.from_checkpoint(loaded, ops=kernels, device=target))
+        target = _device(device, _NPU_DEVICE_TYPES) if device is not None else _default_device()
+        return cls._load(checkpoint, dtype=compute, device=target, ops=ops)
+
+    @classmethod
+    def _load(
+        cls,
+        checkpoint: str | os.PathLike[str],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        ops: OpsChoice,
+    ) -> Self:
+        kernels = select_ops(device, choice=ops)
+        loaded = load_checkpoint(checkpoint, dtype=dtype)
+        return cls(Qwen3Model.from_checkpoint(loaded, ops=kernels, device=device))
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -201,7 +213,7 @@ class NpuBackend:
         self._model.ops.check_page_size(cache.page_size)
         arrays = batch.arrays
         cache.check_fits(arrays)
-        with torch.inference_mode():
+        with torch.inference_mode(), _attention_kernels(self.device):
             final_hidden = self._model.forward(self._inputs(batch), arrays, cache)
             cache.mark_written(arrays.slot_mapping)
             if not (batch.return_logits or batch.return_greedy):
@@ -261,6 +273,67 @@ class NpuBackend:
         return shapes
 
 
+class TorchBackend(NpuBackend):
+    """The same Qwen3 model on plain torch ops: on an NVIDIA GPU when torch sees one, else on
+    the CPU. The ``npu`` backend's torch path under a name a GPU user finds; the kernels are
+    PyTorch's own (the attention is :class:`~pypto_sched_npu.ops.TorchOps`'), no torch_npu."""
+
+    name: ClassVar[str] = "torch"
+    options: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {
+            "checkpoint": "a Hugging Face Qwen3 checkpoint directory (required)",
+            "dtype": "compute dtype: float32 (default), float16 or bfloat16",
+            "device": "cuda (or cuda:N) or cpu (default: cuda when torch sees a GPU, else cpu)",
+        }
+    )
+
+    @staticmethod
+    def is_available() -> tuple[bool, str]:
+        """It runs wherever torch does: on CUDA when torch sees a GPU, else on the CPU."""
+        if torch.cuda.is_available():
+            return True, f"on CUDA ({torch.cuda.get_device_name()})"
+        return True, "on the CPU (torch sees no CUDA device)"
+
+    @classmethod
+    def from_checkpoint(  # type: ignore[override]  # no 'ops': always torch's
+        cls,
+        checkpoint: str | os.PathLike[str],
+        *,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device | None = None,
+    ) -> TorchBackend:
+        """Load a Hugging Face Qwen3 checkpoint directory.
+
+        ``dtype`` is the compute dtype, as :meth:`NpuBackend.from_checkpoint` takes it;
+        ``device`` is ``"cuda"`` (``"cuda:N"``) or ``"cpu"``, by default ``"cuda"`` when
+        ``torch.cuda.is_available()``, else ``"cpu"``.
+        """
+        compute = _dtype(dtype)
+        if device is None:
+            target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            target = _device(device, _TORCH_DEVICE_TYPES)
+        return cls._load(checkpoint, dtype=compute, device=target, ops="torch")
+
+
+def _attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """The ``scaled_dot_product_attention`` kernels a dispatch on ``device`` may use.
+
+    On CUDA, not cuDNN's: it builds an execution plan on the host for every new shape, and a
+    dispatch's row groups have new shapes step after step. On an H200 (torch 2.11, cuDNN
+    SDPA chosen by default) it took 3.2 ms of host time a call against 44 us on the device,
+    89% of a generation run's time (``benchmarks/gpu_check.py``'s ``profile`` section).
+    Flash, memory-efficient and math kernels have no such set-up.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
+
+
 def _dtype(value: str | torch.dtype) -> torch.dtype:
     if isinstance(value, torch.dtype) and value in DTYPES.values():
         return value
@@ -269,18 +342,34 @@ def _dtype(value: str | torch.dtype) -> torch.dtype:
     raise InvalidInputError(f"'dtype' must be one of {sorted(DTYPES)}: {value!r}")
 
 
-#: The device types the backend runs on: the NPU, and the CPU as the fallback.
-_DEVICE_TYPES = ("npu", "cpu")
+#: The device types each backend runs on: the NPU (the CPU as the fallback), and CUDA.
+_NPU_DEVICE_TYPES = ("npu", "cpu")
+_TORCH_DEVICE_TYPES = ("cuda", "cpu")
+#: What each set of device types is called in messages.
+_DEVICE_NAMES: dict[tuple[str, ...], str] = {
+    _NPU_DEVICE_TYPES: "an NPU or CPU",
+    _TORCH_DEVICE_TYPES: "a CUDA or CPU",
+}
 
 
-def _device(value: str | torch.device) -> torch.device:
+def _device(value: str | torch.device, allowed: tuple[str, ...]) -> torch.device:
     device = _parsed_device(value)
-    if device.type not in _DEVICE_TYPES:
-        # cuda, xpu, ...: the backend is neither built nor tested for them, and torch fails on
+    if device.type not in allowed:
+        # xpu, meta, ...: the backends are neither built nor tested for them, and torch fails on
         # them only when allocating (an AssertionError where unbuilt); meta holds no data.
+        hint = ""
+        if device.type == "cuda":
+            hint = " (the 'torch' backend runs on CUDA)"
+        elif device.type == "npu":
+            hint = " (the 'npu' backend runs on NPUs)"
         raise InvalidInputError(
-            f"'device' must be an NPU or CPU device (type {' or '.join(map(repr, _DEVICE_TYPES))}"
-            f"): {value!r}"
+            f"'device' must be {_DEVICE_NAMES[allowed]} device (type "
+            f"{' or '.join(map(repr, allowed))}){hint}: {value!r}"
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(
+            f"'device' {value!r} needs a CUDA device, and torch sees none "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}): {value!r}"
         )
     return device
 
@@ -298,7 +387,7 @@ def _parsed_device(value: str | torch.device) -> torch.device:
         except RuntimeError:  # torch's message lists every device type it knows
             pass
     raise InvalidInputError(
-        f"'device' must be a torch device such as 'cpu', 'npu' or 'npu:0': {value!r}"
+        f"'device' must be a torch device such as 'cpu', 'cuda:0' or 'npu:0': {value!r}"
     )
 
 

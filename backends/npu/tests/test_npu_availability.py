@@ -26,7 +26,6 @@ from pypto_sched_npu import (
     npu_availability,
     refresh_availability,
 )
-from pypto_sched_npu.backend import _device
 from pypto_sched_npu.ops import NpuOps, TorchOps, select_ops
 
 
@@ -190,7 +189,7 @@ def test_an_npu_device_with_a_broken_torch_npu_says_why(
     broken_torch_npu: type[_BrokenTorchNpu],
 ) -> None:
     with pytest.raises(NpuUnavailableError, match=r"libhccl\.so"):
-        _device("npu:0")
+        NpuBackend.from_checkpoint(Path("unread"), device="npu:0")
 
 
 def test_an_npu_device_is_parsed_once_torch_npu_is_imported() -> None:
