@@ -202,12 +202,15 @@ def verify_greedy_generation(
     dtype: str = "float64",
     tolerance: float = 0.0,
     relative_tolerance: float = 0.0,
+    device: str = "cpu",
 ) -> TransformersVerification:
     """Compare ``generated[r]`` with transformers' greedy generation of ``prompts[r]`` alone
     on the Qwen3 ``checkpoint`` directory: at most ``max_new_tokens`` tokens (one int, or one
     per prompt), up to and including the first of ``stop_token_ids`` (every request) or of
     ``request_stop_token_ids[r]`` (its own) -- the arguments :func:`~pypto_sched.generate`
-    took, in the forms it takes them. ``tolerance`` and ``relative_tolerance``, the backend's
+    took, in the forms it takes them; transformers runs in ``dtype`` on the torch
+    ``device`` (``"cpu"``, the default, or ``"cuda"``, say). ``tolerance`` and
+    ``relative_tolerance``, the backend's
     (:attr:`~pypto_sched.backends.Backend.tolerance` and
     :func:`~pypto_sched.backends.relative_tolerance`), let a request that differs pass at
     near-ties (see the module docstring); at 0, the default, tokens must be equal.
@@ -245,8 +248,15 @@ def verify_greedy_generation(
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype))
-    model.eval()  # type: ignore[no-untyped-call]  # torch's Module.eval is untyped here
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidInputError(
+            f"'device' must be a torch device such as 'cpu' or 'cuda:0': {device!r}"
+        ) from None
+    model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype))
+    model.to(target)
+    model.eval()
     # generate() fills every setting left unset from the model's generation config, which
     # from_pretrained read from the checkpoint's generation_config.json (a repetition_penalty,
     # no_repeat_ngram_size, suppress_tokens... there would change the greedy tokens): replace
@@ -257,7 +267,7 @@ def verify_greedy_generation(
     mismatches: list[Mismatch] = []
     near_ties: list[NearTie] = []
     for index, (prompt, new, stop, mine) in enumerate(zip(ours, news, stops, outputs, strict=True)):
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=target)
         with torch.inference_mode():
             output = model.generate(
                 ids, attention_mask=torch.ones_like(ids), generation_config=_greedy(new)
@@ -291,11 +301,11 @@ def _logits_after(model: Any, prompt: list[int], generated: list[int]) -> npt.ND
     tokens before it (one forward pass), as ``[len(generated), vocab_size]`` float64."""
     import torch
 
-    ids = torch.tensor([prompt + generated[:-1]], dtype=torch.long)
+    ids = torch.tensor([prompt + generated[:-1]], dtype=torch.long, device=model.device)
     with torch.inference_mode():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     rows: npt.NDArray[np.float64] = (
-        logits[0, len(prompt) - 1 :].to(torch.float64).numpy().astype(np.float64)
+        logits[0, len(prompt) - 1 :].to(torch.float64).cpu().numpy().astype(np.float64)
     )
     return rows
 
