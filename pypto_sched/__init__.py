@@ -38,7 +38,7 @@ from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
 from ._plan import plan_one_shot, plan_prefill
 from ._pool import PagePool
-from ._sampling import SamplingParams, sample_token
+from ._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
 from ._verify import Verification, compare_results, verify_against_one_shot
@@ -54,6 +54,7 @@ from .backends import (
 from .execute import DispatchDone, ExecutionResult, execute_schedule
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "POLICIES",
@@ -113,5 +114,6 @@ __all__ = [
     "refresh_backends",
     "sample_token",
     "step_arrays",
+    "token_logprobs",
     "verify_against_one_shot",
 ]

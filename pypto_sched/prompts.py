@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import attrs
 
 from ._errors import InvalidInputError, PyptoSchedError
-from ._generate import GenerationResult
+from ._generate import GeneratedSequence, GenerationResult
 from ._json import load_json
 from ._validate import MAX_TOKENS, check_int, check_positions, utf8_error
 
@@ -47,7 +47,9 @@ __all__ = [
     "TextCodec",
     "Tokenizer",
     "eos_token_ids",
+    "generated_text",
     "load_tokenizer",
+    "output_line",
     "output_lines",
     "read_prompts",
 ]
@@ -227,23 +229,53 @@ def read_prompts(
 
 
 def output_lines(result: GenerationResult, *, tokenizer: TextCodec | None = None) -> Iterator[str]:
-    """The output format, one JSON line per request in input order (without newlines):
-    ``{"index", "token_ids" (the generated ids), "finish_reason"}``, and ``"text"`` (the
-    generated ids decoded) with a ``tokenizer``."""
+    """The output format, one JSON line per request in input order (without newlines): each
+    :func:`output_line`."""
     if not isinstance(result, GenerationResult):
         raise InvalidInputError(
             f"'result' must be a GenerationResult: {result!r} ({type(result).__name__})"
         )
     for index, sequence in enumerate(result.sequences):
-        ids = sequence.token_ids.tolist()
-        line: dict[str, Any] = {
-            "index": index,
-            "token_ids": ids,
-            "finish_reason": sequence.finish_reason,
-        }
-        if tokenizer is not None:
-            line["text"] = tokenizer.decode(ids)
-        yield json.dumps(line, ensure_ascii=False)
+        yield output_line(index, sequence, tokenizer=tokenizer)
+
+
+def output_line(
+    index: int, sequence: GeneratedSequence, *, tokenizer: TextCodec | None = None
+) -> str:
+    """Request ``index``'s output line (no newline): ``{"index", "token_ids" (the generated
+    ids), "finish_reason"}``, ``"stop_reason"`` (the stop token id or string) when it
+    stopped, ``"logprobs"`` when it asked for them, and ``"text"`` (:func:`generated_text`)
+    with a ``tokenizer``. The same request gives the same bytes in every run."""
+    ids = sequence.token_ids.tolist()
+    line: dict[str, Any] = {
+        "index": index,
+        "token_ids": ids,
+        "finish_reason": sequence.finish_reason,
+    }
+    if sequence.stop_reason is not None:
+        line["stop_reason"] = sequence.stop_reason
+    if sequence.logprobs is not None:
+        line["logprobs"] = sequence.logprobs.tolist()
+        top_ids, top = sequence.top_token_ids, sequence.top_logprobs
+        if top_ids is not None and top is not None and top_ids.shape[1]:
+            line["top_logprobs"] = [
+                [[int(t), float(lp)] for t, lp in zip(ids_row, row, strict=True)]
+                for ids_row, row in zip(top_ids, top, strict=True)
+            ]
+    if tokenizer is not None:
+        line["text"] = generated_text(tokenizer, ids, sequence.stop_reason)
+    return json.dumps(line, ensure_ascii=False)
+
+
+def generated_text(codec: TextCodec, token_ids: Sequence[int], stop_reason: object) -> str:
+    """The text of ``token_ids``; a stop string (``stop_reason`` a str) and what follows it
+    left out, as vLLM leaves them out."""
+    text = codec.decode(token_ids)
+    if isinstance(stop_reason, str):
+        cut = text.find(stop_reason)
+        if cut >= 0:
+            text = text[:cut]
+    return text
 
 
 def _request(

@@ -11,14 +11,11 @@ whole execution is the one call in :func:`execute`, so that another way of runni
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Callable, Collection, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._config import PlannerConfig
-from .._generate import GenerationResult, StepDone, generate
+from .._generate import GeneratedSequence, GenerationResult, StepDone, generate
 from .._sampling import SamplingParams
 from ..backends import Backend, max_positions, relative_tolerance
 from ..execute import DEFAULT_PAGE_SIZE
@@ -26,20 +23,27 @@ from ..integrations.hf_verify import (
     transformers_missing,
     verify_greedy_generation,
 )
+from ..output import PARTIAL_SUFFIX
 from ..prompts import (
     MissingDependencyError,
     PromptRequest,
     Tokenizer,
     eos_token_ids,
     load_tokenizer,
-    output_lines,
     read_prompts,
 )
-from . import _render, _replicas
+from . import _job, _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError, check_counts, flags_named
 from ._inputs import config as planner_config
 from ._lengths import read_text
-from ._options import Example, Once, Parser, add_command, add_config_options
+from ._options import (
+    DEFAULT_GENERATE_BUDGET,
+    Example,
+    Once,
+    Parser,
+    add_command,
+    add_config_options,
+)
 from ._progress import generation_bar
 from ._render import generation_summary
 from ._specs import backend_options
@@ -132,7 +136,13 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         metavar="N",
         help="tokens to generate per request, unless its line says otherwise",
     )
-    add_config_options(parser)
+    add_config_options(
+        parser,
+        budget=DEFAULT_GENERATE_BUDGET,
+        policy="packed",
+        policy_help="packed (default): chunks of several prompts share a dispatch, so first "
+        "tokens come sooner; round_robin: the seed's one prompt a dispatch",
+    )
     pool = parser.add_argument_group("KV cache")
     pool.add_argument(
         "--kv-page-size",
@@ -183,7 +193,14 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "--output",
         action=Once,
         metavar="FILE",
-        help="write the JSON lines here ('-' or default: stdout)",
+        help="write the JSON lines here ('-' or default: stdout); each as its request "
+        "finishes to FILE.partial, then FILE whole (atomically) when every one has",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose finished requests --output FILE's side file "
+        "(FILE.partial) holds; refused when that run had other prompts or settings",
     )
     parser.add_argument(
         "--ignore-eos",
@@ -211,7 +228,10 @@ def handle(args: argparse.Namespace) -> int:
     if args.verify:
         _check_verify(args, sampling)
     check_counts(args, FLAGS)  # before the backend loads, which may take a while
-    _check_output(args.output, prompts=args.prompts)  # before the run, whose tokens it'd lose
+    # Before the run, whose tokens it would lose.
+    _job.check_output(args.output, prompts=args.prompts, resume=args.resume)
+    if args.resume and args.replicas is not None:
+        raise UsageError("--resume: not with --replicas (a replica run's results come at its end)")
     page_size = next(
         size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
     )
@@ -241,42 +261,57 @@ def _generate(
     # An EOS id outside the vocabulary (a small model that kept its family's EOS) can never be
     # generated: it stops nothing, and generate() refuses stop ids outside the vocabulary.
     eos = tuple(token for token in eos if token < backend.vocab_size)
-    if isinstance(backend, Backend):
-        with generation_bar(args, len(requests)) as on_step:
-            result = execute(
-                backend,
-                requests,
-                config=config,
-                sampling=sampling,
-                stop_token_ids=eos,
-                num_pages=args.num_kv_pages,
-                page_size=page_size,
-                on_step=on_step,
-            )
-    else:
+    params = [sampling] * len(requests)
+    sink = _job.open_sink(
+        args, len(requests), _job.identity(args, requests, params, eos, tokenizer=tokenizer)
+    )
+    resumed = len(sink.finished)
+    replicas: dict[str, Any] = {}
+
+    def execute_part(
+        todo: list[int], on_finish: Callable[[int, GeneratedSequence], None]
+    ) -> GenerationResult:
+        part = [requests[r] for r in todo]
+        if isinstance(backend, Backend):
+            with generation_bar(args, len(part)) as on_step:
+                return execute(
+                    backend, part, config=config, sampling=sampling, stop_token_ids=eos,
+                    num_pages=args.num_kv_pages, page_size=page_size, on_step=on_step,
+                    on_finish=on_finish, request_indices=todo,
+                )  # fmt: skip
         with _replicas.progress_bar(args)("generate") as on_progress, flags_named(**FLAGS):
-            result, replicas = _replicas.generate_on(
-                backend, requests, config=config, sampling=sampling, stop_token_ids=eos,
+            result, figures = _replicas.generate_on(
+                backend, part, config=config, sampling=sampling, stop_token_ids=eos,
                 num_pages=args.num_kv_pages, page_size=page_size, on_progress=on_progress,
             )  # fmt: skip
-    _write(args.output, "".join(f"{line}\n" for line in output_lines(result, tokenizer=tokenizer)))
+        replicas.update(figures)
+        for place, sequence in enumerate(result.sequences):
+            on_finish(place, sequence)
+        return result
+
+    result = _job.run_job(sink, execute_part, tokenizer=tokenizer, output=args.output)
     verification = None
     if args.verify:
         verification = verify_greedy_generation(
             str(checkpoint),
             [r.token_ids for r in requests],
-            [s.token_ids.tolist() for s in result.sequences],
+            _job.sequences_of(sink),
             max_new_tokens=[r.max_new_tokens for r in requests],
             stop_token_ids=eos,
             request_stop_token_ids=[r.stop_token_ids for r in requests],
             tolerance=backend.tolerance,
             relative_tolerance=relative_tolerance(backend),
         )
-    summary = generation_summary(backend.name, config, result, verification)
-    if not isinstance(backend, Backend):
+    summary = (
+        [f"{len(requests)} requests: all had finished in {args.output!r}{PARTIAL_SUFFIX}"]
+        if result is None
+        else generation_summary(backend.name, config, result, verification)
+    )
+    if resumed:
+        summary.append(f"{'resumed':<22}{resumed} of {len(requests)} requests read back")
+    if replicas:
         summary.append(f"replicas: {_replicas.describe(replicas)}")
-    if sys.stderr is not None:  # not started with stderr closed
-        sys.stderr.write("".join(f"{line}\n" for line in summary))
+    _job.write_summary(summary)
     if verification is not None and not verification.passed:
         return EXIT_FAILED
     return EXIT_OK
@@ -292,6 +327,8 @@ def execute(
     num_pages: int | None,
     page_size: int,
     on_step: Callable[[StepDone], None],
+    on_finish: Callable[[int, GeneratedSequence], None] | None = None,
+    request_indices: Sequence[int] | None = None,
 ) -> GenerationResult:
     """Run ``requests`` on ``backend``, each stopping on ``stop_token_ids`` and its own:
     the one call that does the work."""
@@ -307,6 +344,8 @@ def execute(
             num_pages=num_pages,
             page_size=page_size,
             on_step=on_step,
+            on_finish=on_finish,
+            request_indices=request_indices,
         )
 
 
@@ -342,46 +381,3 @@ def _tokenizer(args: argparse.Namespace) -> Tokenizer | None:
         return load_tokenizer(checkpoint)
     except MissingDependencyError as error:
         raise UsageError(str(error)) from None
-
-
-def _check_output(path: str | None, *, prompts: str) -> None:
-    """Refuse an ``--output`` that cannot be written, or that is the ``--prompts`` file, before
-    anything runs (without creating or truncating it: a failed run leaves an existing file as
-    it was). ``-`` is stdout."""
-    if path is None or path == "-":
-        _render.stream_of()  # not closed
-        return
-    target = Path(path)
-    folder = target.parent
-    problem = (
-        "an empty file name"
-        if not path
-        else "it is the --prompts file, which it would overwrite"
-        if prompts != "-" and _same_file(target, Path(prompts))
-        else "it is a directory"
-        if target.is_dir()
-        else f"no directory {str(folder)!r}"
-        if not folder.is_dir()
-        else "permission denied"
-        if not os.access(target if target.exists() else folder, os.W_OK)
-        else None
-    )
-    if problem is not None:
-        raise UsageError(f"--output: cannot write {path!r}: {problem}")
-
-
-def _same_file(first: Path, second: Path) -> bool:
-    try:
-        return first.samefile(second)
-    except OSError:  # one of them does not exist (yet)
-        return False
-
-
-def _write(path: str | None, text: str) -> None:
-    if path is None or path == "-":
-        _render.stream_of().write(text)
-        return
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"--output: cannot write {path!r}: {error.strerror or error}") from None
