@@ -33,6 +33,14 @@ from ._generation import (
     plan_generation_step,
     step_arrays,
 )
+from ._llm import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    GENERATION_CONFIG_FILE,
+    LLM,
+    IncompleteGenerationError,
+    RequestOutput,
+    generation_defaults,
+)
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
@@ -54,9 +62,12 @@ from .backends import (
 from .execute import DispatchDone, ExecutionResult, execute_schedule
 
 __all__ = [
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "DEFAULT_MAX_TOKENS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "GENERATION_CONFIG_FILE",
+    "LLM",
     "POLICIES",
     "Backend",
     "BackendError",
@@ -79,6 +90,7 @@ __all__ = [
     "GenerationState",
     "GenerationStats",
     "GenerationStep",
+    "IncompleteGenerationError",
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
@@ -89,6 +101,7 @@ __all__ = [
     "PrefillRequest",
     "PrefillState",
     "PyptoSchedError",
+    "RequestOutput",
     "SamplingParams",
     "Schedule",
     "ScheduleStats",
@@ -102,6 +115,7 @@ __all__ = [
     "dispatch_arrays",
     "execute_schedule",
     "generate",
+    "generation_defaults",
     "list_backends",
     "load_backend",
     "partition_requests",

@@ -107,8 +107,10 @@ class Tokenizer:
         self._tokenizer = tokenizer
         self.path = path
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text).ids)
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """The ids of ``text``; without ``add_special_tokens`` (a chat template's text,
+        which writes its own) none are added."""
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
