@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from pypto_sched import InvalidInputError, PlannerConfig, SamplingParams, generate
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pypto_sched.cli import _model as cli_model
 from pypto_sched.cli import generate as generate_command
 from pypto_sched.integrations import hf_verify
 from pypto_sched.prompts import PromptRequest, load_tokenizer, output_lines, read_prompts
@@ -421,7 +422,7 @@ def test_verify_without_transformers_says_what_to_install(
 def test_verify_needs_a_checkpoint(
     capsys: pytest.CaptureFixture[str], prompts_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(generate_command, "transformers_missing", lambda: None)
+    monkeypatch.setattr(cli_model, "transformers_missing", lambda: None)
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED, "--verify"]
     assert_usage_error(cli(capsys, *args), "--backend-option checkpoint=DIR")
 
