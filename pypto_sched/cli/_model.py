@@ -6,9 +6,11 @@ config's (``--generation-config auto``), then :class:`~pypto_sched.SamplingParam
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -28,6 +30,7 @@ __all__ = [
     "check_verify",
     "max_new_tokens",
     "model_files",
+    "quiet_transformers",
     "sampling",
 ]
 
@@ -114,6 +117,23 @@ def check_verify(
                 f"--verify compares plain greedy tokens: request {r} sets "
                 f"{'temperature' if not p.is_greedy else 'stop' if p.stop else 'min_tokens'}"
             )
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights") and its info and warning logs kept
+    off stderr while ``--verify`` runs it: the summary is what the user reads there."""
+    logging: Any = importlib.import_module("transformers.utils.logging")
+    shown = logging.is_progress_bar_enabled()
+    verbosity = logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if shown:
+            logging.enable_progress_bar()
 
 
 def _dest(flag: str) -> str:

@@ -12,6 +12,7 @@ whole execution is the one call in :func:`execute`, so that another way of runni
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -202,9 +203,10 @@ def handle(args: argparse.Namespace) -> int:
     page_size = next(
         size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
     )
+    started = time.perf_counter()
     with _replicas.optional_replicas(args) as pool:
         backend = _load(args) if pool is None else pool
-        return _generate(args, backend, config, model, sampling, page_size)
+        return _generate(args, backend, config, model, sampling, page_size, started)
 
 
 def _generate(
@@ -214,6 +216,7 @@ def _generate(
     model: _model.ModelFiles,
     sampling: SamplingParams,
     page_size: int,
+    started: float,
 ) -> int:
     requests = read_prompts(
         read_text(args.prompts, name="--prompts"),
@@ -268,23 +271,30 @@ def _generate(
     result = _job.run_job(sink, execute_part, tokenizer=tokenizer, output=args.output)
     verification = None
     if args.verify:
-        verification = verify_greedy_generation(
-            str(checkpoint),
-            [r.token_ids for r in requests],
-            _job.sequences_of(sink),
-            max_new_tokens=[r.max_new_tokens for r in requests],
-            stop_token_ids=eos,
-            request_stop_token_ids=[r.stop_token_ids for r in requests],
-            tolerance=backend.tolerance,
-            relative_tolerance=relative_tolerance(backend),
-        )
+        with _model.quiet_transformers():
+            verification = verify_greedy_generation(
+                str(checkpoint),
+                [r.token_ids for r in requests],
+                _job.sequences_of(sink),
+                max_new_tokens=[r.max_new_tokens for r in requests],
+                stop_token_ids=eos,
+                request_stop_token_ids=[r.stop_token_ids for r in requests],
+                tolerance=backend.tolerance,
+                relative_tolerance=relative_tolerance(backend),
+            )
+    extra = []
+    if resumed:
+        extra.append(("resumed", f"{resumed} of {len(requests)} requests read back"))
+    if replicas and result is not None:
+        # The replicas' own time leaves out Ray's start-up, which the user waited for too.
+        seconds = time.perf_counter() - started
+        rate = result.stats.num_generated_tokens / seconds
+        extra.append(("with start-up", f"{seconds:.2f} s ({rate:,.0f} tokens/s)"))
     summary = (
         [f"{len(requests)} requests: all had finished in {args.output!r}{PARTIAL_SUFFIX}"]
         if result is None
-        else generation_summary(backend.name, config, result, verification)
+        else generation_summary(backend.name, config, result, verification, extra)
     )
-    if resumed:
-        summary.append(f"{'resumed':<22}{resumed} of {len(requests)} requests read back")
     if replicas:
         summary.append(f"replicas: {_replicas.describe(replicas)}")
     _job.write_summary(summary)
