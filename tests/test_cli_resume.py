@@ -15,14 +15,18 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pypto_sched.output import OutputFile
 from pypto_sched_reference import TINY_MODEL, ReferenceBackend
 
 VOCAB = TINY_MODEL.vocab_size
@@ -261,3 +265,46 @@ def test_resume_needs_an_output_file(capsys: pytest.CaptureFixture[str], prompts
     assert status == EXIT_USAGE
     assert "--resume: " in err
     assert "--output FILE" in err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bytes, list[bytes]]:
+    """A sampled run's prompts, its final bytes, and its side file's lines (header first),
+    as a run interrupted just before completing leaves them."""
+    folder = tmp_path_factory.mktemp("whole")
+    path = folder / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    output = folder / "out.jsonl"
+    argv = command(str(path), output, *SAMPLED)
+    assert main(argv) == EXIT_OK
+    expected = output.read_bytes()
+    output.unlink()
+    with pytest.MonkeyPatch.context() as patch:
+
+        def crash(self: object) -> None:
+            raise KeyboardInterrupt
+
+        patch.setattr(OutputFile, "complete", crash)
+        assert main(argv) == EXIT_USAGE  # "interrupted", every line kept
+    partial = output.with_name("out.jsonl.partial")
+    lines = partial.read_bytes().splitlines(keepends=True)
+    partial.unlink()
+    return str(path), expected, lines
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_resuming_from_any_lines_in_any_order_gives_the_same_bytes(
+    finished_run: tuple[str, bytes, list[bytes]], data: st.DataObject
+) -> None:
+    """Whatever a crash left (any finished requests, in any order, a line cut anywhere),
+    --resume completes the file an uninterrupted run writes."""
+    prompts, expected, (header, *lines) = finished_run
+    kept = data.draw(st.permutations(lines))[: data.draw(st.integers(0, len(lines)))]
+    cut = data.draw(st.sampled_from(lines))
+    torn = cut[: data.draw(st.integers(0, len(cut) - 1))]
+    with tempfile.TemporaryDirectory() as folder:
+        output = Path(folder) / "out.jsonl"
+        output.with_name("out.jsonl.partial").write_bytes(header + b"".join(kept) + torn)
+        assert main([*command(prompts, output, *SAMPLED, *POOL), "--resume"]) == EXIT_OK
+        assert output.read_bytes() == expected
