@@ -9,6 +9,7 @@ refuses the write past the limit with ``EFBIG``, as a full disk refuses it with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -308,3 +309,72 @@ def test_resuming_from_any_lines_in_any_order_gives_the_same_bytes(
         output.with_name("out.jsonl.partial").write_bytes(header + b"".join(kept) + torn)
         assert main([*command(prompts, output, *SAMPLED, *POOL), "--resume"]) == EXIT_OK
         assert output.read_bytes() == expected
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: int) -> Iterator[Callable[[int], None]]:
+    """A tmpfs of ``size`` bytes mounted on ``folder`` (root only), and a function that
+    resizes it; skips the test where mounting is not allowed."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+
+    def resize(new: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={new}", str(folder)], check=True)
+
+    try:
+        yield resize
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+PAGE = 4096
+
+
+def pages(size: int) -> int:
+    return -(-size // PAGE)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_mid_run_and_at_the_end_loses_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A real ENOSPC: first while requests finish, then while the final file is written
+    (the side file fits, the final file beside it does not); the earlier output survives
+    both, and --resume once there is room gives the bytes of an uninterrupted run."""
+    rng = np.random.default_rng(9)
+    lines = [{"token_ids": rng.integers(0, VOCAB, size=int(n)).tolist(), "max_new_tokens": 40}
+             for n in rng.integers(1, 30, size=40)]  # fmt: skip
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["generate", "--backend", "reference", "--prompts", str(prompts), *SAMPLED]
+    expected = uninterrupted(capsys, [*argv, "--output", str(tmp_path / "whole.jsonl")])
+    assert len(expected) > 2 * PAGE
+    disk = tmp_path / "disk"
+    old = b"an earlier run's results\n"
+    output = disk / "out.jsonl"
+    partial = disk / "out.jsonl.partial"
+    with small_disk(disk, 2 * PAGE) as resize:
+        output.write_bytes(old)
+        status = main([*argv, "--output", str(output)])
+        _, err = capsys.readouterr()
+        assert status == EXIT_USAGE
+        assert "No space left on device" in err
+        assert "kept in" in err
+        assert output.read_bytes() == old
+        kept = finished_lines(partial)
+        assert 0 < kept < len(lines)
+        # Room for the side file and the old output, not for the final file beside them.
+        resize((1 + pages(len(expected) + 200) + pages(len(expected)) - 1) * PAGE)
+        status = main([*argv, "--output", str(output), "--resume"])
+        _, err = capsys.readouterr()
+        assert status == EXIT_USAGE
+        assert f"all {len(lines)} requests finished, kept in" in err
+        assert output.read_bytes() == old
+        assert sorted(p.name for p in disk.iterdir()) == ["out.jsonl", "out.jsonl.partial"]
+        resize(64 * PAGE)
+        assert main([*argv, "--output", str(output), "--resume"]) == EXIT_OK
+        assert output.read_bytes() == expected
+        assert sorted(p.name for p in disk.iterdir()) == ["out.jsonl"]
