@@ -1,7 +1,9 @@
 """pypto_sched: a pure chunked-prefill planner for LLM inference engines.
 
 Plan with :func:`plan_prefill`, inspect the returned :class:`Schedule`, turn one dispatch into
-kernel arrays with :func:`dispatch_arrays`, and run it with a backend.
+kernel arrays with :func:`dispatch_arrays`, and run it with a backend. Generate with
+:func:`generate` on token ids, or with :class:`LLM` from a model directory on text, token ids
+or chat messages.
 """
 
 from ._config import POLICIES, PlannerConfig, Policy
