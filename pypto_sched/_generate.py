@@ -513,7 +513,11 @@ class _Run:
             return token
         if not p.stop:
             return None
-        text = cast(Callable[[Sequence[int]], str], self.detokenize)(self.generated(request))
+        # Checked after every token, a stop string can only have appeared at the end of the
+        # text: the last tokens' text holds it, and decoding them alone keeps the check's
+        # cost flat (the whole text's would grow with every token: quadratic in the length).
+        tail = self.generated(request)[-_stop_window(p.stop) :]
+        text = cast(Callable[[Sequence[int]], str], self.detokenize)(tail)
         found = [(text.find(stop), i) for i, stop in enumerate(p.stop) if stop in text]
         return p.stop[min(found)[1]] if found else None
 
@@ -554,6 +558,13 @@ class _Run:
             wall_seconds=wall,
             planning_seconds=planning,
         )
+
+
+def _stop_window(stops: Sequence[str]) -> int:
+    """How many of the last tokens a stop string check decodes: four a character of the
+    longest stop string, and 16 more (a token may decode to nothing, or to part of a
+    character, until the next completes it)."""
+    return 16 + 4 * max(len(stop) for stop in stops)
 
 
 def _rows(rows: list[Any], dtype: Any, params: SamplingParams) -> Any:

@@ -143,3 +143,22 @@ def test_on_finish_hears_each_request_once_as_it_finishes() -> None:
     assert sorted(r for r, _ in heard) == [0, 1, 2]
     assert heard[0][0] == 1  # the shortest finishes first
     assert dict(heard) == {r: s.token_ids.tolist() for r, s in enumerate(result.sequences)}
+
+
+def test_a_stop_string_check_decodes_a_bounded_tail_however_long_the_text() -> None:
+    """Decoding the whole text after every token would cost the square of its length."""
+    seen: list[int] = []
+
+    def spy(ids: Sequence[int]) -> str:
+        seen.append(len(ids))
+        return letters(ids)
+
+    ids = free(60)[0]
+    text = letters(ids)
+    stop = text[50:52]
+    params = SamplingParams(stop=stop, max_tokens=60)
+    (first, *_) = generate(
+        BACKEND, PROMPTS, config=CONFIG, sampling=params, detokenize=spy
+    ).sequences
+    assert first.token_ids.tolist() == ids[: text.index(stop) + len(stop)]
+    assert max(seen) == 16 + 4 * len(stop) < len(first.token_ids)
