@@ -109,7 +109,8 @@ class ChatTemplate:
                 compiled.render(
                     messages=[dict(m) for m in messages],
                     add_generation_prompt=add_generation_prompt,
-                    **{**self.special_tokens, **variables},
+                    # (transformers passes both, None when not given: "tools is none" holds.)
+                    **{"tools": None, "documents": None, **self.special_tokens, **variables},
                 )
             )
         except Exception as error:  # Jinja2's TemplateError, or a template's own mistake

@@ -47,6 +47,8 @@ TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     "{% if not ns.system %}{{ eos_token }}{% endif %}"
+    "{% if tools is not none %}{{ raise_exception('tools given') }}{% endif %}"
+    "{% if messages | length > 9 %}{{ documents | length }}{% endif %}"
 )
 
 

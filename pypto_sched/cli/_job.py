@@ -106,7 +106,7 @@ def check_output(path: str | None, *, prompts: str, resume: bool) -> None:
         else f"no directory {str(folder)!r}"
         if not folder.is_dir()
         else "permission denied"
-        if not os.access(folder, os.W_OK)
+        if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK))
         else None
     )
     if problem is not None:
