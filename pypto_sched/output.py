@@ -148,6 +148,15 @@ class OutputFile:
         self.partial_path.unlink(missing_ok=True)
         _fsync_directory(self.path.parent)
 
+    def discard_if_empty(self) -> bool:
+        """Remove the side file when it holds no finished request (a run that failed before
+        any finished leaves nothing that a later run must resume); whether it did."""
+        if self.finished:
+            return False
+        self.close()
+        self.partial_path.unlink(missing_ok=True)
+        return True
+
     def close(self) -> None:
         """Close the side file, keeping it (a write that failed is not retried)."""
         # (An error here is the buffered tail of a failed write: the side file ends before it.)

@@ -378,3 +378,17 @@ def test_a_full_disk_mid_run_and_at_the_end_loses_nothing(
         assert main([*argv, "--output", str(output), "--resume"]) == EXIT_OK
         assert output.read_bytes() == expected
         assert sorted(p.name for p in disk.iterdir()) == ["out.jsonl"]
+
+
+def test_bad_input_found_by_the_run_leaves_no_side_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, prompts: str
+) -> None:
+    """A pool too small for a request is found when the run starts, after the side file is
+    opened: with nothing finished there is nothing to resume, and a rerun needs no --resume."""
+    output = tmp_path / "out.jsonl"
+    status = main(command(prompts, output, "--kv-page-size", "4", "--num-kv-pages", "2"))
+    _, err = capsys.readouterr()
+    assert status == EXIT_USAGE
+    assert "--num-kv-pages: must hold every request alone" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
+    assert main(command(prompts, output)) == EXIT_OK

@@ -189,7 +189,7 @@ def run_job(
         if todo:
             result = execute(todo, on_finish)
         sink.complete()
-    except (KeyboardInterrupt, OSError, PyptoSchedError) as error:
+    except (KeyboardInterrupt, OSError, PyptoSchedError, UsageError) as error:
         raise _failure(error, sink, output) from None
     finally:
         sink.close()
@@ -201,12 +201,20 @@ def _failure(error: BaseException, sink: Sink, output: str | None) -> BaseExcept
     and which requests did not finish (the lines finished go to stdout first, when that is
     the output)."""
     to_stdout = output is None or output == "-"
-    if isinstance(error, PyptoSchedError) and isinstance(error, ValueError):
+    if isinstance(sink, OutputFile):
+        sink.discard_if_empty()  # nothing to resume: a rerun needs no --resume
+    if isinstance(error, UsageError) or (
+        isinstance(error, PyptoSchedError) and isinstance(error, ValueError)
+    ):
         return error  # bad input found before any request ran
     if isinstance(error, OSError) and error.filename is not None and not to_stdout:
         return error  # not the output's: a bug of ours, with its traceback
     if isinstance(sink, OutputFile):
-        where = f"kept in {str(sink.partial_path)!r} (rerun with --resume to finish)"
+        where = (
+            f"kept in {str(sink.partial_path)!r} (rerun with --resume to finish)"
+            if sink.finished
+            else "nothing to keep"
+        )
     elif to_stdout and not isinstance(error, OSError):
         sink.complete()  # the finished lines, in input order
         where = "written"
