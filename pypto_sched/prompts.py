@@ -385,11 +385,12 @@ def _encoded(
     *,
     special: bool = True,
 ) -> tuple[int, ...]:
+    key = "prompt" if special else "messages"
     if not isinstance(text, str):
         raise InvalidInputError(f"{where}: 'prompt' must be a string: {type(text).__name__}")
     if tokenizer is None:
         raise InvalidInputError(
-            f"{where}: 'prompt' needs a tokenizer ({TOKENIZER_FILE} in the checkpoint "
+            f"{where}: {key!r} needs a tokenizer ({TOKENIZER_FILE} in the checkpoint "
             "directory); give 'token_ids' instead"
         )
     try:

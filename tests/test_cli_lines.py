@@ -186,3 +186,12 @@ def test_version_is_printed_on_stdout() -> None:
     assert done.returncode == 0
     assert done.stdout.startswith("pypto-sched ")
     assert done.stderr == ""
+
+
+def test_messages_without_a_tokenizer_say_so(
+    capsys: pytest.CaptureFixture[str], model: Path
+) -> None:
+    (model / "tokenizer.json").unlink()
+    status, _, err = cli(capsys, model, [{"messages": MESSAGES}])
+    assert status == EXIT_USAGE
+    assert "line 1: 'messages' needs a tokenizer (tokenizer.json" in err

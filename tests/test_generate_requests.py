@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pypto_sched import (
     InvalidConfigError,
@@ -162,3 +164,56 @@ def test_a_stop_string_check_decodes_a_bounded_tail_however_long_the_text() -> N
     ).sequences
     assert first.token_ids.tolist() == ids[: text.index(stop) + len(stop)]
     assert max(seen) == 16 + 4 * len(stop) < len(first.token_ids)
+
+
+@st.composite
+def request_params(draw: st.DrawFn) -> SamplingParams:
+    """Any per-request settings the loop honours, stop strings aside."""
+    hot = draw(st.booleans())
+    return SamplingParams(
+        temperature=draw(st.sampled_from([0.5, 1.0, 2.0])) if hot else 0.0,
+        top_k=draw(st.none() | st.integers(1, 8)),
+        top_p=draw(st.none() | st.sampled_from([0.5, 0.9])),
+        seed=draw(st.integers(0, 3)),
+        max_tokens=draw(st.integers(1, 8)),
+        min_tokens=draw(st.integers(0, 4)),
+        stop_token_ids=draw(st.lists(st.integers(0, 63), max_size=3)),
+        ignore_eos=draw(st.booleans()),
+        logprobs=draw(st.none() | st.integers(0, 3)),
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=24), min_size=1,
+                     max_size=6),
+    data=st.data(),
+)  # fmt: skip
+def test_each_requests_tokens_and_logprobs_do_not_depend_on_the_plan(
+    prompts: list[list[int]], data: st.DataObject
+) -> None:
+    """Whatever each request's settings, another policy, budget and pool (preemptions
+    included) give the same tokens, stops and logprobs: the property that lets a resumed
+    run write the bytes of an uninterrupted one."""
+    params = [data.draw(request_params()) for _ in prompts]
+    eos = data.draw(st.lists(st.integers(0, 63), max_size=2))
+    wide = generate(BACKEND, prompts, config=CONFIG, sampling=params, stop_token_ids=eos)
+    tight = generate(
+        BACKEND, prompts, config=PlannerConfig(max_num_batched_tokens=8), sampling=params,
+        stop_token_ids=eos, num_pages=10, page_size=4,
+    )  # fmt: skip
+    for a, b, p in zip(wide.sequences, tight.sequences, params, strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        assert (a.finish_reason, a.stop_reason) == (b.finish_reason, b.stop_reason)
+        tokens = a.token_ids.tolist()
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos))
+        assert not stops & set(tokens[: p.min_tokens])  # masked until min_tokens
+        assert len(tokens) <= p.max_tokens  # type: ignore[operator]
+        if p.logprobs is None:
+            assert a.logprobs is None
+        else:
+            assert a.logprobs is not None
+            assert b.logprobs is not None
+            assert np.allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-9)
+            assert a.top_token_ids is not None
+            assert a.top_token_ids.shape == (len(tokens), p.logprobs)
