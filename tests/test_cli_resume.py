@@ -392,3 +392,14 @@ def test_bad_input_found_by_the_run_leaves_no_side_file(
     assert "--num-kv-pages: must hold every request alone" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl"]
     assert main(command(prompts, output)) == EXIT_OK
+
+
+def test_an_output_that_is_not_a_regular_file_gets_the_lines_at_the_end(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, prompts: str
+) -> None:
+    """/dev/null, a pipe: nothing to rename over, so no side file and no atomic write."""
+    status = main(command(prompts, Path(os.devnull)))
+    out, err = capsys.readouterr()
+    assert (status, out) == (EXIT_OK, "")
+    assert not Path(os.devnull + ".partial").exists()
+    assert err.startswith(f"{len(PROMPTS)} requests, ")
