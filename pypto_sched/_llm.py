@@ -24,12 +24,11 @@ import numpy.typing as npt
 from ._config import PlannerConfig
 from ._errors import BackendError, ExecutionError, InvalidInputError
 from ._generate import FinishReason, GeneratedSequence, generate
-from ._json import load_json
 from ._sampling import SamplingParams
 from .backends import Backend, check_is_backend, load_backend
 from .chat import ChatTemplate, check_messages
 from .execute import DEFAULT_PAGE_SIZE
-from .prompts import Tokenizer, eos_token_ids, generated_text, load_tokenizer
+from .prompts import Tokenizer, eos_token_ids, generated_text, load_tokenizer, read_config
 
 __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
@@ -108,9 +107,7 @@ def generation_defaults(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     where = repr(str(path))
-    fields = load_json(path.read_bytes(), what=where)
-    if not isinstance(fields, dict):
-        raise InvalidInputError(f"{where} must hold a JSON object")
+    fields = read_config(path)
     defaults = {ours: fields[theirs] for theirs, ours in _DEFAULTS.items() if theirs in fields}
     if defaults.get("top_k") in (0, -1):  # transformers' and vLLM's "all tokens"
         defaults["top_k"] = None

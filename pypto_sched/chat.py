@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import InvalidInputError
-from ._json import load_json
-from .prompts import MissingDependencyError
+from .prompts import MissingDependencyError, read_bounded, read_config
 
 __all__ = ["CHAT_TEMPLATE_FILE", "TOKENIZER_CONFIG_FILE", "ChatTemplate", "check_messages"]
 
@@ -64,7 +63,7 @@ class ChatTemplate:
         """The template of the checkpoint ``directory``, or ``None`` when it has none."""
         folder = Path(directory)
         config_path = folder / TOKENIZER_CONFIG_FILE
-        config = _read_json(config_path) if config_path.is_file() else {}
+        config = read_config(config_path) if config_path.is_file() else {}
         special = {
             name: token
             for name in _SPECIAL_TOKENS
@@ -72,7 +71,7 @@ class ChatTemplate:
         }
         template_path = folder / CHAT_TEMPLATE_FILE
         if template_path.is_file():
-            source = _read(template_path).decode("utf-8", errors="strict")
+            source = read_bounded(template_path, _MAX_BYTES).decode("utf-8", errors="strict")
             return cls(source, special_tokens=special, where=repr(str(template_path)))
         found = config.get("chat_template")
         if isinstance(found, list):  # named templates: the default one
@@ -209,22 +208,3 @@ def _token_text(value: object) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
-
-
-def _read(path: Path) -> bytes:
-    try:
-        with path.open("rb") as stream:
-            data = stream.read(_MAX_BYTES + 1)
-    except OSError as error:
-        raise InvalidInputError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
-    if len(data) > _MAX_BYTES:
-        raise InvalidInputError(f"{str(path)!r} is larger than the limit of {_MAX_BYTES:,} bytes")
-    return data
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    where = repr(str(path))
-    fields = load_json(_read(path), what=where)
-    if not isinstance(fields, dict):
-        raise InvalidInputError(f"{where} must hold a JSON object")
-    return fields

@@ -60,6 +60,8 @@ __all__ = [
     "load_tokenizer",
     "output_line",
     "output_lines",
+    "read_bounded",
+    "read_config",
     "read_prompts",
 ]
 
@@ -179,9 +181,7 @@ def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
         path = Path(directory) / name
         if path.is_file():
             where = repr(str(path))
-            fields = load_json(_read(path, _MAX_CONFIG_BYTES), what=where)
-            if not isinstance(fields, dict):
-                raise InvalidInputError(f"{where} must hold a JSON object")
+            fields = read_config(path)
             found = fields.get("eos_token_id")
             ids = [] if found is None else found if isinstance(found, list) else [found]
             if not all(_is_int(i) and i >= 0 for i in ids):
@@ -190,6 +190,24 @@ def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
                 )
             return tuple(ids)
     return ()
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a checkpoint's small JSON file (``generation_config.json``,
+    ``tokenizer_config.json``, ...), read by the strict reader within 16 MiB; an
+    :class:`~pypto_sched.InvalidInputError` naming the file otherwise."""
+    path = Path(path)
+    where = repr(str(path))
+    fields = load_json(_read(path, _MAX_CONFIG_BYTES), what=where)
+    if not isinstance(fields, dict):
+        raise InvalidInputError(f"{where} must hold a JSON object")
+    return fields
+
+
+def read_bounded(path: str | Path, limit: int) -> bytes:
+    """The bytes of ``path``, at most ``limit`` of them (a larger file, or one that cannot
+    be read, is an :class:`~pypto_sched.InvalidInputError` naming it)."""
+    return _read(Path(path), limit)
 
 
 def _read(path: Path, limit: int) -> bytes:
