@@ -1,7 +1,9 @@
 """pypto_sched: a pure chunked-prefill planner for LLM inference engines.
 
 Plan with :func:`plan_prefill`, inspect the returned :class:`Schedule`, turn one dispatch into
-kernel arrays with :func:`dispatch_arrays`, and run it with a backend.
+kernel arrays with :func:`dispatch_arrays`, and run it with a backend. Generate with
+:func:`generate` on token ids, or with :class:`LLM` from a model directory on text, token ids
+or chat messages.
 """
 
 from ._config import POLICIES, PlannerConfig, Policy
@@ -33,12 +35,20 @@ from ._generation import (
     plan_generation_step,
     step_arrays,
 )
+from ._llm import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    GENERATION_CONFIG_FILE,
+    LLM,
+    IncompleteGenerationError,
+    RequestOutput,
+    generation_defaults,
+)
 from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from ._pages import BlockTables, plan_pages
 from ._partition import Partition, partition_requests
 from ._plan import plan_one_shot, plan_prefill
 from ._pool import PagePool
-from ._sampling import SamplingParams, sample_token
+from ._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
 from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
 from ._stats import ScheduleStats
 from ._verify import Verification, compare_results, verify_against_one_shot
@@ -54,8 +64,12 @@ from .backends import (
 from .execute import DispatchDone, ExecutionResult, execute_schedule
 
 __all__ = [
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_TOKENS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "GENERATION_CONFIG_FILE",
+    "LLM",
     "POLICIES",
     "Backend",
     "BackendError",
@@ -78,6 +92,7 @@ __all__ = [
     "GenerationState",
     "GenerationStats",
     "GenerationStep",
+    "IncompleteGenerationError",
     "InvalidConfigError",
     "InvalidInputError",
     "InvalidScheduleError",
@@ -88,6 +103,7 @@ __all__ = [
     "PrefillRequest",
     "PrefillState",
     "PyptoSchedError",
+    "RequestOutput",
     "SamplingParams",
     "Schedule",
     "ScheduleStats",
@@ -101,6 +117,7 @@ __all__ = [
     "dispatch_arrays",
     "execute_schedule",
     "generate",
+    "generation_defaults",
     "list_backends",
     "load_backend",
     "partition_requests",
@@ -113,5 +130,6 @@ __all__ = [
     "refresh_backends",
     "sample_token",
     "step_arrays",
+    "token_logprobs",
     "verify_against_one_shot",
 ]

@@ -6,7 +6,9 @@ planner, admission by free KV pages, preemption by recomputation), and every tok
 :func:`~pypto_sched.sample_token` (greedy asks the backend for its argmax instead, so that no
 logits cross to the host). The driver keeps each request's tokens, feeds each row the tokens
 of its positions (a recomputing request's generated tokens included), stops a request on
-``max_new_tokens`` or a stop token, and reports what happened.
+``max_new_tokens``, a stop token or a stop string (each request's
+:class:`~pypto_sched.SamplingParams` says which), and reports what happened, each request as
+it finishes.
 
 Like :func:`~pypto_sched.execute_schedule`, it checks every backend output and stops with an
 :class:`~pypto_sched.ExecutionError` naming the dispatch on the first failure.
@@ -25,7 +27,7 @@ import numpy.typing as npt
 from ._config import PlannerConfig
 from ._errors import InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
-from ._sampling import SamplingParams, sample_token
+from ._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
 from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
 from .execute import DEFAULT_PAGE_SIZE, TokenIds, _run, token_array
@@ -42,13 +44,20 @@ class GeneratedSequence:
 
     #: The generated token ids (read-only), stop token included when one ended it.
     token_ids: npt.NDArray[np.int64] = attrs.field(eq=False)
-    #: ``"length"`` (``max_new_tokens`` reached) or ``"stop"`` (a stop token).
+    #: ``"length"`` (``max_new_tokens`` reached) or ``"stop"`` (a stop token or string).
     finish_reason: FinishReason
+    #: What stopped it: the stop token id or the stop string; ``None`` for ``"length"``.
+    stop_reason: int | str | None = None
     #: The index of the dispatch that gave its first token, counted from 0 (as
     #: ``StepDone.index``); ``GenerationStats``' time to first token counts from 1.
     first_token_dispatch: int
     #: How often it was preempted (and recomputed).
     num_preemptions: int
+    #: With ``SamplingParams.logprobs``: each generated token's log-probability (read-only),
+    #: and the likeliest tokens' ids and log-probabilities at each step, one row a token.
+    logprobs: npt.NDArray[np.float64] | None = attrs.field(default=None, eq=False)
+    top_token_ids: npt.NDArray[np.int64] | None = attrs.field(default=None, eq=False)
+    top_logprobs: npt.NDArray[np.float64] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -107,20 +116,27 @@ def generate(
     prompts: TokenIds,
     *,
     config: PlannerConfig,
-    max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]],
-    sampling: SamplingParams | None = None,
+    max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+    sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     num_pages: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     on_step: Callable[[StepDone], None] | None = None,
     request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+    on_finish: Callable[[int, GeneratedSequence], None] | None = None,
+    detokenize: Callable[[Sequence[int]], str] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens (one int, or one per prompt) for each of
     ``prompts`` (token id arrays) on ``backend``, every dispatch planned under ``config``.
 
     A request stops at ``max_new_tokens`` or at a token of ``stop_token_ids`` (for every
-    request, e.g. the EOS ids) or of its own ``request_stop_token_ids[r]``. The KV cache has
+    request, e.g. the EOS ids, unless its ``ignore_eos``) or of its own
+    ``request_stop_token_ids[r]`` or ``sampling`` ``stop_token_ids``. ``sampling`` is one
+    :class:`~pypto_sched.SamplingParams` for every request or one per request; a request's
+    ``max_tokens`` takes the place of ``max_new_tokens`` (give one or the other: a request
+    with neither gets :data:`~pypto_sched.DEFAULT_MAX_TOKENS`), and its ``stop`` strings need
+    ``detokenize`` (generated ids to text). The KV cache has
     ``num_pages`` pages of ``page_size`` tokens (default: enough for every request at once);
     when it is smaller, requests wait for pages and are preempted by recomputation.
     ``sampling`` defaults to greedy. Results come back in input order.
@@ -130,20 +146,32 @@ def generate(
     that sampling does not depend on how the batch was split, and so that an error from the
     backend names a request by its index in the batch. They must be distinct (two requests
     with one index would draw the same random tokens).
+
+    ``on_finish(r, sequence)`` is told each request as it finishes (``r``: its place in
+    ``prompts``), before ``on_step`` hears of the dispatch: a caller that writes results as
+    they come keeps every finished request when a later dispatch fails.
     """
     check_is_backend(backend)
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-    sampling = SamplingParams() if sampling is None else sampling
-    if not isinstance(sampling, SamplingParams):
-        raise InvalidInputError(
-            f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
-        )
     tokens = token_lists("prompts", prompts, vocab_size=backend.vocab_size)
+    params = sampling_list(sampling, len(tokens))
     stops = stop_sets(
         stop_token_ids, request_stop_token_ids, len(tokens), vocab_size=backend.vocab_size
     )
+    without_common = stop_sets(
+        (), request_stop_token_ids, len(tokens), vocab_size=backend.vocab_size
+    )
+    for r, p in enumerate(params):
+        own = _token_set(f"sampling[{r}].stop_token_ids", p.stop_token_ids, backend.vocab_size)
+        stops[r] = (without_common[r] if p.ignore_eos else stops[r]) | own
+        if p.stop and detokenize is None:
+            raise InvalidInputError(
+                f"'sampling[{r}].stop' needs text: pass 'detokenize' (ids to text): {p.stop!r}"
+            )
     check_callback("on_step", on_step)
+    check_callback("on_finish", on_finish)
+    check_callback("detokenize", detokenize)
     seeds = (
         list(range(len(tokens)))
         if request_indices is None
@@ -155,7 +183,7 @@ def generate(
             f"'request_indices' must be distinct: item {again} is {seeds[again]}, as is item "
             f"{seeds.index(seeds[again])}"
         )
-    news = per_request_counts(max_new_tokens, len(tokens))
+    news = _max_new_tokens(max_new_tokens, params)
     state = initial_state(
         [len(prompt) for prompt in tokens],
         news,
@@ -163,7 +191,48 @@ def generate(
         num_pages=num_pages,
         page_size=page_size,
     )
-    return _Run(backend, config, sampling, tokens, stops, on_step, seeds).until_done(state)
+    run = _Run(backend, config, params, tokens, stops, seeds)
+    run.on_step, run.on_finish, run.detokenize = on_step, on_finish, detokenize
+    return run.until_done(state)
+
+
+def sampling_list(sampling: object, count: int) -> list[SamplingParams]:
+    """``sampling`` (``None``: greedy; one :class:`SamplingParams`; or one per request) as
+    ``count`` params, or an :class:`InvalidInputError` naming the argument."""
+    if sampling is None:
+        return [SamplingParams()] * count
+    if isinstance(sampling, SamplingParams):
+        return [sampling] * count
+    if not isinstance(sampling, Sequence) or isinstance(sampling, str | bytes):
+        raise InvalidInputError(
+            f"'sampling' must be SamplingParams, one per prompt, or None: {type(sampling).__name__}"
+        )
+    if len(sampling) != count:
+        raise InvalidInputError(
+            f"'sampling' must have one SamplingParams per prompt ({count}): {len(sampling)}"
+        )
+    for r, p in enumerate(sampling):
+        if not isinstance(p, SamplingParams):
+            raise InvalidInputError(f"'sampling[{r}]' must be SamplingParams: {type(p).__name__}")
+    return list(sampling)
+
+
+def _max_new_tokens(
+    values: int | Sequence[int] | npt.NDArray[np.integer[Any]] | None,
+    params: Sequence[SamplingParams],
+) -> list[int]:
+    """Each request's new tokens: ``max_new_tokens``' or its params' ``max_tokens`` (given
+    once), else :data:`DEFAULT_MAX_TOKENS`."""
+    news = [None] * len(params) if values is None else per_request_counts(values, len(params))
+    resolved = []
+    for r, (new, p) in enumerate(zip(news, params, strict=True)):
+        if new is not None and p.max_tokens is not None:
+            raise InvalidInputError(
+                f"'max_new_tokens' and 'sampling[{r}].max_tokens' both give request {r}'s new "
+                f"tokens ({new} and {p.max_tokens}): give one"
+            )
+        resolved.append(next(n for n in (new, p.max_tokens, DEFAULT_MAX_TOKENS) if n is not None))
+    return resolved
 
 
 def initial_state(
@@ -289,24 +358,29 @@ class _Run:
         self,
         backend: Backend,
         config: PlannerConfig,
-        sampling: SamplingParams,
+        params: list[SamplingParams],
         tokens: list[list[int]],
         stops: list[frozenset[int]],
-        on_step: Callable[[StepDone], None] | None,
         seeds: list[int],
     ) -> None:
         self.backend = backend
         self.config = config
-        self.sampling = sampling
+        self.params = params
         self.tokens = tokens
         self.prompt_lengths = [len(t) for t in tokens]
         self.stops = stops
-        self.on_step = on_step
         self.seeds = seeds
+        self.on_step: Callable[[StepDone], None] | None = None
+        self.on_finish: Callable[[int, GeneratedSequence], None] | None = None
+        self.detokenize: Callable[[Sequence[int]], str] | None = None
         count = len(tokens)
         self.reasons: list[FinishReason | None] = [None] * count
+        self.stop_reasons: list[int | str | None] = [None] * count
         self.first_token: list[int] = [-1] * count
         self.preemptions = [0] * count
+        # Per request with logprobs: (chosen token's logprob, top ids, top logprobs) a token.
+        self.logprobs: list[list[tuple[float, npt.NDArray[np.int64], npt.NDArray[np.float64]]]]
+        self.logprobs = [[] for _ in range(count)]
         self.num_dispatches = self.num_mixed = self.num_computed = self.num_generated = 0
 
     def until_done(self, state: GenerationState[int]) -> GenerationResult:
@@ -325,10 +399,25 @@ class _Run:
             stats=self.stats(wall=time.perf_counter() - start, planning=planning),
         )
 
+    def generated(self, request: int) -> list[int]:
+        return self.tokens[request][self.prompt_lengths[request] :]
+
+    def banned(self, request: int) -> frozenset[int]:
+        """The tokens ``request`` may not choose next: its stop tokens, before its
+        ``min_tokens``."""
+        early = len(self.generated(request)) < self.params[request].min_tokens
+        return self.stops[request] if early else frozenset()
+
+    def needs_logits(self, request: int) -> bool:
+        p = self.params[request]
+        return not p.is_greedy or p.logprobs is not None or bool(self.banned(request))
+
     def run(self, step: GenerationStep[int], cache: Any) -> GenerationState[int]:
         """Run ``step`` on the backend; return the state with its tokens recorded."""
         index = self.num_dispatches
-        greedy = self.sampling.is_greedy
+        # A dispatch of intermediate chunks only is asked for nothing (the contract); greedy
+        # rows take the backend's argmax, so that no logits cross to the host for them.
+        logits_rows = [self.needs_logits(r) for r in step.sampled]
         batch = DispatchInput(
             arrays=step.arrays(index=index),
             token_ids=read_only(
@@ -342,9 +431,8 @@ class _Run:
                 )
             ),
             input_embeddings=None,
-            # A dispatch of intermediate chunks only is asked for nothing (the contract).
-            return_logits=not greedy and bool(step.sampled),
-            return_greedy=greedy and bool(step.sampled),
+            return_logits=any(logits_rows),
+            return_greedy=not all(logits_rows),
         )
         # (Requests named by their indices in the batch: a part's error names them as a
         # one-device run of the whole batch would.)
@@ -359,32 +447,31 @@ class _Run:
             names=self.seeds,
         )
         state = step.state
+        finished = []
         for row, request in enumerate(step.sampled):
             # ``_run`` checked that what was asked for is there, of the right shape.
-            if greedy:
-                token = int(cast(npt.NDArray[np.integer[Any]], output.greedy_token_ids)[row])
-            else:
-                token = sample_token(
-                    cast(npt.NDArray[np.floating[Any]], output.logits)[row],
-                    self.sampling,
-                    request_index=self.seeds[request],
-                    token_index=len(self.tokens[request]) - self.prompt_lengths[request],
-                )
+            token = self.choose(request, row, output, logits_rows[row])
             self.tokens[request].append(token)
             self.num_generated += 1
             if self.first_token[request] < 0:
                 self.first_token[request] = index
-            if token in self.stops[request]:
-                self.reasons[request] = "stop"
+            stop = self.stop_reason(request, token)
+            if stop is not None:
+                self.reasons[request], self.stop_reasons[request] = "stop", stop
                 if request in state:
                     state = state.finish(request)
+                finished.append(request)
             elif request in step.finished:
                 self.reasons[request] = "length"
+                finished.append(request)
         for request in step.preempted:
             self.preemptions[request] += 1
         self.num_dispatches += 1
         self.num_mixed += step.is_mixed
         self.num_computed += step.num_tokens
+        if self.on_finish is not None:
+            for request in finished:
+                self.on_finish(request, self.sequence(request))
         if self.on_step is not None:
             self.on_step(
                 StepDone(
@@ -399,16 +486,62 @@ class _Run:
             )
         return state
 
+    def choose(self, request: int, row: int, output: Any, from_logits: bool) -> int:
+        """``request``'s next token, from output row ``row``, its logprobs recorded."""
+        p = self.params[request]
+        if not from_logits:
+            return int(cast(npt.NDArray[np.integer[Any]], output.greedy_token_ids)[row])
+        logits = cast(npt.NDArray[np.floating[Any]], output.logits)[row]
+        token = sample_token(
+            logits,
+            p,
+            request_index=self.seeds[request],
+            token_index=len(self.generated(request)),
+            banned=self.banned(request),
+        )
+        if p.logprobs is not None:
+            self.logprobs[request].append(token_logprobs(logits, token, top=p.logprobs))
+        return token
+
+    def stop_reason(self, request: int, token: int) -> int | str | None:
+        """What ends ``request`` now that it generated ``token``: the token, a stop string
+        its text now holds (the earliest in the text), or ``None``."""
+        p = self.params[request]
+        if len(self.generated(request)) < p.min_tokens:
+            return None  # (its stop tokens were banned: only a stop string could be early)
+        if token in self.stops[request]:
+            return token
+        if not p.stop:
+            return None
+        # Checked after every token, a stop string can only have appeared at the end of the
+        # text: the last tokens' text holds it, and decoding them alone keeps the check's
+        # cost flat (the whole text's would grow with every token: quadratic in the length).
+        tail = self.generated(request)[-_stop_window(p.stop) :]
+        text = cast(Callable[[Sequence[int]], str], self.detokenize)(tail)
+        found = [(text.find(stop), i) for i, stop in enumerate(p.stop) if stop in text]
+        return p.stop[min(found)[1]] if found else None
+
     def sequence(self, request: int) -> GeneratedSequence:
         reason = self.reasons[request]
         if reason is None:  # unreachable: a request leaves the state only by finishing
             raise AssertionError(f"request {request} left the generation unfinished")
-        generated = self.tokens[request][self.prompt_lengths[request] :]
+        logprobs = self.logprobs[request]
+        wanted = self.params[request].logprobs is not None
         return GeneratedSequence(
-            token_ids=read_only(np.array(generated, dtype=np.int64)),
+            token_ids=read_only(np.array(self.generated(request), dtype=np.int64)),
             finish_reason=reason,
+            stop_reason=self.stop_reasons[request],
             first_token_dispatch=self.first_token[request],
             num_preemptions=self.preemptions[request],
+            logprobs=read_only(np.array([lp[0] for lp in logprobs], dtype=np.float64))
+            if wanted
+            else None,
+            top_token_ids=_rows([lp[1] for lp in logprobs], np.int64, self.params[request])
+            if wanted
+            else None,
+            top_logprobs=_rows([lp[2] for lp in logprobs], np.float64, self.params[request])
+            if wanted
+            else None,
         )
 
     def stats(self, *, wall: float, planning: float) -> GenerationStats:
@@ -425,3 +558,16 @@ class _Run:
             wall_seconds=wall,
             planning_seconds=planning,
         )
+
+
+def _stop_window(stops: Sequence[str]) -> int:
+    """How many of the last tokens a stop string check decodes: four a character of the
+    longest stop string, and 16 more (a token may decode to nothing, or to part of a
+    character, until the next completes it)."""
+    return 16 + 4 * max(len(stop) for stop in stops)
+
+
+def _rows(rows: list[Any], dtype: Any, params: SamplingParams) -> Any:
+    """Per-token rows of ``params.logprobs`` entries, as one read-only 2-D array."""
+    width = params.logprobs or 0
+    return read_only(np.array(rows, dtype=dtype).reshape(len(rows), width))

@@ -14,12 +14,19 @@ keeps the ``k`` first, then ``top_p`` keeps the shortest prefix of the ranking w
 probability reaches ``p``; one uniform draw ``u`` in ``[0, 1)`` picks the first kept token
 whose cumulative (renormalised) probability exceeds ``u``. ``temperature == 0`` is greedy: the
 highest logit, lower id first on ties, and no random number is drawn (``top_k``, ``top_p``
-and ``seed`` are ignored, as in vLLM and transformers).
+and ``seed`` are ignored, as in vLLM and transformers). ``banned`` tokens (a request's stop
+tokens while it has fewer than ``min_tokens``) are never chosen, greedy or sampled.
+
+:class:`SamplingParams` also says when a request ends and what it reports, as vLLM's does:
+``max_tokens``, ``min_tokens``, ``stop`` strings, ``stop_token_ids``, ``ignore_eos`` and
+``logprobs``; :func:`~pypto_sched.generate` applies them (stop strings need text: it takes a
+``detokenize`` function, which :class:`~pypto_sched.LLM` passes).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import attrs
@@ -29,7 +36,10 @@ import numpy.typing as npt
 from ._errors import InvalidConfigError, InvalidInputError
 from ._validate import check_int
 
-__all__ = ["SamplingParams", "sample_token"]
+__all__ = ["DEFAULT_MAX_TOKENS", "SamplingParams", "sample_token", "token_logprobs"]
+
+#: New tokens of a request that names no number (vLLM's ``SamplingParams`` default).
+DEFAULT_MAX_TOKENS = 16
 
 
 def _python_number(value: object) -> object:
@@ -73,9 +83,54 @@ def _seed(instance: object, attribute: attrs.Attribute[int], value: object) -> N
     check_int("seed", value, min_value=0, max_value=2**63 - 1, error=InvalidConfigError)
 
 
+def _optional_count(low: int) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+        if value is not None:
+            check_int(attribute.name, value, min_value=low, error=InvalidConfigError)
+
+    return check
+
+
+def _min_tokens(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    check_int("min_tokens", value, min_value=0, error=InvalidConfigError)
+
+
+def _tuple_of(value: object) -> object:
+    """A list or tuple as a tuple (a lone string is one stop string); anything else as is,
+    for the validator to name."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple | frozenset | set):
+        return tuple(sorted(value)) if isinstance(value, frozenset | set) else tuple(value)
+    return value
+
+
+def _stop_strings(
+    instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: object
+) -> None:
+    if not isinstance(value, tuple):
+        raise InvalidConfigError(f"'stop' must be a string or a list of strings: {value!r}")
+    for i, stop in enumerate(value):
+        if not isinstance(stop, str) or not stop:
+            raise InvalidConfigError(f"'stop[{i}]' must be a non-empty string: {stop!r}")
+
+
+def _stop_ids(instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: object) -> None:
+    if not isinstance(value, tuple):
+        raise InvalidConfigError(f"'stop_token_ids' must be a list of token ids: {value!r}")
+    for i, token in enumerate(value):
+        check_int(f"stop_token_ids[{i}]", token, min_value=0, error=InvalidConfigError)
+
+
+def _bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidConfigError(f"{attribute.name!r} must be a bool: {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class SamplingParams:
-    """How the next token is chosen. The default is greedy.
+    """How a request's tokens are chosen, when it ends and what it reports. The default is
+    greedy, up to the caller's number of new tokens.
 
     ``top_k``, ``top_p`` and ``seed`` shape sampling only: at ``temperature == 0`` (greedy)
     they are accepted and ignored, as vLLM and transformers ignore them under greedy decoding.
@@ -93,6 +148,23 @@ class SamplingParams:
     )
     #: Seeds every request's random stream, with the request index and the token index.
     seed: int = attrs.field(default=0, validator=_seed)
+    #: New tokens at most (``None``: the caller's default, else :data:`DEFAULT_MAX_TOKENS`).
+    max_tokens: int | None = attrs.field(default=None, validator=_optional_count(1))
+    #: Stop tokens and stop strings do not end the request before it has this many tokens
+    #: (stop tokens are not chosen until then, as vLLM masks them).
+    min_tokens: int = attrs.field(default=0, validator=_min_tokens)
+    #: Strings that end the request when its text holds one; the text ends before it.
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of, validator=_stop_strings)
+    #: Token ids that end the request (the token is kept), beside the EOS ids.
+    stop_token_ids: tuple[int, ...] = attrs.field(
+        default=(), converter=_tuple_of, validator=_stop_ids
+    )
+    #: Do not stop on the ids every request stops on (the model's EOS ids).
+    ignore_eos: bool = attrs.field(default=False, validator=_bool)
+    #: Report each generated token's log-probability and the ``logprobs`` likeliest
+    #: tokens' (``0``: the chosen token's only; ``None``: none), from the model's raw
+    #: logits, as vLLM reports them.
+    logprobs: int | None = attrs.field(default=None, validator=_optional_count(0))
 
     @property
     def is_greedy(self) -> bool:
@@ -105,9 +177,11 @@ def sample_token(
     *,
     request_index: int,
     token_index: int,
+    banned: Collection[int] = (),
 ) -> int:
     """The token chosen from one row of ``logits`` for request ``request_index``'s
-    ``token_index``-th generated token (both counted from 0), as the module docstring states.
+    ``token_index``-th generated token (both counted from 0), as the module docstring states;
+    never one of ``banned``.
     """
     if not isinstance(params, SamplingParams):
         raise InvalidInputError(f"'params' must be a SamplingParams: {type(params).__name__}")
@@ -123,10 +197,14 @@ def sample_token(
     # whichever the params.)
     request = check_int("request_index", request_index, min_value=0, max_value=2**63 - 1)
     token = check_int("token_index", token_index, min_value=0, max_value=2**63 - 1)
+    banned_ids = _banned(banned, row.size)
+    if banned_ids.size:
+        row = row.astype(np.float64)
+        row[banned_ids] = -np.inf
     if params.is_greedy:
         return int(np.argmax(row))
     row = row.astype(np.float64)
-    with np.errstate(over="ignore"):  # an overflow is a -inf: a probability of 0
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is a -inf: a probability 0
         scaled = (row - row.max()) / params.temperature
     ranking = np.argsort(-scaled, kind="stable")  # most likely first, lower id on ties
     if params.top_k is not None:
@@ -142,3 +220,25 @@ def sample_token(
     cumulative = np.cumsum(probabilities)
     choice = min(int(np.searchsorted(cumulative, draw, side="right")), ranking.size - 1)
     return int(ranking[choice])
+
+
+def _banned(banned: Iterable[int], vocab_size: int) -> npt.NDArray[np.int64]:
+    ids = sorted({check_int("banned", token, min_value=0) for token in banned})
+    if ids and ids[-1] >= vocab_size:
+        raise InvalidInputError(f"'banned' ids must be < the row's {vocab_size} columns: {ids[-1]}")
+    if len(ids) == vocab_size:
+        raise InvalidInputError(f"'banned' must leave a token to choose: all {vocab_size} banned")
+    return np.array(ids, dtype=np.int64)
+
+
+def token_logprobs(
+    logits: npt.NDArray[np.floating[Any]], token: int, *, top: int
+) -> tuple[float, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The log-probability of ``token`` under ``softmax(logits)`` (the raw logits: no
+    temperature, no top-k or top-p, as vLLM's default ``raw_logprobs``), and the ``top``
+    likeliest tokens' ids and log-probabilities, likeliest first (lower id on ties)."""
+    row = np.asarray(logits, dtype=np.float64)
+    shifted = row - row.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best = np.argsort(-logprobs, kind="stable")[:top]
+    return float(logprobs[token]), best.astype(np.int64), logprobs[best]

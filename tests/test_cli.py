@@ -633,36 +633,6 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
             "--seed applies only with --workload, not with a lengths list",
         ),
         (
-            ["plan", "--lengths", "5", "--lengths", "6", "--max-num-batched-tokens", "8"],
-            "--lengths: given twice; give it once",
-        ),
-        (
-            [
-                "plan",
-                "--lengths",
-                "5",
-                "--max-num-batched-tokens",
-                "8",
-                "--max-num-batched-tokens",
-                "9",
-            ],
-            "--max-num-batched-tokens: given twice; give it once",
-        ),
-        (
-            [
-                "plan",
-                "--workload",
-                "uniform",
-                "--seed",
-                "1",
-                "--seed",
-                "2",
-                "--max-num-batched-tokens",
-                "8",
-            ],
-            "--seed: given twice; give it once",
-        ),
-        (
             ["plan", "--lengths", "@", "--max-num-batched-tokens", "8"],
             "--lengths: no file name after '@'",
         ),
@@ -724,6 +694,17 @@ def test_bad_input_exits_2_with_one_line(
     assert err.count("\n") == 1
     assert err.startswith("pypto-sched: error:")
     assert message in err
+
+
+def test_a_flag_given_twice_keeps_its_last_value_as_argparse_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    once = run_json(capsys, "plan", "--lengths", "6", "--max-num-batched-tokens", "4")
+    twice = run_json(
+        capsys, "plan", "--lengths", "5", "--max-num-batched-tokens", "8", "--lengths", "6",
+        "--max-num-batched-tokens", "4",
+    )  # fmt: skip
+    assert twice == once
 
 
 @pytest.mark.parametrize("command", ["plan", "compare", "plot", "run", "backends"])

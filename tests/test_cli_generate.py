@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from pypto_sched import InvalidInputError, PlannerConfig, SamplingParams, generate
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pypto_sched.cli import _model as cli_model
 from pypto_sched.cli import generate as generate_command
 from pypto_sched.integrations import hf_verify
 from pypto_sched.prompts import PromptRequest, load_tokenizer, output_lines, read_prompts
@@ -115,6 +116,7 @@ def test_per_line_max_new_tokens_and_stop_tokens_end_a_request(
             "index": 1,
             "token_ids": greedy[2]["token_ids"][: first_stop + 1],
             "finish_reason": "stop",
+            "stop_reason": stop_at,
         },
     ]
 
@@ -152,9 +154,9 @@ def test_output_file_gets_the_lines_and_stderr_the_summary(
     status, out, err = cli(capsys, *args, "--output", str(target))
     assert (status, out) == (EXIT_OK, "")
     assert len(outputs(target.read_text())) == len(PROMPTS)
-    assert err.startswith("5 requests, 82 prompt tokens on backend 'reference' (round_robin)\n")
+    assert err.startswith("5 requests, 82 prompt tokens on backend 'reference' (packed)\n")
     for label in ("generated ", "dispatches ", "mixed prefill and decode", "preemptions ",
-                  "time to first token ", "throughput ", "tokens/s"):  # fmt: skip
+                  "time to first token ", "time ", "tokens/s"):  # fmt: skip
         assert label in err
     assert all(line == line.rstrip() for line in err.splitlines())
 
@@ -179,7 +181,7 @@ def test_generate_needs_no_rich_unless_a_progress_bar_is_asked_for(
     status, out, err = cli(capsys, *args)
     assert status == EXIT_OK, err
     assert len(outputs(out)) == len(PROMPTS)
-    assert err.startswith("5 requests, 82 prompt tokens on backend 'reference' (round_robin)\n")
+    assert err.startswith("5 requests, 82 prompt tokens on backend 'reference' (packed)\n")
     assert re.search(r"^generated {13}\d+ tokens$", err, flags=re.MULTILINE), err
     status, out, err = cli(capsys, *args, "--progress")
     assert (status, out) == (EXIT_FAILED, "")
@@ -377,24 +379,26 @@ def test_output_dash_is_stdout(
     assert not (tmp_path / "-").exists()
 
 
-@pytest.mark.parametrize(
-    "repeated",
-    [
-        ["--max-new-tokens", "5"],
-        ["--temperature", "0"],
-        ["--num-kv-pages", "9"],
-        ["--output", "x.jsonl"],
-        ["--backend", "reference"],
-        ["--backend-option", "seed=1", "--backend-option", "seed=2"],
-    ],
-)
-def test_a_generate_option_given_twice_is_refused_not_overridden(
-    capsys: pytest.CaptureFixture[str], prompts_file: str, repeated: list[str]
+def test_a_generate_flag_given_twice_keeps_its_last_value(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
 ) -> None:
-    args = ["--prompts", prompts_file, "--max-new-tokens", "2", "--temperature", "0.5"]
-    args += ["--num-kv-pages", "8", "--output", "y.jsonl", *CHUNKED, *repeated]
-    flag = repeated[0]
-    assert_usage_error(cli(capsys, *args), flag, "given twice; give it once")
+    args = ["--prompts", prompts_file, *CHUNKED]
+    once = cli(capsys, *args, "--max-new-tokens", "3", "--policy", "packed")
+    twice = cli(
+        capsys, *args, "--max-new-tokens", "7", "--policy", "round_robin", "--max-new-tokens",
+        "3", "--policy", "packed",
+    )  # fmt: skip
+    assert twice[:2] == once[:2]
+    assert once[0] == EXIT_OK
+
+
+def test_a_backend_option_key_given_twice_is_still_refused(
+    capsys: pytest.CaptureFixture[str], prompts_file: str
+) -> None:
+    """A key of --backend-option is not a flag: two values for it are a mistake."""
+    args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
+    args += ["--backend-option", "seed=1", "--backend-option", "seed=2"]
+    assert_usage_error(cli(capsys, *args), "--backend-option", "given twice; give it once")
 
 
 def test_verify_refuses_sampling(capsys: pytest.CaptureFixture[str], prompts_file: str) -> None:
@@ -418,7 +422,7 @@ def test_verify_without_transformers_says_what_to_install(
 def test_verify_needs_a_checkpoint(
     capsys: pytest.CaptureFixture[str], prompts_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(generate_command, "transformers_missing", lambda: None)
+    monkeypatch.setattr(cli_model, "transformers_missing", lambda: None)
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED, "--verify"]
     assert_usage_error(cli(capsys, *args), "--backend-option checkpoint=DIR")
 
@@ -599,6 +603,9 @@ def test_verify_passes_against_transformers_generate(
     status, out, err = cli(capsys, *args, "--kv-page-size", "4", "--num-kv-pages", "14")
     assert status == EXIT_OK, err
     assert "PASS vs transformers generate(): 3/3 equal" in err
+    # Only the summary: transformers' progress bars and logs stay off stderr.
+    assert err.splitlines()[0].startswith("3 requests, ")
+    assert "Loading weights" not in err
     assert [len(line["token_ids"]) <= 8 for line in outputs(out)] == [True] * 3
 
 
@@ -610,13 +617,14 @@ def test_verify_exits_1_on_a_mismatch(
 ) -> None:
     real = generate_command.execute
 
-    def wrong_second_token(*args: Any, **kwargs: Any) -> Any:
-        result = real(*args, **kwargs)
-        first = result.sequences[0]
-        ids = first.token_ids.copy()
-        ids[1] = (ids[1] + 1) % VOCAB
-        changed = attrs.evolve(first, token_ids=ids)
-        return attrs.evolve(result, sequences=(changed, *result.sequences[1:]))
+    def wrong_second_token(*args: Any, on_finish: Any, **kwargs: Any) -> Any:
+        def changed(place: int, sequence: Any) -> None:
+            ids = sequence.token_ids.copy()
+            if place == 0:
+                ids[1] = (ids[1] + 1) % VOCAB
+            on_finish(place, attrs.evolve(sequence, token_ids=ids))
+
+        return real(*args, on_finish=changed, **kwargs)
 
     monkeypatch.setattr(generate_command, "execute", wrong_second_token)
     path = write_prompts(tmp_path / "p.jsonl", [{"token_ids": PROMPTS[1]}])
@@ -711,7 +719,9 @@ def test_the_checkpoints_eos_ids_end_requests_unless_ignored(
         ids = before["token_ids"]
         ends = [i for i, t in enumerate(ids) if t in (eos, VOCAB - 1)]
         if ends:
-            assert after == {**before, "token_ids": ids[: ends[0] + 1], "finish_reason": "stop"}
+            cut = ids[: ends[0] + 1]
+            assert after == {**before, "token_ids": cut, "finish_reason": "stop",
+                             "stop_reason": cut[-1]}  # fmt: skip
         else:
             assert after == before
     assert outputs(cli(capsys, *args, "--ignore-eos")[1]) == free

@@ -54,6 +54,8 @@ NEEDS = (
     (re.compile(r"pypto-sched plot\b|\bmatplotlib\b"), "matplotlib"),
     (re.compile(r"--backend npu\b|\bpypto_sched_npu\b|\btorch\b"), "torch"),
     (re.compile(r"\btransformers\b"), "transformers"),
+    (re.compile(r"\btokenizers\b|--backend-option checkpoint=tiny\b"), "tokenizers"),
+    (re.compile(r"\bjinja2\b|--backend-option checkpoint=tiny\b"), "jinja2"),
     (re.compile(r"\bintegrations\.ray\b|--ray-address\b|--replicas \d+ --ray\b"), "ray"),
 )
 #: Set to 1 to rewrite the outputs shown (those without ``...``) with what the commands print.

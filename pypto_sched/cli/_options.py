@@ -15,6 +15,7 @@ from ._lengths import GRAMMAR
 
 __all__ = [
     "CONFIG_FLAGS",
+    "DEFAULT_GENERATE_BUDGET",
     "HELP_WIDTH",
     "SEED",
     "WORKLOAD_FLAGS",
@@ -46,21 +47,10 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-class Once(argparse.Action):
-    """Store the option's value, refusing it a second time: the first would be ignored."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        given: set[str] = vars(namespace).setdefault("given_once", set())
-        if self.dest in given:
-            raise UsageError(f"{option_string}: given twice; give it once")
-        given.add(self.dest)
-        setattr(namespace, self.dest, values)
+#: A flag given twice keeps the last value, as argparse's own ``"store"`` does (and as a
+#: wrapper script that appends a flag to a user's command line expects). The name is kept
+#: for the commands that still spell it.
+Once = "store"
 
 
 def epilog(examples: Sequence[Example]) -> str:
@@ -99,10 +89,10 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "workload (one of --lengths, --lengths-file, --workload)",
         description=textwrap.fill(
-            f"LIST syntax: {GRAMMAR}. Each option at most once; an option the workload does "
-            "not use is refused: --num-requests, --min-length and --max-length apply only to "
-            "--workload uniform, lognormal and bimodal (--num-requests to seed too), --seed "
-            "only to those and to run's token ids.",
+            f"LIST syntax: {GRAMMAR}. A flag given twice keeps its last value; an option "
+            "the workload does not use is refused: --num-requests, --min-length and "
+            "--max-length apply only to --workload uniform, lognormal and bimodal "
+            "(--num-requests to seed too), --seed only to those and to run's token ids.",
             width=HELP_WIDTH - 2,
             break_on_hyphens=False,
         ),
@@ -184,12 +174,24 @@ WORKLOAD_FLAGS = {
 }
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
+#: ``generate``'s token budget when none is given: vLLM's offline default (``LLM``'s
+#: ``max_num_batched_tokens`` on a GPU), a few prompts' prefill at once.
+DEFAULT_GENERATE_BUDGET = 8192
+
+
+def add_config_options(
+    parser: argparse.ArgumentParser,
+    *,
+    budget: int | None = None,
+    policy: str = "round_robin",
+    policy_help: str = "round_robin: the seed's behaviour (default); packed: co-scheduled chunks",
+) -> None:
+    """The planner's flags; ``budget`` is ``--max-num-batched-tokens``' default (``None``:
+    required) and ``policy`` ``--policy``'s."""
     group = parser.add_argument_group(
         "planner configuration",
         description=textwrap.fill(
-            "As in vLLM's flags, a threshold of 0 is off; the other limits are off unless "
-            "given. Each option at most once.",
+            "As in vLLM's flags, a threshold of 0 is off; the other limits are off unless given.",
             width=HELP_WIDTH - 2,
         ),
     )
@@ -197,9 +199,11 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens",
         action=Once,
         type=int,
-        required=True,
+        required=budget is None,
+        default=budget,
         metavar="N",
-        help="most tokens one dispatch may carry (required)",
+        help="most tokens one dispatch may carry "
+        + ("(required)" if budget is None else f"(default {budget})"),
     )
     group.add_argument(
         "--long-prefill-token-threshold",
@@ -227,8 +231,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
         "--policy",
         action=Once,
         choices=POLICIES,
-        default="round_robin",
-        help="round_robin: the seed's behaviour (default); packed: co-scheduled chunks",
+        default=policy,
+        help=policy_help,
     )
     group.add_argument(
         "--max-num-partial-prefills",

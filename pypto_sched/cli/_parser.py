@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import textwrap
 
 from . import backends, compare, generate, plan, plot, run
@@ -28,9 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
         + epilog(first_examples),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"pypto-sched {_version()}")
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=Parser, metavar="COMMAND"
     )
     for module in COMMANDS:
         module.add_parser(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pypto-sched")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "(not installed)"

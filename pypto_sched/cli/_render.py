@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from ._errors import CommandFailed, UsageError
@@ -155,9 +156,11 @@ def generation_summary(
     config: PlannerConfig,
     result: GenerationResult,
     verification: TransformersVerification | None,
+    extra: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """``generate``'s summary on stderr, as plain lines that need no rich: dispatches,
-    preemptions, first tokens, throughput, in a label column and a value column."""
+    preemptions, first tokens, time and throughput (as ``run`` words them), and the
+    ``extra`` rows, in a label column and a value column."""
     stats = result.stats
     preempted = sum(1 for s in result.sequences if s.num_preemptions)
     heading = (
@@ -173,8 +176,9 @@ def generation_summary(
          f"{stats.num_preemptions:,} ({counted(preempted, 'request')})"),
         ("time to first token", f"dispatch {stats.mean_time_to_first_token:,.1f} on average, "
                                 f"{stats.max_time_to_first_token:,} at worst"),
-        ("throughput", f"{stats.tokens_per_second:,.0f} tokens/s ({stats.wall_seconds:.2f} s, "
-                       f"planning {stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})"),
+        ("time", f"{stats.wall_seconds:.2f} s ({stats.tokens_per_second:,.0f} tokens/s, "
+                 f"planning {stats.planning_seconds / max(stats.wall_seconds, 1e-9):.1%})"),
+        *extra,
     ]  # fmt: skip
     if verification is not None:
         rows.append(("verify", verification.describe()))

@@ -1,0 +1,397 @@
+"""``LLM``: offline generation as a vLLM or transformers user expects it, a thin layer over
+:func:`~pypto_sched.generate`.
+
+Built from a model directory (the weights a backend loads, ``tokenizer.json``,
+``generation_config.json``, the chat template), it takes text, token ids or chat messages
+and gives back, per request, the prompt and its ids, the generated text and ids, the finish
+reason and the stop that fired. Everything it adds is at the edges: text in (the tokenizer,
+the chat template), the model's defaults (the sampling settings of its generation config, as
+vLLM applies them, and its EOS ids), and text out. Every dispatch is still planned by the
+pure planner and every token chosen by :func:`~pypto_sched.sample_token`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ._config import PlannerConfig
+from ._errors import BackendError, ExecutionError, InvalidInputError
+from ._generate import FinishReason, GeneratedSequence, generate
+from ._sampling import SamplingParams
+from .backends import Backend, check_is_backend, load_backend
+from .chat import ChatTemplate, check_messages
+from .execute import DEFAULT_PAGE_SIZE
+from .prompts import Tokenizer, eos_token_ids, generated_text, load_tokenizer, read_config
+
+__all__ = [
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "GENERATION_CONFIG_FILE",
+    "LLM",
+    "IncompleteGenerationError",
+    "RequestOutput",
+    "generation_defaults",
+]
+
+#: The token budget of an :class:`LLM` built without a ``config``: vLLM's offline default.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+#: Where a checkpoint keeps its generation defaults.
+GENERATION_CONFIG_FILE = "generation_config.json"
+#: The generation config's fields vLLM takes as sampling defaults, and the field of
+#: :class:`SamplingParams` each gives (``do_sample`` is not read, as vLLM does not read it).
+_DEFAULTS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "max_new_tokens": "max_tokens",
+}
+#: Fields vLLM would apply that pypto_sched does not implement, and their neutral values.
+_NOT_APPLIED = {"repetition_penalty": 1.0, "min_p": 0.0}
+
+Prompt = (
+    str
+    | Sequence[int]
+    | npt.NDArray[np.integer[Any]]
+    | Mapping[str, Any]
+    | Sequence[Mapping[str, Any]]
+)
+
+
+@attrs.frozen(kw_only=True)
+class RequestOutput:
+    """What one request gave: vLLM's ``RequestOutput`` with its one completion inlined."""
+
+    #: Its place in the batch.
+    index: int
+    #: The prompt text (a conversation's rendered by the chat template); ``None`` for ids.
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    #: The generated text, a stop string and what follows it left out; ``None`` without a
+    #: tokenizer.
+    text: str | None
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    #: The stop token id or stop string that ended it; ``None`` for ``"length"``.
+    stop_reason: int | str | None
+    #: With ``SamplingParams.logprobs``: each generated token's log-probability, and for
+    #: each the likeliest tokens' ``{id: log-probability}``.
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[dict[int, float], ...] | None = None
+    num_preemptions: int = 0
+
+
+class IncompleteGenerationError(BackendError):
+    """The backend failed part-way: ``outputs`` holds each finished request's
+    :class:`RequestOutput` (``None`` for the others), ``unfinished`` the others' indices."""
+
+    def __init__(
+        self, message: str, *, outputs: Sequence[RequestOutput | None], unfinished: Sequence[int]
+    ) -> None:
+        super().__init__(message)
+        self.outputs = tuple(outputs)
+        self.unfinished = tuple(unfinished)
+
+
+def generation_defaults(directory: str | Path) -> dict[str, Any]:
+    """The :class:`SamplingParams` fields the checkpoint ``directory``'s
+    ``generation_config.json`` gives, as vLLM reads them (``{}`` without the file); a
+    ``repetition_penalty`` or ``min_p`` it sets, which pypto_sched does not apply, is a
+    warning."""
+    path = Path(directory) / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    where = repr(str(path))
+    fields = read_config(path)
+    defaults = {ours: fields[theirs] for theirs, ours in _DEFAULTS.items() if theirs in fields}
+    if defaults.get("top_k") in (0, -1):  # transformers' and vLLM's "all tokens"
+        defaults["top_k"] = None
+    for name, neutral in _NOT_APPLIED.items():
+        if fields.get(name) not in (None, neutral):
+            warnings.warn(
+                f"{where} sets {name} {fields[name]!r}, which pypto_sched does not apply",
+                UserWarning,
+                stacklevel=3,
+            )
+    try:
+        SamplingParams(**defaults)
+    except InvalidInputError as error:
+        raise InvalidInputError(f"{where}: {error}") from None
+    return defaults
+
+
+class LLM:
+    """A model ready to generate: the checkpoint directory ``model`` run on ``backend`` (an
+    installed backend's name, built with ``checkpoint=model`` and ``backend_options``, or a
+    :class:`~pypto_sched.Backend` already built), every dispatch planned under ``config``
+    (default: ``packed``, :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS`), over a KV pool of
+    ``num_kv_pages`` pages of ``kv_page_size`` tokens (default: room for every request).
+
+    ``generation_config="auto"`` takes the sampling defaults of the model's
+    ``generation_config.json`` for calls that pass no :class:`SamplingParams`, as vLLM does;
+    ``None`` uses :class:`SamplingParams`' own (greedy). Requests stop on the model's EOS ids
+    either way, unless their ``ignore_eos``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        backend: str | Backend = "reference",
+        backend_options: Mapping[str, Any] | None = None,
+        config: PlannerConfig | None = None,
+        num_kv_pages: int | None = None,
+        kv_page_size: int = DEFAULT_PAGE_SIZE,
+        generation_config: Literal["auto"] | None = "auto",
+    ) -> None:
+        self.model = Path(model)
+        if not self.model.is_dir():
+            raise InvalidInputError(f"'model' must be a checkpoint directory: {str(model)!r}")
+        if generation_config not in ("auto", None):
+            raise InvalidInputError(
+                f"'generation_config' must be 'auto' or None: {generation_config!r}"
+            )
+        if config is not None and not isinstance(config, PlannerConfig):
+            raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+        self.config = config or PlannerConfig(
+            max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, policy="packed"
+        )
+        self.num_kv_pages = num_kv_pages
+        self.kv_page_size = kv_page_size
+        self.tokenizer: Tokenizer | None = load_tokenizer(self.model)
+        self.chat_template = ChatTemplate.from_directory(self.model)
+        self._defaults = generation_defaults(self.model) if generation_config == "auto" else {}
+        if isinstance(backend, str):
+            backend = load_backend(backend, checkpoint=str(self.model), **(backend_options or {}))
+        elif backend_options:
+            raise InvalidInputError("'backend_options' are for a backend given by name")
+        check_is_backend(backend)
+        self.backend: Backend = backend
+        # An EOS id outside the vocabulary (a small model that kept its family's) stops nothing.
+        self.eos_token_ids = tuple(t for t in eos_token_ids(self.model) if t < backend.vocab_size)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The settings of a call without :class:`SamplingParams`: the generation config's
+        (with ``generation_config="auto"``), else greedy."""
+        return SamplingParams(**self._defaults)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        on_finish: Callable[[RequestOutput], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for one prompt or a list: text, token ids, ``{"prompt": text}``,
+        ``{"prompt_token_ids": ids}``, or a conversation (a list of messages, or
+        ``{"messages": [...]}``, rendered by the chat template). ``sampling_params`` is one
+        for every prompt or one each (default :meth:`get_default_sampling_params`).
+        ``on_finish`` hears of each request as it finishes. Outputs in input order.
+
+        A backend failure part-way raises :class:`IncompleteGenerationError` holding the
+        finished requests' outputs and naming the others."""
+        items = _prompt_list(prompts)
+        encoded = [self._encode(item, f"prompts[{r}]") for r, item in enumerate(items)]
+        return self._run(encoded, sampling_params, on_finish)
+
+    def _run(
+        self,
+        encoded: list[tuple[str | None, list[int]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        on_finish: Callable[[RequestOutput], None] | None,
+    ) -> list[RequestOutput]:
+        items = encoded
+        params = self._sampling(sampling_params, len(items))
+        outputs: list[RequestOutput | None] = [None] * len(items)
+
+        def finished(r: int, sequence: GeneratedSequence) -> None:
+            outputs[r] = self._output(r, encoded[r], sequence, params[r])
+            if on_finish is not None:
+                on_finish(outputs[r])  # type: ignore[arg-type]
+
+        try:
+            generate(
+                self.backend,
+                [ids for _, ids in encoded],
+                config=self.config,
+                sampling=params,
+                stop_token_ids=self.eos_token_ids,
+                num_pages=self.num_kv_pages,
+                page_size=self.kv_page_size,
+                on_finish=finished,
+                detokenize=None if self.tokenizer is None else self.tokenizer.decode,
+            )
+        except ExecutionError as error:
+            missing = [r for r, output in enumerate(outputs) if output is None]
+            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            raise IncompleteGenerationError(
+                f"{error}; {len(items) - len(missing)} of {len(items)} requests finished; "
+                f"not finished: requests {shown}",
+                outputs=outputs,
+                unfinished=missing,
+            ) from error
+        return [output for output in outputs if output is not None]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation or a list of them (as vLLM's
+        ``LLM.chat``)."""
+        single = bool(messages) and isinstance(messages[0], Mapping)
+        conversations = [messages] if single else list(messages)
+        texts = [
+            self.render_chat(
+                c, add_generation_prompt=add_generation_prompt, what=f"messages[{r}]",
+                **(chat_template_kwargs or {}),
+            )
+            for r, c in enumerate(conversations)
+        ]  # fmt: skip
+        encoded: list[tuple[str | None, list[int]]] = [
+            (text, self._tokens(text, f"messages[{r}]", special=False))
+            for r, text in enumerate(texts)
+        ]
+        return self._run(encoded, sampling_params, None)
+
+    def render_chat(
+        self,
+        messages: object,
+        *,
+        add_generation_prompt: bool = True,
+        what: str = "'messages'",
+        **variables: Any,
+    ) -> str:
+        """The prompt text of a conversation, by the model's chat template."""
+        if self.chat_template is None:
+            raise InvalidInputError(
+                f"{what}: the model has no chat template ({str(self.model)!r} has neither "
+                "chat_template.jinja nor a 'chat_template' in tokenizer_config.json)"
+            )
+        check_messages(messages, what=what)
+        return self.chat_template.render(
+            messages,  # type: ignore[arg-type]
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
+
+    def _encode(self, item: Prompt, what: str) -> tuple[str | None, list[int]]:
+        """A prompt's text (``None`` for ids) and ids."""
+        if isinstance(item, Mapping) and "messages" in item:
+            text = self.render_chat(item["messages"], what=f"{what}['messages']")
+            return text, self._tokens(text, what, special=False)
+        if isinstance(item, Mapping) and "prompt" in item:
+            text = item["prompt"]
+            return text, self._tokens(text, what, special=True)
+        if isinstance(item, Mapping) and "prompt_token_ids" in item:
+            return None, list(item["prompt_token_ids"])
+        if isinstance(item, str):
+            return item, self._tokens(item, what, special=True)
+        if _is_conversation(item):
+            text = self.render_chat(item, what=what)
+            return text, self._tokens(text, what, special=False)
+        if _is_ids(item):
+            return None, [int(t) for t in item]  # type: ignore[arg-type]
+        raise InvalidInputError(
+            f"{what!r} must be text, token ids, a conversation, or a mapping with 'prompt', "
+            f"'prompt_token_ids' or 'messages': {type(item).__name__}"
+        )
+
+    def _tokens(self, text: object, what: str, *, special: bool) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidInputError(f"{what!r}: the prompt must be a string: {text!r}")
+        if self.tokenizer is None:
+            raise InvalidInputError(
+                f"{what!r}: text needs a tokenizer (tokenizer.json in {str(self.model)!r}); "
+                "give token ids instead"
+            )
+        return self.tokenizer.encode(text, add_special_tokens=special)
+
+    def _sampling(
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [self.get_default_sampling_params()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        params = list(sampling_params)
+        if len(params) != count or not all(isinstance(p, SamplingParams) for p in params):
+            raise InvalidInputError(
+                f"'sampling_params' must be SamplingParams, one per prompt ({count}), or None: "
+                f"{sampling_params!r}"
+            )
+        return params
+
+    def _output(
+        self,
+        index: int,
+        encoded: tuple[str | None, list[int]],
+        sequence: GeneratedSequence,
+        params: SamplingParams,
+    ) -> RequestOutput:
+        ids = sequence.token_ids.tolist()
+        top = None
+        if sequence.top_token_ids is not None and sequence.top_logprobs is not None:
+            top = tuple(
+                dict(zip(row.tolist(), values.tolist(), strict=True))
+                for row, values in zip(sequence.top_token_ids, sequence.top_logprobs, strict=True)
+            )
+        return RequestOutput(
+            index=index,
+            prompt=encoded[0],
+            prompt_token_ids=tuple(encoded[1]),
+            text=None
+            if self.tokenizer is None
+            else generated_text(self.tokenizer, ids, sequence.stop_reason),
+            token_ids=tuple(ids),
+            finish_reason=sequence.finish_reason,
+            stop_reason=sequence.stop_reason,
+            logprobs=None if sequence.logprobs is None else tuple(sequence.logprobs.tolist()),
+            top_logprobs=top,
+            num_preemptions=sequence.num_preemptions,
+        )
+
+    def __repr__(self) -> str:
+        return f"LLM({str(self.model)!r}, backend={self.backend.name!r})"
+
+
+def _is_conversation(item: object) -> bool:
+    return (
+        isinstance(item, Sequence)
+        and not isinstance(item, str | bytes)
+        and bool(item)
+        and all(isinstance(m, Mapping) for m in item)
+    )
+
+
+def _prompt_list(prompts: object) -> list[Prompt]:
+    """One prompt as a list of one; a list of prompts as it is."""
+    if isinstance(prompts, str | Mapping) or _is_conversation(prompts):
+        return [prompts]  # type: ignore[list-item]
+    if _is_ids(prompts):
+        return [prompts]  # type: ignore[list-item]
+    if not isinstance(prompts, Sequence) or not prompts:
+        raise InvalidInputError(
+            f"'prompts' must be a prompt or a non-empty list of prompts: {prompts!r}"
+        )
+    return list(prompts)
+
+
+def _is_ids(item: object) -> bool:
+    """Token ids: a 1-D integer array, or a non-empty sequence of ints."""
+    if isinstance(item, np.ndarray):
+        return item.ndim == 1 and item.dtype.kind in "iu"
+    return (
+        isinstance(item, Sequence)
+        and not isinstance(item, str | bytes)
+        and bool(item)
+        and all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in item)
+    )
