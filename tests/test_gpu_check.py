@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="the GPU check compares with transfor
 pytest.importorskip("pypto_sched_npu", reason="the GPU check runs the torch backend")
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
-SECTIONS = ("checkpoint", "logits", "greedy", "throughput", "seed", "transformers_cb")
+SECTIONS = ("checkpoint", "logits", "greedy", "throughput", "seed", "transformers_cb", "profile")
 
 
 @pytest.mark.slow
@@ -41,7 +41,12 @@ def test_the_smoke_run_writes_every_section_and_its_checks_pass(tmp_path: Path) 
         assert sections["logits"][policy]["passed"]
         assert sections["logits"][policy]["max_abs_logit_diff"] <= sections["logits"]["tolerance"]
     assert sections["greedy"]["passed"]
-    assert sections["transformers_cb"]["passed"]  # every scheduler gave fifo's tokens
+    cb = sections["transformers_cb"]
+    assert cb["fifo"]["requests_with_fifo_tokens"] == cb["prompts"]
+    for side in ("packed", "round_robin"):
+        assert 0 <= cb[side]["requests_with_fifo_tokens"] <= cb["prompts"]
+        assert cb[side]["seconds_over_fifo"] > 0
+    assert sections["profile"]["dispatches"] >= 1
     seed = sections["seed"]
     assert seed["round_robin"]["dispatches"] > seed["packed"]["dispatches"] > 1
     assert seed["one_shot"]["dispatches"] == 1
