@@ -9,7 +9,9 @@ of its positions (a recomputing request's generated tokens included), stops a re
 ``max_new_tokens`` or a stop token, and reports what happened.
 
 Like :func:`~pypto_sched.execute_schedule`, it checks every backend output and stops with an
-:class:`~pypto_sched.ExecutionError` naming the dispatch on the first failure.
+:class:`~pypto_sched.ExecutionError` naming the dispatch on the first failure, a backend's
+``SystemExit`` included (raised through, it would end the caller's program, as a success
+when its code is 0); a ``KeyboardInterrupt`` passes through unchanged.
 """
 
 from __future__ import annotations

@@ -417,12 +417,22 @@ def _run(
 ) -> DispatchOutput:
     """``backend.run_dispatch`` with every failure, and every output that breaks the
     contract, turned into an :class:`ExecutionError` naming dispatch ``index`` (``where``
-    says which it is, for the message) and request ``r`` as ``names[r]`` (``None``: ``r``)."""
+    says which it is, for the message) and request ``r`` as ``names[r]`` (``None``: ``r``).
+
+    A ``SystemExit`` from the backend is such a failure too (left alone, it would end the
+    caller's program, with success if its code is 0); a ``KeyboardInterrupt`` is the user's
+    and passes through unchanged."""
     try:
         output = backend.run_dispatch(batch, cache)
     except Exception as error:
         raise ExecutionError(
             f"backend {backend.name!r} failed on {where}: {type(error).__name__}: {error}",
+            dispatch=index,
+        ) from error
+    except SystemExit as error:
+        raise ExecutionError(
+            f"backend {backend.name!r} exited on {where}: SystemExit({error.code!r}) (a "
+            "backend must raise an exception, not exit)",
             dispatch=index,
         ) from error
     problem = _output_problem(batch, output, backend.vocab_size, names)

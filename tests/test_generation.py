@@ -66,9 +66,9 @@ def generations(draw: st.DrawFn) -> tuple[list[int], list[int], PlannerConfig, i
 
 
 def run_to_the_end(
-    state: GenerationState[int], config: PlannerConfig, *, max_steps: int = 2_000
-) -> list[GenerationStep[int]]:
-    steps: list[GenerationStep[int]] = []
+    state: GenerationState[Any], config: PlannerConfig, *, max_steps: int = 2_000
+) -> list[GenerationStep[Any]]:
+    steps: list[GenerationStep[Any]] = []
     while state:
         assert len(steps) < max_steps, "the generation does not finish"
         step = plan_generation_step(state, config)

@@ -24,7 +24,7 @@ from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int
 from . import _progress, _render
-from ._errors import CommandFailed, UsageError, flags_named
+from ._errors import CommandFailed, UsageError, building_backend, flags_named
 from ._options import Once
 from ._render import console
 from ._specs import backend_options
@@ -200,7 +200,12 @@ def replicas(
     # Ray's own start-up lines (INFO, a note on token authentication) stay off stderr.
     init = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     with ray_session(args.ray_address, **init):
-        with flags_named(name="--backend"):
+        # The actors build the backend: its failures read as they do in one process.
+        with (
+            flags_named(name="--backend"),
+            building_backend(backend, options),
+            flags_named(resources="--replica-resource"),
+        ):
             pool = RayReplicas(backend, num_replicas=count, options=options, resources=asked)
         with pool:
             yield pool

@@ -42,6 +42,12 @@ Faults
   never fit. Actors that are not ready within ``start_timeout`` seconds (the cluster busy with
   other work) are a :class:`ReplicaError` too.
 
+Output
+------
+Nothing of Ray's reaches stdout: the driver's messages about the cluster (a worker that
+died, the autoscaler) and the workers' output go to stderr (:func:`ray_output_to_stderr`),
+so a program that writes its results to stdout keeps it clean, faults included.
+
 Progress
 --------
 With ``on_progress``, the driver asks every busy actor what its part has done every
@@ -94,6 +100,7 @@ __all__ = [
     "ReplicaError",
     "ReplicaProgress",
     "default_resources",
+    "ray_output_to_stderr",
     "ray_session",
 ]
 
@@ -130,11 +137,35 @@ def default_resources(backend: str | BackendFactory) -> Mapping[str, float]:
     return _ONE_CPU
 
 
+def ray_output_to_stderr() -> None:
+    """Send what Ray's driver prints about its cluster to stderr, never to stdout.
+
+    The driver prints the cluster's messages (``(raylet) A worker died ...`` when an actor's
+    process dies, autoscaler notes) and, with ``log_to_driver``, the workers' output, all
+    through one function of ``ray._private.worker`` that writes everything but a worker's
+    stderr to ``sys.stdout``: in a program whose stdout carries data (JSON Lines) that
+    corrupts it. This routes all of it to ``sys.stderr``. :func:`ray_session` and
+    :class:`RayReplicas` call it; it is idempotent, and lasts for the process.
+    """
+    worker = ray._private.worker
+    printer = worker.print_to_stdstream
+    if getattr(printer, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
+
+
 @contextmanager
 def ray_session(address: str | None = None, **init_options: Any) -> Iterator[None]:
     """Join the Ray cluster at ``address`` (``"auto"``: the one this machine belongs to), or
     without one use the running connection, else start a local instance and stop it on exit.
-    ``init_options`` go to :func:`ray.init` when this call connects."""
+    ``init_options`` go to :func:`ray.init` when this call connects. Ray's own output goes
+    to stderr (:func:`ray_output_to_stderr`): stdout is the caller's."""
+    ray_output_to_stderr()  # (before ray.init, which binds the printer of log_to_driver)
     if ray.is_initialized() and address is None:
         yield
         return
@@ -444,6 +475,7 @@ class RayReplicas:
     ) -> None:
         if not ray.is_initialized():
             raise ReplicaError("Ray is not connected: use ray_session() or ray.init() first")
+        ray_output_to_stderr()
         self.num_replicas = check_int("num_replicas", num_replicas, min_value=1)
         self.max_restarts = check_int("max_restarts", max_restarts, min_value=0)
         self.start_timeout = float(start_timeout)
