@@ -788,7 +788,7 @@ def test_an_execution_error_pickles_with_its_cause() -> None:
     for cause, want in [
         (RuntimeError("device fault"), "RuntimeError('device fault')"),
         (Unpicklable(), "RuntimeError('Unpicklable: device fault')"),
-        (unreadable, "RuntimeError(\"FrozenInstanceError: can't set attribute\")"),
+        (unreadable, 'RuntimeError("FrozenInstanceError: can\'t set attribute")'),
         (None, "None"),
     ]:
         error = ExecutionError("backend 'x' failed", dispatch=3)
