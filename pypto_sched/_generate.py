@@ -25,10 +25,19 @@ import numpy as np
 import numpy.typing as npt
 
 from ._config import PlannerConfig
-from ._errors import InvalidInputError
+from ._errors import InvalidConfigError, InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
+from ._pool import PagePool
 from ._sampling import SamplingParams, sample_token
-from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
+from ._validate import (
+    MAX_TOKENS,
+    arrays_stay_read_only,
+    check_callback,
+    check_int,
+    check_positions,
+    is_int,
+    read_only,
+)
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
 from .execute import DEFAULT_PAGE_SIZE, TokenIds, _run, token_array
 
@@ -123,8 +132,10 @@ def generate(
 
     A request stops at ``max_new_tokens`` or at a token of ``stop_token_ids`` (for every
     request, e.g. the EOS ids) or of its own ``request_stop_token_ids[r]``. The KV cache has
-    ``num_pages`` pages of ``page_size`` tokens (default: enough for every request at once);
-    when it is smaller, requests wait for pages and are preempted by recomputation.
+    ``num_pages`` pages of ``page_size`` tokens (default: what a step's rows can use at once,
+    see ``default_num_pages``); when it holds fewer than every request, requests wait for
+    pages and are preempted by recomputation. A pool the backend cannot allocate is an
+    :class:`~pypto_sched.InvalidConfigError` before any dispatch.
     ``sampling`` defaults to greedy. Results come back in input order.
 
     ``request_indices[r]`` is the request index that seeds prompt ``r``'s random stream
@@ -158,40 +169,95 @@ def generate(
             f"{seeds.index(seeds[again])}"
         )
     news = per_request_counts(max_new_tokens, len(tokens))
+    lengths = [len(prompt) for prompt in tokens]
     state = initial_state(
-        [len(prompt) for prompt in tokens],
+        lengths,
         news,
+        config=config,
         max_positions=max_positions(backend),
         num_pages=num_pages,
         page_size=page_size,
+        count=_admission_window(config, len(tokens)),
     )
-    return _Run(backend, config, sampling, tokens, stops, on_step, seeds).until_done(state)
+    run = _Run(backend, config, sampling, tokens, stops, on_step, seeds, news)
+    return run.until_done(state)
+
+
+#: The fewest requests a generation keeps waiting in its planner state (see
+#: :func:`_admission_window`).
+MIN_ADMISSION_WINDOW = 65_536
+
+
+def _admission_window(config: PlannerConfig, count: int) -> int:
+    """How many of ``count`` requests the planner state holds at the start; the others join
+    it in arrival order as it runs, so that it keeps at least as many waiting.
+
+    A request in the state costs about a kilobyte of records and time to build them (a
+    million requests: a gigabyte, and minutes of garbage collection); one behind the window
+    costs its place in a list. A window of more than a step's budget and rows (at least
+    :data:`MIN_ADMISSION_WINDOW`, four budgets) plans as the whole batch would for every
+    policy rule that reads the queue's head; batches up to twice the window join at once.
+    """
+    window = max(MIN_ADMISSION_WINDOW, 4 * config.max_num_batched_tokens)
+    return count if count <= 2 * window else window
+
+
+def default_num_pages(
+    lengths: Sequence[int], news: Sequence[int], *, config: PlannerConfig, page_size: int
+) -> int:
+    """The KV pages a generation gets when it names none: what the run can use at once.
+
+    A step runs at most ``max_num_seqs`` rows (at most ``max_num_batched_tokens`` without
+    it), so no more requests than that usefully hold pages at once: the pool holds that many
+    of the largest request (prompt + new tokens - 1), or every request whole if that is
+    fewer pages. It never depends on the number of requests beyond those rows: a million
+    one-token prompts get the pool of a step's rows, not a million requests' pages.
+    """
+    if not lengths:
+        return 1
+    pages = np.asarray(lengths, dtype=np.int64) + np.asarray(news, dtype=np.int64) - 2
+    pages = pages // page_size + 1  # pages of prompt + new - 1 tokens (>= 1)
+    rows = min(config.max_num_seqs or config.max_num_batched_tokens, len(lengths))
+    return int(min(pages.sum(), rows * pages.max()))
 
 
 def initial_state(
     lengths: Sequence[int],
     news: Sequence[int],
     *,
+    config: PlannerConfig,
     max_positions: int | None,
     num_pages: int | None,
     page_size: int,
+    count: int | None = None,
 ) -> GenerationState[int]:
     """The state a generation of prompts of ``lengths`` starts from, ``news[r]`` new tokens
-    for prompt ``r``, in a pool of ``num_pages`` pages of ``page_size`` tokens (default: room
-    for every request at once).
+    for prompt ``r``, in a pool of ``num_pages`` pages of ``page_size`` tokens (default:
+    :func:`default_num_pages`), holding the first ``count`` requests (default: all).
 
     Every request is checked against the model's ``max_positions`` and, alone, against the
-    pool; errors name it by its index in ``lengths``. A driver that splits a batch (Ray
-    replicas) calls this on the whole batch first, so that they name the request in the batch
-    and come before any part runs.
+    pool, those left out of the state too; errors name it by its index in ``lengths``. A
+    driver that splits a batch (Ray replicas) calls this on the whole batch first, so that
+    they name the request in the batch and come before any part runs.
     """
     page_size = check_int("page_size", page_size, min_value=1)
     for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
         check_positions(f"'prompts[{r}]'", length, max_positions, max_new_tokens=new)
     if num_pages is None:
-        num_pages = sum(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
+        num_pages = default_num_pages(lengths, news, config=config, page_size=page_size)
+    count = len(lengths) if count is None else count
+    if count < len(lengths):
+        # The checks of the requests left out: the state of the requests up to the first
+        # that fails raises its error (GenerationState.add's, naming its index).
+        contexts = np.asarray(lengths, dtype=np.int64) + np.asarray(news, dtype=np.int64) - 1
+        limit = num_pages * page_size if is_int(num_pages) else 0
+        failing = np.flatnonzero(contexts > min(limit, MAX_TOKENS))
+        end = int(failing[0]) + 1 if failing.size else 1
+        GenerationState.from_prompt_lengths(
+            lengths[:end], max_new_tokens=news[:end], num_pages=num_pages, page_size=page_size
+        )
     return GenerationState.from_prompt_lengths(
-        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+        lengths[:count], max_new_tokens=news[:count], num_pages=num_pages, page_size=page_size
     )
 
 
@@ -296,8 +362,10 @@ class _Run:
         stops: list[frozenset[int]],
         on_step: Callable[[StepDone], None] | None,
         seeds: list[int],
+        news: list[int],
     ) -> None:
         self.backend = backend
+        self.news = news
         self.config = config
         self.sampling = sampling
         self.tokens = tokens
@@ -310,22 +378,46 @@ class _Run:
         self.first_token: list[int] = [-1] * count
         self.preemptions = [0] * count
         self.num_dispatches = self.num_mixed = self.num_computed = self.num_generated = 0
+        self.num_finished = 0
+        self.window = _admission_window(config, count)
 
     def until_done(self, state: GenerationState[int]) -> GenerationResult:
-        cache = make_cache(
-            self.backend, num_pages=state.pool.num_pages, page_size=state.pool.page_size
-        )
+        cache = self.new_cache(state.pool)
         planning = 0.0
         start = time.perf_counter()
+        joined = len(state)  # requests 0 .. joined - 1 are (or were) in the state
         while state:
             before = time.perf_counter()
             step = plan_generation_step(state, self.config)
             planning += time.perf_counter() - before
             state = self.run(step, cache)
+            # (The requests holding no pages are the waiting ones.)
+            if joined < len(self.tokens) and len(state) - len(state.pool) < self.window:
+                state, joined = self.admit(state, joined)
         return GenerationResult(
             sequences=tuple(self.sequence(r) for r in range(len(self.tokens))),
             stats=self.stats(wall=time.perf_counter() - start, planning=planning),
         )
+
+    def new_cache(self, pool: PagePool[int]) -> Any:
+        """The backend's KV cache for ``pool``, or an error naming ``num_pages`` when the
+        backend cannot allocate it (before any dispatch runs)."""
+        try:
+            return make_cache(self.backend, num_pages=pool.num_pages, page_size=pool.page_size)
+        except MemoryError:
+            raise InvalidConfigError(
+                f"'num_pages' must fit in memory: backend {self.backend.name!r} cannot allocate "
+                f"a KV cache of {pool.num_pages:,} pages of {pool.page_size} tokens; give "
+                "fewer pages (the default is what a step's rows can use at once)"
+            ) from None
+
+    def admit(self, state: GenerationState[int], joined: int) -> tuple[GenerationState[int], int]:
+        """``state`` with the next window of requests (in arrival order) added; and how many
+        have joined since the start. (Checked with the whole batch, by initial_state.)"""
+        end = min(len(self.tokens), joined + self.window)
+        for r in range(joined, end):
+            state = state.add(r, self.prompt_lengths[r], max_new_tokens=self.news[r])
+        return state, end
 
     def run(self, step: GenerationStep[int], cache: Any) -> GenerationState[int]:
         """Run ``step`` on the backend; return the state with its tokens recorded."""
@@ -364,10 +456,10 @@ class _Run:
         for row, request in enumerate(step.sampled):
             # ``_run`` checked that what was asked for is there, of the right shape.
             if greedy:
-                token = int(cast(npt.NDArray[np.integer[Any]], output.greedy_token_ids)[row])
+                token = int(cast("npt.NDArray[np.integer[Any]]", output.greedy_token_ids)[row])
             else:
                 token = sample_token(
-                    cast(npt.NDArray[np.floating[Any]], output.logits)[row],
+                    cast("npt.NDArray[np.floating[Any]]", output.logits)[row],
                     self.sampling,
                     request_index=self.seeds[request],
                     token_index=len(self.tokens[request]) - self.prompt_lengths[request],
@@ -378,10 +470,12 @@ class _Run:
                 self.first_token[request] = index
             if token in self.stops[request]:
                 self.reasons[request] = "stop"
+                self.num_finished += 1
                 if request in state:
                     state = state.finish(request)
             elif request in step.finished:
                 self.reasons[request] = "length"
+                self.num_finished += 1
         for request in step.preempted:
             self.preemptions[request] += 1
         self.num_dispatches += 1
@@ -394,7 +488,7 @@ class _Run:
                     num_rows=step.num_rows,
                     num_decode_rows=step.num_decode_rows,
                     num_tokens=step.num_tokens,
-                    num_finished=sum(reason is not None for reason in self.reasons),
+                    num_finished=self.num_finished,
                     num_requests=len(self.tokens),
                     num_generated_tokens=self.num_generated,
                 )

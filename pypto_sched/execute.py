@@ -452,8 +452,10 @@ def _output_problem(
         return f"expected a DispatchOutput, got {type(output).__name__}"
     rows = batch.num_final_rows
     requests = batch.arrays.final_requests.astype(np.int64)
-    if names is not None:
-        requests = np.asarray(names, dtype=np.int64)[requests]
+    if names is not None:  # (only the rows' names: converting all of them cost O(batch))
+        requests = np.fromiter(
+            (names[r] for r in requests.tolist()), dtype=np.int64, count=requests.size
+        )
     return (
         _array_problem("logits", output.logits, (rows, vocab_size), "f", asked=batch.return_logits)
         or _array_problem(

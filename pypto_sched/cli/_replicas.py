@@ -80,7 +80,8 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
             default=[],
             metavar="NAME=AMOUNT",
             help="with --replicas: what each actor asks Ray for, e.g. NPU=1, GPU=1, CPU=2 "
-            "(repeat for more; default NPU=1 for the npu backend, else CPU=1)",
+            "(repeat for more; default NPU=1 for the npu backend where the cluster has NPUs "
+            "and its device option is not cpu, else CPU=1)",
         )
     else:
         group.add_argument(
