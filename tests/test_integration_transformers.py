@@ -984,6 +984,23 @@ def test_step_config_names_a_bad_token_budget(token_budget: Any) -> None:
         instance.step_config(token_budget)
 
 
+@pytest.mark.parametrize(
+    ("safety_margin", "max_requests", "message"),
+    [
+        (None, 0, r"^'max_requests_per_batch' must be >= 1: 0$"),
+        (1.5, 8, r"^'safety_margin' must be None or a number in \[0, 1\]: 1.5$"),
+        ("0.1", 8, r"^'safety_margin' must be None or a number in \[0, 1\]: '0.1'$"),
+    ],
+)
+def test_the_scheduler_checks_what_the_server_builds_it_with(
+    safety_margin: Any, max_requests: Any, message: str
+) -> None:
+    scheduler = register(PlannerConfig(max_num_batched_tokens=64), name="t")
+    cache: Any = type("Cache", (), {"max_batch_tokens": 64})()
+    with pytest.raises(InvalidConfigError, match=message):
+        scheduler(cache, safety_margin, max_requests)
+
+
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_requests_join_the_planner_in_the_admission_order(

@@ -236,6 +236,16 @@ class PyptoScheduler(Scheduler):
                 "with pypto_sched.integrations.transformers.register(config, name=...), "
                 "not by hand, and ask for scheduler_type=name"
             )
+        check_int("max_requests_per_batch", max_requests_per_batch, min_value=1,
+                  error=InvalidConfigError)  # fmt: skip
+        if safety_margin is not None and not (
+            isinstance(safety_margin, int | float)
+            and not isinstance(safety_margin, bool)
+            and 0 <= safety_margin <= 1
+        ):
+            raise InvalidConfigError(
+                f"'safety_margin' must be None or a number in [0, 1]: {safety_margin!r}"
+            )
         # The server's FIFO default: stop admitting prefills when under 15% of the cache is free.
         super().__init__(
             cache, 0.15 if safety_margin is None else safety_margin, max_requests_per_batch
