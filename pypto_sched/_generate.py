@@ -185,18 +185,22 @@ def generate(
 
 #: The fewest requests a generation keeps waiting in its planner state (see
 #: :func:`_admission_window`).
-MIN_ADMISSION_WINDOW = 65_536
+MIN_ADMISSION_WINDOW = 4096
 
 
 def _admission_window(config: PlannerConfig, count: int) -> int:
     """How many of ``count`` requests the planner state holds at the start; the others join
-    it in arrival order as it runs, so that it keeps at least as many waiting.
+    it in arrival order as it runs, whenever fewer than that many wait in it.
 
     A request in the state costs about a kilobyte of records and time to build them (a
-    million requests: a gigabyte, and minutes of garbage collection); one behind the window
-    costs its place in a list. A window of more than a step's budget and rows (at least
-    :data:`MIN_ADMISSION_WINDOW`, four budgets) plans as the whole batch would for every
-    policy rule that reads the queue's head; batches up to twice the window join at once.
+    million requests: a gigabyte, and minutes of garbage collection), and a larger state
+    makes each step's updates deeper; one behind the window costs its place in a list. The
+    window (the larger of :data:`MIN_ADMISSION_WINDOW` and four budgets) holds more waiting
+    requests than a step can start, so every rule that reads the queue's head plans as with
+    the whole batch, and ``round_robin``'s "the whole batch fits one dispatch" is false of
+    the window as of the batch; ``packed``'s bound, kept only where the pool holds every
+    request of the state whole, is the window's. Batches up to twice the window join at
+    once.
     """
     window = max(MIN_ADMISSION_WINDOW, 4 * config.max_num_batched_tokens)
     return count if count <= 2 * window else window
