@@ -457,6 +457,7 @@ class _Run:
             names=self.seeds,
         )
         state = step.state
+        finished = set(step.finished)  # (a tuple: one look-up a row made a step quadratic)
         for row, request in enumerate(step.sampled):
             # ``_run`` checked that what was asked for is there, of the right shape.
             if greedy:
@@ -477,7 +478,7 @@ class _Run:
                 self.num_finished += 1
                 if request in state:
                     state = state.finish(request)
-            elif request in step.finished:
+            elif request in finished:
                 self.reasons[request] = "length"
                 self.num_finished += 1
         for request in step.preempted:
