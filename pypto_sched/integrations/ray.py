@@ -648,7 +648,8 @@ class RayReplicas:
         on_progress: Callable[[BatchProgress], None] | None = None,
     ) -> RayGenerationResult:
         """:func:`~pypto_sched.generate` on the replicas; ``num_pages`` is each replica's KV
-        pool (default: room for its whole part). Sequences in input order."""
+        pool (default: what a step's rows can use, from its part's requests). Sequences in
+        input order."""
         tokens = self._prompts(prompts)
         _check_config(config)
         if sampling is not None and not isinstance(sampling, SamplingParams):
