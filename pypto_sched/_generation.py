@@ -567,9 +567,11 @@ class _GenerationStep(Generic[RequestId]):
         the pool: see the module doc), or ``None``."""
         promised: int | None = None
         for request_id, chunk in plan.rows.items():
+            if chunk.start > 0:
+                continue  # holding its pages (promised already, if it was preempted)
             sequence = self._sequence(request_id)
-            if not sequence.preempted or chunk.start > 0:
-                continue  # never preempted, or holding its pages (promised already)
+            if not sequence.preempted:
+                continue
             if promised is None:
                 promised = sum(map(self.promised_pages, self.pool.owners()))
             promised += self.pool.pages_for(sequence.most_tokens)
