@@ -94,11 +94,13 @@ def _execution_error(message: str, dispatch: int, cause: BaseException | None) -
 
 
 def _portable(cause: BaseException | None) -> BaseException | None:
-    """``cause``, or a ``RuntimeError`` with its text when it cannot be pickled."""
+    """``cause``, or a ``RuntimeError`` with its text when it cannot be pickled and read
+    back (an exception whose ``__init__`` takes other arguments than its ``args`` pickles,
+    but fails to unpickle, and the receiver gets no error at all)."""
     if cause is None:
         return None
     try:
-        pickle.dumps(cause)
+        pickle.loads(pickle.dumps(cause))
     except Exception:
         return RuntimeError(f"{type(cause).__name__}: {cause}")
     return cause

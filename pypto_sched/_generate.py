@@ -11,7 +11,9 @@ of its positions (a recomputing request's generated tokens included), stops a re
 it finishes.
 
 Like :func:`~pypto_sched.execute_schedule`, it checks every backend output and stops with an
-:class:`~pypto_sched.ExecutionError` naming the dispatch on the first failure.
+:class:`~pypto_sched.ExecutionError` naming the dispatch on the first failure, a backend's
+``SystemExit`` included (raised through, it would end the caller's program, as a success
+when its code is 0); a ``KeyboardInterrupt`` passes through unchanged.
 """
 
 from __future__ import annotations
@@ -25,10 +27,19 @@ import numpy as np
 import numpy.typing as npt
 
 from ._config import PlannerConfig
-from ._errors import InvalidInputError
+from ._errors import InvalidConfigError, InvalidInputError
 from ._generation import GenerationState, GenerationStep, plan_generation_step
+from ._pool import PagePool
 from ._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
-from ._validate import arrays_stay_read_only, check_callback, check_int, check_positions, read_only
+from ._validate import (
+    MAX_TOKENS,
+    arrays_stay_read_only,
+    check_callback,
+    check_int,
+    check_positions,
+    is_int,
+    read_only,
+)
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
 from .execute import DEFAULT_PAGE_SIZE, TokenIds, _run, token_array
 
@@ -137,8 +148,10 @@ def generate(
     ``max_tokens`` takes the place of ``max_new_tokens`` (give one or the other: a request
     with neither gets :data:`~pypto_sched.DEFAULT_MAX_TOKENS`), and its ``stop`` strings need
     ``detokenize`` (generated ids to text). The KV cache has
-    ``num_pages`` pages of ``page_size`` tokens (default: enough for every request at once);
-    when it is smaller, requests wait for pages and are preempted by recomputation.
+    ``num_pages`` pages of ``page_size`` tokens (default: what a step's rows can use at once,
+    see ``default_num_pages``); when it holds fewer than every request, requests wait for
+    pages and are preempted by recomputation. A pool the backend cannot allocate is an
+    :class:`~pypto_sched.InvalidConfigError` before any dispatch.
     ``sampling`` defaults to greedy. Results come back in input order.
 
     ``request_indices[r]`` is the request index that seeds prompt ``r``'s random stream
@@ -184,14 +197,17 @@ def generate(
             f"{seeds.index(seeds[again])}"
         )
     news = _max_new_tokens(max_new_tokens, params)
+    lengths = [len(prompt) for prompt in tokens]
     state = initial_state(
-        [len(prompt) for prompt in tokens],
+        lengths,
         news,
+        config=config,
         max_positions=max_positions(backend),
         num_pages=num_pages,
         page_size=page_size,
+        count=_admission_window(config, len(tokens)),
     )
-    run = _Run(backend, config, params, tokens, stops, seeds)
+    run = _Run(backend, config, params, tokens, stops, seeds, news)
     run.on_step, run.on_finish, run.detokenize = on_step, on_finish, detokenize
     return run.until_done(state)
 
@@ -235,30 +251,85 @@ def _max_new_tokens(
     return resolved
 
 
+#: The fewest requests a generation keeps waiting in its planner state (see
+#: :func:`_admission_window`).
+MIN_ADMISSION_WINDOW = 4096
+
+
+def _admission_window(config: PlannerConfig, count: int) -> int:
+    """How many of ``count`` requests the planner state holds at the start; the others join
+    it in arrival order as it runs, whenever fewer than that many wait in it.
+
+    A request in the state costs about a kilobyte of records and time to build them (a
+    million requests: a gigabyte, and minutes of garbage collection), and a larger state
+    makes each step's updates deeper; one behind the window costs its place in a list. The
+    window (the larger of :data:`MIN_ADMISSION_WINDOW` and four budgets) holds more waiting
+    requests than a step can start, so every rule that reads the queue's head plans as with
+    the whole batch, and ``round_robin``'s "the whole batch fits one dispatch" is false of
+    the window as of the batch; ``packed``'s bound, kept only where the pool holds every
+    request of the state whole, is the window's. Batches up to twice the window join at
+    once.
+    """
+    window = max(MIN_ADMISSION_WINDOW, 4 * config.max_num_batched_tokens)
+    return count if count <= 2 * window else window
+
+
+def default_num_pages(
+    lengths: Sequence[int], news: Sequence[int], *, config: PlannerConfig, page_size: int
+) -> int:
+    """The KV pages a generation gets when it names none: what the run can use at once.
+
+    A step runs at most ``max_num_seqs`` rows (at most ``max_num_batched_tokens`` without
+    it), so no more requests than that usefully hold pages at once: the pool holds that many
+    of the largest request (prompt + new tokens - 1), or every request whole if that is
+    fewer pages. It never depends on the number of requests beyond those rows: a million
+    one-token prompts get the pool of a step's rows, not a million requests' pages.
+    """
+    if not lengths:
+        return 1
+    pages = np.asarray(lengths, dtype=np.int64) + np.asarray(news, dtype=np.int64) - 2
+    pages = pages // page_size + 1  # pages of prompt + new - 1 tokens (>= 1)
+    rows = min(config.max_num_seqs or config.max_num_batched_tokens, len(lengths))
+    return int(min(pages.sum(), rows * pages.max()))
+
+
 def initial_state(
     lengths: Sequence[int],
     news: Sequence[int],
     *,
+    config: PlannerConfig,
     max_positions: int | None,
     num_pages: int | None,
     page_size: int,
+    count: int | None = None,
 ) -> GenerationState[int]:
     """The state a generation of prompts of ``lengths`` starts from, ``news[r]`` new tokens
-    for prompt ``r``, in a pool of ``num_pages`` pages of ``page_size`` tokens (default: room
-    for every request at once).
+    for prompt ``r``, in a pool of ``num_pages`` pages of ``page_size`` tokens (default:
+    :func:`default_num_pages`), holding the first ``count`` requests (default: all).
 
     Every request is checked against the model's ``max_positions`` and, alone, against the
-    pool; errors name it by its index in ``lengths``. A driver that splits a batch (Ray
-    replicas) calls this on the whole batch first, so that they name the request in the batch
-    and come before any part runs.
+    pool, those left out of the state too; errors name it by its index in ``lengths``. A
+    driver that splits a batch (Ray replicas) calls this on the whole batch first, so that
+    they name the request in the batch and come before any part runs.
     """
     page_size = check_int("page_size", page_size, min_value=1)
     for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
         check_positions(f"'prompts[{r}]'", length, max_positions, max_new_tokens=new)
     if num_pages is None:
-        num_pages = sum(-(-(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True))
+        num_pages = default_num_pages(lengths, news, config=config, page_size=page_size)
+    count = len(lengths) if count is None else count
+    if count < len(lengths):
+        # The checks of the requests left out: the state of the requests up to the first
+        # that fails raises its error (GenerationState.add's, naming its index).
+        contexts = np.asarray(lengths, dtype=np.int64) + np.asarray(news, dtype=np.int64) - 1
+        limit = num_pages * page_size if is_int(num_pages) else 0
+        failing = np.flatnonzero(contexts > min(limit, MAX_TOKENS))
+        end = int(failing[0]) + 1 if failing.size else 1
+        GenerationState.from_prompt_lengths(
+            lengths[:end], max_new_tokens=news[:end], num_pages=num_pages, page_size=page_size
+        )
     return GenerationState.from_prompt_lengths(
-        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+        lengths[:count], max_new_tokens=news[:count], num_pages=num_pages, page_size=page_size
     )
 
 
@@ -362,8 +433,10 @@ class _Run:
         tokens: list[list[int]],
         stops: list[frozenset[int]],
         seeds: list[int],
+        news: list[int],
     ) -> None:
         self.backend = backend
+        self.news = news
         self.config = config
         self.params = params
         self.tokens = tokens
@@ -382,18 +455,22 @@ class _Run:
         self.logprobs: list[list[tuple[float, npt.NDArray[np.int64], npt.NDArray[np.float64]]]]
         self.logprobs = [[] for _ in range(count)]
         self.num_dispatches = self.num_mixed = self.num_computed = self.num_generated = 0
+        self.num_finished = 0
+        self.window = _admission_window(config, count)
 
     def until_done(self, state: GenerationState[int]) -> GenerationResult:
-        cache = make_cache(
-            self.backend, num_pages=state.pool.num_pages, page_size=state.pool.page_size
-        )
+        cache = self.new_cache(state.pool)
         planning = 0.0
         start = time.perf_counter()
+        joined = len(state)  # requests 0 .. joined - 1 are (or were) in the state
         while state:
             before = time.perf_counter()
             step = plan_generation_step(state, self.config)
             planning += time.perf_counter() - before
             state = self.run(step, cache)
+            # (The requests holding no pages are the waiting ones.)
+            if joined < len(self.tokens) and len(state) - len(state.pool) < self.window:
+                state, joined = self.admit(state, joined)
         return GenerationResult(
             sequences=tuple(self.sequence(r) for r in range(len(self.tokens))),
             stats=self.stats(wall=time.perf_counter() - start, planning=planning),
@@ -411,6 +488,26 @@ class _Run:
     def needs_logits(self, request: int) -> bool:
         p = self.params[request]
         return not p.is_greedy or p.logprobs is not None or bool(self.banned(request))
+
+    def new_cache(self, pool: PagePool[int]) -> Any:
+        """The backend's KV cache for ``pool``, or an error naming ``num_pages`` when the
+        backend cannot allocate it (before any dispatch runs)."""
+        try:
+            return make_cache(self.backend, num_pages=pool.num_pages, page_size=pool.page_size)
+        except MemoryError:
+            raise InvalidConfigError(
+                f"'num_pages' must fit in memory: backend {self.backend.name!r} cannot allocate "
+                f"a KV cache of {pool.num_pages:,} pages of {pool.page_size} tokens; give "
+                "fewer pages (the default is what a step's rows can use at once)"
+            ) from None
+
+    def admit(self, state: GenerationState[int], joined: int) -> tuple[GenerationState[int], int]:
+        """``state`` with the next window of requests (in arrival order) added; and how many
+        have joined since the start. (Checked with the whole batch, by initial_state.)"""
+        end = min(len(self.tokens), joined + self.window)
+        for r in range(joined, end):
+            state = state.add(r, self.prompt_lengths[r], max_new_tokens=self.news[r])
+        return state, end
 
     def run(self, step: GenerationStep[int], cache: Any) -> GenerationState[int]:
         """Run ``step`` on the backend; return the state with its tokens recorded."""
@@ -448,6 +545,7 @@ class _Run:
         )
         state = step.state
         finished = []
+        counted = set(step.finished)  # (a tuple: one look-up a row made a step quadratic)
         for row, request in enumerate(step.sampled):
             # ``_run`` checked that what was asked for is there, of the right shape.
             token = self.choose(request, row, output, logits_rows[row])
@@ -458,11 +556,13 @@ class _Run:
             stop = self.stop_reason(request, token)
             if stop is not None:
                 self.reasons[request], self.stop_reasons[request] = "stop", stop
+                self.num_finished += 1
                 if request in state:
                     state = state.finish(request)
                 finished.append(request)
-            elif request in step.finished:
+            elif request in counted:
                 self.reasons[request] = "length"
+                self.num_finished += 1
                 finished.append(request)
         for request in step.preempted:
             self.preemptions[request] += 1
@@ -479,7 +579,7 @@ class _Run:
                     num_rows=step.num_rows,
                     num_decode_rows=step.num_decode_rows,
                     num_tokens=step.num_tokens,
-                    num_finished=sum(reason is not None for reason in self.reasons),
+                    num_finished=self.num_finished,
                     num_requests=len(self.tokens),
                     num_generated_tokens=self.num_generated,
                 )

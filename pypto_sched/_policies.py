@@ -212,7 +212,9 @@ it, else itself. The victim gives all its pages back and recomputes its prompt a
 tokens later; in a step that preempts, no prefill runs beside the decodes. A step in which
 nothing can run preempts the youngest holder.
 
-Fairness of preemption: a request is never preempted for a younger one, and the oldest
+Fairness of preemption (a request's *age* is its rank, ``_generation.py``: the requests
+preempted once first, then the others, each by arrival; that makes every request preempted
+at most once): a request is never preempted for a younger one, and the oldest
 request holding pages is never preempted (if it held the only pages it could not be
 short of one, since a request alone always fits the pool). So it runs to completion, the
 next oldest then never yields, and no request waits forever. A request is preempted only

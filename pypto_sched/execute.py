@@ -417,12 +417,22 @@ def _run(
 ) -> DispatchOutput:
     """``backend.run_dispatch`` with every failure, and every output that breaks the
     contract, turned into an :class:`ExecutionError` naming dispatch ``index`` (``where``
-    says which it is, for the message) and request ``r`` as ``names[r]`` (``None``: ``r``)."""
+    says which it is, for the message) and request ``r`` as ``names[r]`` (``None``: ``r``).
+
+    A ``SystemExit`` from the backend is such a failure too (left alone, it would end the
+    caller's program, with success if its code is 0); a ``KeyboardInterrupt`` is the user's
+    and passes through unchanged."""
     try:
         output = backend.run_dispatch(batch, cache)
     except Exception as error:
         raise ExecutionError(
             f"backend {backend.name!r} failed on {where}: {type(error).__name__}: {error}",
+            dispatch=index,
+        ) from error
+    except SystemExit as error:
+        raise ExecutionError(
+            f"backend {backend.name!r} exited on {where}: SystemExit({error.code!r}) (a "
+            "backend must raise an exception, not exit)",
             dispatch=index,
         ) from error
     problem = _output_problem(batch, output, backend.vocab_size, names)
@@ -442,8 +452,10 @@ def _output_problem(
         return f"expected a DispatchOutput, got {type(output).__name__}"
     rows = batch.num_final_rows
     requests = batch.arrays.final_requests.astype(np.int64)
-    if names is not None:
-        requests = np.asarray(names, dtype=np.int64)[requests]
+    if names is not None:  # (only the rows' names: converting all of them cost O(batch))
+        requests = np.fromiter(
+            (names[r] for r in requests.tolist()), dtype=np.int64, count=requests.size
+        )
     return (
         _array_problem("logits", output.logits, (rows, vocab_size), "f", asked=batch.return_logits)
         or _array_problem(

@@ -171,6 +171,33 @@ def test_replicas_the_cluster_cannot_hold_are_one_line_at_once(
 
 @pytest.mark.slow
 @needs_ray
+@pytest.mark.skipif(importlib.util.find_spec("pypto_sched_npu") is None, reason="needs npu")
+def test_the_npu_backend_on_replicas_runs_on_the_cpu_of_a_cluster_without_npus(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cluster: None
+) -> None:
+    """It asked Ray for an NPU per actor and failed ("room for 0"), though the backend runs
+    on the CPU here; asked for explicitly, the error says what to do."""
+    from pypto_sched_reference import TINY_MODEL, Weights, save_checkpoint
+
+    save_checkpoint(Weights.random(TINY_MODEL, seed=0), tmp_path / "model")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"token_ids": [1] * n}) + "\n" for n in (5, 9, 3)))
+    argv = ["generate", "--backend", "npu", "--backend-option", f"checkpoint={tmp_path}/model",
+            "--prompts", str(prompts), "--max-new-tokens", "2",
+            "--max-num-batched-tokens", "16"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    one = capsys.readouterr().out
+    assert main([*argv, "--replicas", "1"]) == EXIT_OK
+    assert capsys.readouterr().out == one
+    assert main([*argv, "--replicas", "1", "--replica-resource", "NPU=1"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "room for 0" in err
+    assert "it has no 'NPU' at all: ask each replica for what it has" in err
+
+
+@pytest.mark.slow
+@needs_ray
 def test_generate_on_replicas_names_a_request_the_pool_cannot_hold_as_one_device_does(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, cluster: None
 ) -> None:

@@ -772,9 +772,23 @@ def test_an_execution_error_pickles_with_its_cause() -> None:
             super().__init__("device fault")
             self.lock = threading.Lock()
 
+    import attrs
+
+    @attrs.frozen
+    class Frozen:
+        x: int = 0
+
+    try:
+        Frozen().x = 1  # type: ignore[misc]
+    except attrs.exceptions.FrozenInstanceError as frozen:
+        # Pickles, but fails to unpickle (its __init__ takes no message): the receiver (a
+        # Ray driver) got no error at all, and printed a traceback of Ray's.
+        unreadable: BaseException = frozen
+
     for cause, want in [
         (RuntimeError("device fault"), "RuntimeError('device fault')"),
         (Unpicklable(), "RuntimeError('Unpicklable: device fault')"),
+        (unreadable, 'RuntimeError("FrozenInstanceError: can\'t set attribute")'),
         (None, "None"),
     ]:
         error = ExecutionError("backend 'x' failed", dispatch=3)

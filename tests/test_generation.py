@@ -66,9 +66,9 @@ def generations(draw: st.DrawFn) -> tuple[list[int], list[int], PlannerConfig, i
 
 
 def run_to_the_end(
-    state: GenerationState[int], config: PlannerConfig, *, max_steps: int = 2_000
-) -> list[GenerationStep[int]]:
-    steps: list[GenerationStep[int]] = []
+    state: GenerationState[Any], config: PlannerConfig, *, max_steps: int = 2_000
+) -> list[GenerationStep[Any]]:
+    steps: list[GenerationStep[Any]] = []
     while state:
         assert len(steps) < max_steps, "the generation does not finish"
         step = plan_generation_step(state, config)
@@ -121,19 +121,28 @@ def test_each_step_obeys_the_config_and_holds_its_rows_pages(
         assert tables.shape[0] == step.num_rows
 
 
+def first_ranked(holders: set[int], preempted_before: set[int]) -> int:
+    """The holder that ranks first: the oldest preempted one, else the oldest."""
+    return min(holders, key=lambda r: (r not in preempted_before, r))
+
+
 @given(generations())
-def test_the_oldest_page_holder_is_never_preempted(
+def test_the_page_holder_ranked_first_is_never_preempted(
     case: tuple[list[int], list[int], PlannerConfig, int, int],
 ) -> None:
+    """The rank of the module doc of ``_generation.py``: the requests preempted before,
+    oldest first, then the others, oldest first."""
     lengths, news, config, num_pages, page_size = case
     state = GenerationState.from_prompt_lengths(
         lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
     )
+    preempted_before: set[int] = set()
     while state:
-        holders = sorted(state.pool.owners())
+        holders = set(state.pool.owners())
         step = plan_generation_step(state, config)
         if holders:
-            assert holders[0] not in step.preempted
+            assert first_ranked(holders, preempted_before) not in step.preempted
+        preempted_before.update(step.preempted)
         state = step.state
 
 
@@ -202,8 +211,7 @@ def test_a_small_pool_preempts_the_youngest_and_it_recomputes() -> None:
     state = GenerationState.from_prompt_lengths([4, 4], max_new_tokens=8, num_pages=6, page_size=2)
     steps = run_to_the_end(state, config)
     preempted = [r for step in steps for r in step.preempted]
-    assert preempted
-    assert set(preempted) == {1}  # request 0 is older: never preempted
+    assert preempted == [1]  # request 0 is older; request 1 comes back once 0 has left
     after = steps[next(i for i, s in enumerate(steps) if s.preempted) + 1 :]
     refill = next(step.rows[1] for step in after if 1 in step.rows and step.rows[1].is_final)
     assert refill.start + refill.length > 4  # its prompt plus the tokens it had generated
@@ -335,11 +343,14 @@ def test_a_smaller_config_leaves_the_youngest_decodes_out_holding_their_pages(
     assert 4 not in step.pool
 
 
-@pytest.mark.parametrize(("policy", "first_back"), [("packed", "b"), ("round_robin", "c")])
-def test_a_preempted_request_queues_at_the_front_under_packed_and_the_back_under_round_robin(
-    policy: Policy, first_back: str
+@pytest.mark.parametrize("policy", ["packed", "round_robin"])
+def test_a_preempted_request_comes_back_when_the_pool_can_promise_its_pages(
+    policy: Policy,
 ) -> None:
-    # docs/generate.md, Preemption: "b" is preempted for "a" while "c" waits.
+    # docs/generate.md, Preemption: "b" is preempted for "a" while "c" waits. The pool
+    # cannot hold a's pages and b's largest context at once, so b waits for a to finish
+    # (coming back earlier, it would have to be preempted again or preempt a) and the
+    # page a's decode left goes to c.
     config = PlannerConfig(max_num_batched_tokens=4, policy=policy)
     state = GenerationState[str](num_pages=3, page_size=2)
     state = state.add("a", 2, max_new_tokens=3).add("b", 2, max_new_tokens=3)
@@ -348,7 +359,10 @@ def test_a_preempted_request_queues_at_the_front_under_packed_and_the_back_under
     assert step.preempted == ("b",)
     assert list(step.rows) == ["a"]
     step = plan_generation_step(step.state, config)
-    assert list(step.rows) == ["a", first_back]  # the pages a's decode left go to one of them
+    assert list(step.rows) == ["a", "c"]
+    steps = run_to_the_end(step.state, config)
+    assert [r for s in steps for r in s.preempted] == []
+    assert steps[0].rows["b"] == StepChunk(start=0, length=3, is_final=True)  # a has left
 
 
 def test_an_unhashable_id_is_refused_as_prefill_state_refuses_it() -> None:
@@ -370,26 +384,52 @@ def test_step_arrays_name_a_request_short_of_pages_by_its_id() -> None:
 
 
 @given(generations())
-def test_a_request_is_preempted_at_most_as_often_as_older_ones_take_pages(
+def test_every_request_is_preempted_at_most_once(
     case: tuple[list[int], list[int], PlannerConfig, int, int],
 ) -> None:
-    """The bound of 'Fairness of preemption' (``_policies.py``), counted over a whole run."""
+    """The bound of the module doc of ``_generation.py``, counted over a whole run: the
+    preemptions of a run are at most its requests, under every policy."""
     lengths, news, config, num_pages, page_size = case
     state = GenerationState.from_prompt_lengths(
         lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
     )
-    preemptions = [0] * len(lengths)
-    pages_taken = [0] * len(lengths)  # new pages each request took, over the run
-    while state:
-        step = plan_generation_step(state, config)
-        for request in step.pool.owners():
-            before = set(state.pool.pages(request)) if request not in step.preempted else set()
-            pages_taken[request] += len(set(step.pool.pages(request)) - before)
-        for request in step.preempted:
-            preemptions[request] += 1
-        state = step.state
-    for request, count in enumerate(preemptions):
-        assert count <= sum(pages_taken[:request])
+    preempted = [r for step in run_to_the_end(state, config) for r in step.preempted]
+    assert len(preempted) == len(set(preempted))
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "packed"])
+def test_short_prompts_in_a_small_pool_do_not_thrash(policy: Policy) -> None:
+    """Issue 33's workload: 200 short prompts, 5 pages of 4 tokens, threshold 8. Before the
+    bound, round_robin preempted 9,158 times in 10,100 dispatches (a request up to 140
+    times); each request is now preempted at most once, under either policy."""
+    lengths = np.random.default_rng(0).integers(1, 12, size=200)
+    state = GenerationState.from_prompt_lengths(lengths, max_new_tokens=5, num_pages=5, page_size=4)
+    config = PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=8, policy=policy)
+    steps = run_to_the_end(state, config, max_steps=2_000)
+    preempted = [r for step in steps for r in step.preempted]
+    assert len(preempted) == len(set(preempted)) < 200
+    assert sum(len(step.sampled) for step in steps) == 200 * 5
+
+
+@given(generations())
+def test_a_preempted_request_comes_back_only_when_the_pool_holds_every_preempted_holder(
+    case: tuple[list[int], list[int], PlannerConfig, int, int],
+) -> None:
+    """The promise that keeps the bound: the requests preempted before that hold pages
+    fit the pool together at their largest (prompt + new tokens - 1)."""
+    lengths, news, config, num_pages, page_size = case
+    state = GenerationState.from_prompt_lengths(
+        lengths, max_new_tokens=news, num_pages=num_pages, page_size=page_size
+    )
+    preempted_before: set[int] = set()
+    for step in run_to_the_end(state, config):
+        preempted_before.update(step.preempted)
+        promised = sum(
+            step.pool.pages_for(lengths[r] + news[r] - 1)
+            for r in step.pool.owners()
+            if r in preempted_before
+        )
+        assert promised <= num_pages
 
 
 def test_the_victim_is_the_youngest_holder_younger_than_the_requester() -> None:

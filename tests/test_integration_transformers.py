@@ -686,6 +686,36 @@ def test_a_batch_whose_planned_rows_are_all_refused_is_planned_again_without_the
     assert first[0].start == 0
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_request_that_fits_a_tiny_cache_finishes_as_under_fifo(
+    model: Any, reference: Any, policy: str
+) -> None:
+    """A 2-block cache (16 tokens), three requests, one of which fits (5 + 4 - 1 tokens of
+    KV): fifo finishes it and fails the other two ("No requests can be scheduled"). Ours
+    failed all three: the server queues it last (it sorts prompts by their tokens,
+    descending, for prefix sharing), and once a new request found no free block the batch
+    was planned without new requests, the one that fits among them."""
+    prompts = [[1] * 5, [2] * 30, [3] * 40]
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=2, max_batch_tokens=64)
+
+    def outcomes(scheduler_type: str) -> list[tuple[bool, list[int]]]:
+        server.scheduler_type = scheduler_type
+        outputs = model.generate_batch(
+            prompts,
+            generation_config=generation_config(4),
+            continuous_batching_config=copy.copy(server),
+            progress_bar=False,
+            warmup=False,
+        )
+        by_index = sorted(outputs.values(), key=lambda o: int(o.request_id.rsplit("_", 1)[1]))
+        return [(out.error is None, list(out.generated_tokens)) for out in by_index]
+
+    fifo = outcomes("fifo")
+    assert fifo == [(True, reference(prompts[0], 4)), (False, []), (False, [])]
+    register(PlannerConfig(max_num_batched_tokens=64, policy=policy))  # type: ignore[arg-type]
+    assert outcomes("pypto_sched") == fifo
+
+
 def test_a_request_the_server_resets_mid_prefill_joins_the_planner_where_the_server_queues_it(
     model: Any, reference: Any
 ) -> None:
@@ -954,6 +984,23 @@ def test_step_config_names_a_bad_token_budget(token_budget: Any) -> None:
         instance.step_config(token_budget)
 
 
+@pytest.mark.parametrize(
+    ("safety_margin", "max_requests", "message"),
+    [
+        (None, 0, r"^'max_requests_per_batch' must be >= 1: 0$"),
+        (1.5, 8, r"^'safety_margin' must be None or a number in \[0, 1\]: 1.5$"),
+        ("0.1", 8, r"^'safety_margin' must be None or a number in \[0, 1\]: '0.1'$"),
+    ],
+)
+def test_the_scheduler_checks_what_the_server_builds_it_with(
+    safety_margin: Any, max_requests: Any, message: str
+) -> None:
+    scheduler = register(PlannerConfig(max_num_batched_tokens=64), name="t")
+    cache: Any = type("Cache", (), {"max_batch_tokens": 64})()
+    with pytest.raises(InvalidConfigError, match=message):
+        scheduler(cache, safety_margin, max_requests)
+
+
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_requests_join_the_planner_in_the_admission_order(
@@ -1008,3 +1055,28 @@ def test_requests_join_the_planner_in_the_admission_order(
         for i in arrivals
         for j in arrivals
     ), start_batch
+
+
+def test_the_class_put_in_the_mapping_by_hand_fails_each_request_saying_to_register(
+    model: Any,
+) -> None:
+    """Without register() it has no planner config: every request failed with an
+    AttributeError on 'planner_config'."""
+    SCHEDULER_MAPPING["by_hand"] = PyptoScheduler
+    server = ContinuousBatchingConfig(
+        page_size=PAGE, num_blocks=8, max_batch_tokens=32, scheduler_type="by_hand"
+    )
+    outputs = model.generate_batch(
+        [[1, 2, 3], [4, 5]],
+        generation_config=generation_config(2),
+        continuous_batching_config=server,
+        progress_bar=False,
+        warmup=False,
+    )
+    assert len(outputs) == 2
+    for output in outputs.values():
+        assert str(output.error) == (
+            "PyptoScheduler has no planner config: put it in SCHEDULER_MAPPING with "
+            "pypto_sched.integrations.transformers.register(config, name=...), not by hand, "
+            "and ask for scheduler_type=name"
+        )

@@ -8,6 +8,7 @@ One local Ray instance (two CPUs) serves the whole module; it costs seconds to s
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -492,7 +493,53 @@ def test_the_npu_backend_asks_for_an_npu_and_the_others_for_a_cpu() -> None:
     assert default_resources(load_backend) == {"CPU": 1.0}
 
 
+def test_the_npu_backend_asks_for_a_cpu_where_it_runs_on_the_cpu() -> None:
+    """On a cluster without NPUs it asked for one per actor and failed ("room for 0"),
+    though the backend itself runs on the CPU there."""
+    no_npu = {"CPU": 2.0, "memory": 1e9}
+    npus = {"CPU": 16.0, "NPU": 8.0}
+    assert default_resources("npu", cluster=no_npu) == {"CPU": 1.0}
+    assert default_resources("npu", cluster=npus) == {"NPU": 1.0}
+    assert default_resources("npu", {"device": "cpu"}, cluster=npus) == {"CPU": 1.0}
+    assert default_resources("npu", {"device": "npu"}, cluster=no_npu) == {"NPU": 1.0}
+    assert default_resources("reference", cluster=npus) == {"CPU": 1.0}
+
+
 def test_importing_pypto_sched_does_not_import_ray() -> None:
     code = "import sys, pypto_sched, pypto_sched.integrations; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"start_timeout": "300"}, "'start_timeout' must be a number of seconds > 0: '300' (str)"),
+        (
+            {"start_timeout": math.nan},
+            "'start_timeout' must be a finite number of seconds > 0: nan",
+        ),
+        ({"start_timeout": -1}, "'start_timeout' must be a finite number of seconds > 0: -1"),
+        ({"poll_seconds": 0.0}, "'poll_seconds' must be a finite number of seconds > 0: 0.0"),
+        ({"poll_seconds": math.inf}, "'poll_seconds' must be a finite number of seconds > 0: inf"),
+        ({"poll_seconds": True}, "'poll_seconds' must be a number of seconds > 0: True (bool)"),
+        ({"poll_seconds": 10**400}, "'poll_seconds' must be a finite number of seconds > 0: 1"),
+        ({"options": [("seed", 1)]}, "'options' must be a mapping or None: [('seed', 1)] (list)"),
+        ({"resources": "CPU=1"}, "'resources' must be a mapping or None: 'CPU=1' (str)"),
+        ({"backend": 7}, "'backend' must be a backend's name or a factory: 7 (int)"),
+    ],
+)
+def test_replicas_refuse_bad_arguments_at_construction_before_ray_is_asked(
+    arguments: dict[str, Any], message: str
+) -> None:
+    """They took strings, NaN and negatives, and failed later with bare ValueErrors."""
+    arguments = {"backend": "reference", "num_replicas": 1, **arguments}
+    with pytest.raises(InvalidInputError) as error:
+        RayReplicas(**arguments)
+    assert str(error.value).startswith(message)
+
+
+def test_a_session_refuses_an_address_that_is_not_a_string() -> None:
+    message = r"^'address' must be a string or None: 6379 \(int"
+    with pytest.raises(InvalidInputError, match=message), ray_session(6379):  # type: ignore[arg-type]
+        pass

@@ -7,7 +7,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator, Mapping
 
-from .._errors import BackendNotFoundError, InvalidConfigError, InvalidInputError
+from .._errors import BackendNotFoundError, InvalidConfigError, InvalidInputError, PyptoSchedError
 from .._validate import check_int
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandFailed",
     "UsageError",
+    "building_backend",
     "check_counts",
     "flags_named",
 ]
@@ -63,3 +64,36 @@ def check_counts(args: argparse.Namespace, flags: Mapping[str, str]) -> None:
             value = getattr(args, flag.removeprefix("--").replace("-", "_"))
             if value is not None:
                 check_int(name, value, min_value=1)
+
+
+@contextlib.contextmanager
+def building_backend(name: str, options: Mapping[str, object]) -> Iterator[None]:
+    """Report a failure to build backend ``name`` from ``options`` (here, or in the Ray
+    actors of ``--replicas``) as one line, the same way wherever it was built.
+
+    An option or value the backend refuses (a ``ValueError`` of the library's, a
+    ``TypeError`` or ``ValueError`` of the factory's) is a usage error of
+    ``--backend-option``; any other exception of the factory's is a failure of the command
+    naming the backend. The library's other errors (an unknown backend, Ray's own) and the
+    command's pass through.
+    """
+    from ._specs import missing_options  # (_specs reads this module's errors)
+
+    try:
+        yield
+    except (UsageError, CommandFailed, BackendNotFoundError):
+        raise
+    except PyptoSchedError as error:
+        if isinstance(error, ValueError):  # an option or a value the backend refuses
+            raise UsageError(f"--backend-option: backend {name!r}: {error}") from None
+        raise
+    except (TypeError, ValueError) as error:
+        # An option the factory does not take or needs, or a value it refuses.
+        needed = missing_options(name, options)
+        if isinstance(error, TypeError) and needed is not None:
+            raise UsageError(f"--backend-option: backend {name!r} needs {needed}") from None
+        raise UsageError(f"--backend-option: backend {name!r}: {error}") from None
+    except Exception as error:
+        raise CommandFailed(
+            f"backend {name!r} could not be created: {type(error).__name__}: {error}"
+        ) from None

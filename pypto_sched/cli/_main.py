@@ -27,7 +27,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(args, "progress"):
             wanted(args)  # --progress without rich
         handler: Callable[[argparse.Namespace], int] = args.handler
-        status = handler(args)
+        try:
+            status = handler(args)
+        except SystemExit as error:  # a plugin's (a backend's factory, say): never a success
+            raise CommandFailed(
+                f"the run was stopped by SystemExit({error.code!r}), raised by a backend or "
+                "another plugin; nothing it did is reported"
+            ) from None
         if sys.stdout is not None:
             sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit
         return status

@@ -24,7 +24,7 @@ from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_int
 from . import _progress, _render
-from ._errors import CommandFailed, UsageError, flags_named
+from ._errors import CommandFailed, UsageError, building_backend, flags_named
 from ._options import Once
 from ._render import console
 from ._specs import backend_options
@@ -80,7 +80,8 @@ def add_replica_options(parser: argparse.ArgumentParser, *, runs: bool) -> None:
             default=[],
             metavar="NAME=AMOUNT",
             help="with --replicas: what each actor asks Ray for, e.g. NPU=1, GPU=1, CPU=2 "
-            "(repeat for more; default NPU=1 for the npu backend, else CPU=1)",
+            "(repeat for more; default NPU=1 for the npu backend where the cluster has NPUs "
+            "and its device option is not cpu, else CPU=1)",
         )
     else:
         group.add_argument(
@@ -200,7 +201,12 @@ def replicas(
     # Ray's own start-up lines (INFO, a note on token authentication) stay off stderr.
     init = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     with ray_session(args.ray_address, **init):
-        with flags_named(name="--backend"):
+        # The actors build the backend: its failures read as they do in one process.
+        with (
+            flags_named(name="--backend"),
+            building_backend(backend, options),
+            flags_named(resources="--replica-resource"),
+        ):
             pool = RayReplicas(backend, num_replicas=count, options=options, resources=asked)
         with pool:
             yield pool

@@ -129,7 +129,8 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "--num-kv-pages",
         type=int,
         metavar="N",
-        help="pages in the pool (default: enough for every request at once)",
+        help="pages in the pool (default: what a step's rows can use at once: "
+        "--max-num-seqs, else the budget, times the largest request's pages)",
     )
     sampling = parser.add_argument_group("sampling (default: the generation config's, else greedy)")
     sampling.add_argument("--temperature", type=float, metavar="T", help="0 is greedy")

@@ -17,13 +17,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import BackendNotFoundError, PyptoSchedError
 from .._validate import check_positions
 from .._verify import Verification, verify_against_one_shot
 from ..backends import Backend, load_backend, max_positions
 from ..execute import execute_schedule
 from . import _progress, _render, _replicas
-from ._errors import EXIT_FAILED, EXIT_OK, CommandFailed, UsageError, check_counts, flags_named
+from ._errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    building_backend,
+    check_counts,
+    flags_named,
+)
 from ._inputs import lengths_flag, plan
 from ._options import (
     Example,
@@ -34,7 +40,7 @@ from ._options import (
     add_format_option,
     add_workload_options,
 )
-from ._specs import backend_options, missing_options
+from ._specs import backend_options
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -228,27 +234,8 @@ def _run_on_replicas(
 
 def _load(args: argparse.Namespace) -> Backend:
     options = backend_options(args.backend_option)
-    with flags_named(name="--backend"):
-        try:
-            return load_backend(args.backend, **options)
-        except BackendNotFoundError:
-            raise  # the name at fault: --backend
-        except PyptoSchedError as error:
-            if isinstance(error, ValueError):  # an option or a value the backend refuses
-                raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
-            raise
-        except (TypeError, ValueError) as error:
-            # An option the factory does not take or needs, or a value it refuses.
-            needed = missing_options(args.backend, options)
-            if isinstance(error, TypeError) and needed is not None:
-                raise UsageError(
-                    f"--backend-option: backend {args.backend!r} needs {needed}"
-                ) from None
-            raise UsageError(f"--backend-option: backend {args.backend!r}: {error}") from None
-        except Exception as error:
-            raise CommandFailed(
-                f"backend {args.backend!r} could not be created: {type(error).__name__}: {error}"
-            ) from None
+    with flags_named(name="--backend"), building_backend(args.backend, options):
+        return load_backend(args.backend, **options)
 
 
 def _check_positions(args: argparse.Namespace, schedule: Schedule, longest: int | None) -> None:

@@ -42,6 +42,12 @@ Faults
   never fit. Actors that are not ready within ``start_timeout`` seconds (the cluster busy with
   other work) are a :class:`ReplicaError` too.
 
+Output
+------
+Nothing of Ray's reaches stdout: the driver's messages about the cluster (a worker that
+died, the autoscaler) and the workers' output go to stderr (:func:`ray_output_to_stderr`),
+so a program that writes its results to stdout keeps it clean, faults included.
+
 Progress
 --------
 With ``on_progress``, the driver asks every busy actor what its part has done every
@@ -81,7 +87,7 @@ from .._generate import (
 from .._partition import Partition, partition_requests
 from .._plan import plan_prefill
 from .._sampling import SamplingParams
-from .._validate import check_bool, check_int, check_positions, read_only
+from .._validate import check_bool, check_callback, check_int, check_positions, read_only
 from ..backends import Backend, BackendFactory, load_backend, max_positions, relative_tolerance
 from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, _execute_schedule
 
@@ -94,6 +100,7 @@ __all__ = [
     "ReplicaError",
     "ReplicaProgress",
     "default_resources",
+    "ray_output_to_stderr",
     "ray_session",
 ]
 
@@ -123,18 +130,65 @@ class ReplicaError(BackendError):
     """The Ray cluster could not provide the replicas asked for, or kept losing them."""
 
 
-def default_resources(backend: str | BackendFactory) -> Mapping[str, float]:
-    """What one replica of ``backend`` asks Ray for (see :data:`DEFAULT_RESOURCES`)."""
-    if isinstance(backend, str):
-        return DEFAULT_RESOURCES.get(backend, _ONE_CPU)
-    return _ONE_CPU
+def default_resources(
+    backend: str | BackendFactory,
+    options: Mapping[str, Any] | None = None,
+    *,
+    cluster: Mapping[str, float] | None = None,
+) -> Mapping[str, float]:
+    """What one replica of ``backend`` built with ``options`` asks Ray for: its entry of
+    :data:`DEFAULT_RESOURCES`, else one CPU.
+
+    The ``npu`` backend runs on the CPU where it finds no NPU, or with the option
+    ``device="cpu"``; it then asks for a CPU: with that option, and (unless it says
+    ``device="npu"``) when the ``cluster``'s resources (:func:`ray.cluster_resources`,
+    when given) hold no NPU, so that it runs on a machine without one instead of waiting
+    for an NPU that is not there.
+    """
+    if not isinstance(backend, str):
+        return _ONE_CPU
+    wanted = DEFAULT_RESOURCES.get(backend, _ONE_CPU)
+    if "NPU" not in wanted:
+        return wanted
+    device = str((options or {}).get("device", "auto")).lower()
+    if device == "cpu" or (device != "npu" and cluster is not None and not cluster.get("NPU")):
+        return _ONE_CPU
+    return wanted
+
+
+def ray_output_to_stderr() -> None:
+    """Send what Ray's driver prints about its cluster to stderr, never to stdout.
+
+    The driver prints the cluster's messages (``(raylet) A worker died ...`` when an actor's
+    process dies, autoscaler notes) and, with ``log_to_driver``, the workers' output, all
+    through one function of ``ray._private.worker`` that writes everything but a worker's
+    stderr to ``sys.stdout``: in a program whose stdout carries data (JSON Lines) that
+    corrupts it. This routes all of it to ``sys.stderr``. :func:`ray_session` and
+    :class:`RayReplicas` call it; it is idempotent, and lasts for the process.
+    """
+    worker = ray._private.worker
+    printer = worker.print_to_stdstream
+    if getattr(printer, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 @contextmanager
 def ray_session(address: str | None = None, **init_options: Any) -> Iterator[None]:
     """Join the Ray cluster at ``address`` (``"auto"``: the one this machine belongs to), or
     without one use the running connection, else start a local instance and stop it on exit.
-    ``init_options`` go to :func:`ray.init` when this call connects."""
+    ``init_options`` go to :func:`ray.init` when this call connects. Ray's own output goes
+    to stderr (:func:`ray_output_to_stderr`): stdout is the caller's."""
+    if address is not None and not isinstance(address, str):
+        raise InvalidInputError(
+            f"'address' must be a string or None: {address!r} ({type(address).__name__})"
+        )
+    ray_output_to_stderr()  # (before ray.init, which binds the printer of log_to_driver)
     if ray.is_initialized() and address is None:
         yield
         return
@@ -442,13 +496,26 @@ class RayReplicas:
         start_timeout: float = 300.0,
         poll_seconds: float = 0.2,
     ) -> None:
-        if not ray.is_initialized():
-            raise ReplicaError("Ray is not connected: use ray_session() or ray.init() first")
+        if not isinstance(backend, str) and not callable(backend):
+            raise InvalidInputError(
+                f"'backend' must be a backend's name or a factory: {backend!r} "
+                f"({type(backend).__name__})"
+            )
         self.num_replicas = check_int("num_replicas", num_replicas, min_value=1)
         self.max_restarts = check_int("max_restarts", max_restarts, min_value=0)
-        self.start_timeout = float(start_timeout)
-        self.poll_seconds = float(poll_seconds)
-        self.resources = dict(default_resources(backend) if resources is None else resources)
+        self.start_timeout = _seconds("start_timeout", start_timeout)
+        self.poll_seconds = _seconds("poll_seconds", poll_seconds)
+        for name, value in (("options", options), ("resources", resources)):
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidInputError(
+                    f"{name!r} must be a mapping or None: {value!r} ({type(value).__name__})"
+                )
+        if not ray.is_initialized():
+            raise ReplicaError("Ray is not connected: use ray_session() or ray.init() first")
+        ray_output_to_stderr()
+        if resources is None:
+            resources = default_resources(backend, options, cluster=_totals())
+        self.resources = dict(resources)
         for key, amount in self.resources.items():
             if not isinstance(amount, int | float) or not math.isfinite(amount) or amount < 0:
                 raise InvalidInputError(
@@ -525,6 +592,9 @@ class RayReplicas:
         tokens = self._prompts(prompts)
         _check_config(config)
         return_logits = check_bool("return_logits", return_logits)
+        if page_size is not None:
+            check_int("page_size", page_size, min_value=1)
+        check_callback("on_progress", on_progress)
         for r, prompt in enumerate(tokens):  # execute_schedule's check, named in the batch
             check_positions(f"'prompts[{r}]'", prompt.size, self.max_position_embeddings)
         lengths = np.array([p.size for p in tokens], dtype=np.int64)
@@ -578,9 +648,15 @@ class RayReplicas:
         on_progress: Callable[[BatchProgress], None] | None = None,
     ) -> RayGenerationResult:
         """:func:`~pypto_sched.generate` on the replicas; ``num_pages`` is each replica's KV
-        pool (default: room for its whole part). Sequences in input order."""
+        pool (default: what a step's rows can use, from its part's requests). Sequences in
+        input order."""
         tokens = self._prompts(prompts)
         _check_config(config)
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidInputError(
+                f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
+            )
+        check_callback("on_progress", on_progress)
         news = np.array(per_request_counts(max_new_tokens, len(tokens)), dtype=np.int64)
         stops = None if request_stop_token_ids is None else list(request_stop_token_ids)
         stop_sets(stop_token_ids, stops, len(tokens), vocab_size=self.vocab_size)
@@ -590,9 +666,11 @@ class RayReplicas:
         initial_state(
             lengths.tolist(),
             news.tolist(),
+            config=config,
             max_positions=self.max_position_embeddings,
             num_pages=num_pages,
             page_size=page_size,
+            count=1,  # (every request is checked; the state itself is not needed)
         )
         partition = partition_requests(lengths, self.num_replicas, weights=lengths + news)
         common = {
@@ -756,6 +834,22 @@ def _check_portable(backend: str | BackendFactory, options: Mapping[str, Any]) -
             ) from None
 
 
+def _seconds(name: str, value: object) -> float:
+    """``value``, a finite number of seconds > 0, as a float; or an
+    :class:`InvalidInputError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidInputError(
+            f"{name!r} must be a number of seconds > 0: {value!r} ({type(value).__name__})"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond every float
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidInputError(f"{name!r} must be a finite number of seconds > 0: {value!r}")
+    return seconds
+
+
 def _check_config(config: object) -> None:
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
@@ -773,9 +867,19 @@ def _check_room(resources: Mapping[str, float], num_replicas: int) -> None:
             have = node.get("Resources", {})
             room += min(int(have.get(name, 0.0) // amount) for name, amount in needed.items())
     if room < num_replicas:
+        totals = _totals()
+        absent = sorted(name for name in needed if not totals.get(name))
+        advice = (
+            f"; it has no {' or '.join(map(repr, absent))} at all: ask each replica for what "
+            "it has (resources=, --replica-resource; e.g. CPU=1, where the backend runs on "
+            "the CPU), or join a cluster that has it (ray_session(address), --ray-address)"
+            if absent
+            else ""
+        )
         raise ReplicaError(
             f"{num_replicas} replicas asking {dict(needed)} each do not fit the "
-            f"Ray cluster: its nodes have room for {room} (cluster resources {_totals()})"
+            f"Ray cluster: its nodes have room for {room} (cluster resources {totals})"
+            f"{advice}"
         )
 
 

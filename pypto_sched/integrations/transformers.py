@@ -37,10 +37,11 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    schedulers. A row refused there does not run; the state advances
    only by the rows that run (the plan restricted to them), so a refused request keeps its
    place and is planned again next batch. If every planned row is refused, the step is
-   planned again without them (and without new requests once one found no free block), so
-   that a started request that cannot get blocks is reported in ``starved_requests``; when
-   nothing runs because the cache is full the batch is ``None``, and the server offloads
-   requests and asks again.
+   planned again without them, new requests included (as the server's own schedulers go on
+   to the next request when one finds no free block: a request that fits the cache runs
+   even behind ones that never will), so that a started request that cannot get blocks is
+   reported in ``starved_requests``; when nothing runs because the cache is full the batch
+   is ``None``, and the server offloads requests and asks again.
 
 The safety margin
 =================
@@ -229,6 +230,22 @@ class PyptoScheduler(Scheduler):
     def __init__(
         self, cache: PagedAttentionCache, safety_margin: float | None, max_requests_per_batch: int
     ) -> None:
+        if not isinstance(getattr(type(self), "planner_config", None), PlannerConfig):
+            raise InvalidConfigError(
+                f"{type(self).__name__} has no planner config: put it in SCHEDULER_MAPPING "
+                "with pypto_sched.integrations.transformers.register(config, name=...), "
+                "not by hand, and ask for scheduler_type=name"
+            )
+        check_int("max_requests_per_batch", max_requests_per_batch, min_value=1,
+                  error=InvalidConfigError)  # fmt: skip
+        if safety_margin is not None and not (
+            isinstance(safety_margin, int | float)
+            and not isinstance(safety_margin, bool)
+            and 0 <= safety_margin <= 1
+        ):
+            raise InvalidConfigError(
+                f"'safety_margin' must be None or a number in [0, 1]: {safety_margin!r}"
+            )
         # The server's FIFO default: stop admitting prefills when under 15% of the cache is free.
         super().__init__(
             cache, 0.15 if safety_margin is None else safety_margin, max_requests_per_batch
@@ -428,11 +445,11 @@ class PyptoScheduler(Scheduler):
         the first (``one_row``), or only those that leave a free cache block for every
         decoding request (``keep_a_block_per_decode``).
 
-        A plan whose rows are all refused is planned again without them (and without the
-        new requests, once a new one found no free cache block), until a row runs or
-        nothing is left to plan: a request whose blocks cannot be allocated is then
-        reported starved, so the server frees blocks (by offloading) instead of waiting for
-        a new request that cannot start.
+        A plan whose rows are all refused is planned again without them, until a row runs
+        or nothing is left to plan: a request whose blocks cannot be allocated is then
+        reported starved, so the server frees blocks (by offloading), and a new request
+        that fits runs even behind new ones that found no free block (as under the
+        server's own schedulers).
         """
         while not (one_row and batch.scheduled):
             step_config, may_start = self._partial_room(config, skipped)
@@ -458,8 +475,6 @@ class PyptoScheduler(Scheduler):
                 if state is not None and state.position_offset != chunk.start:
                     moved = state  # a prefix-cache hit: the rows after it were sized wrong
                     break
-                if state is not None and state.status == RequestStatus.PENDING:
-                    new_requests &= not batch.allocation_failed
             # (The plan restricted to the rows that ran; as it is when all of them did.)
             ran_plan = plan if len(ran) == len(plan.rows) else attrs.evolve(plan, rows=ran)
             self.prefill_state = self.prefill_state.apply(ran_plan)
