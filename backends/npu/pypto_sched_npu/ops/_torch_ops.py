@@ -1,23 +1,32 @@
 """The portable ops: plain torch, on any device (the CPU path).
 
 Attention writes the dispatch's K/V into the pages with one ``index_copy_`` per layer, then
-attends row group by row group (rows of similar chunk and context lengths, so that padding
-costs at most twice a row's queries and keys): it gathers each row's whole context (cached
-prefix, earlier chunks and this chunk) through its block table into a ``[rows, kv_heads,
-longest context, head_dim]`` tensor and runs one ``scaled_dot_product_attention`` over the
-group's rows. The gather copies whole pages (one ``index_select`` over the page dimension,
-about twice as fast as gathering slot by slot); a lone row whose context fills consecutive
-slots is read in place. The mask is causal with each row's offset: query ``i`` of a row with
-``q`` new tokens and context ``c`` sees keys ``j <= c - q + i``. Rows shorter than the group's
-longest are padded; padded keys are masked out and padded queries are dropped, and no query
-row is ever fully masked (a padded query ``i >= q`` sees the whole context). When every row's
-chunk is its whole context, the kernel's own causal flag replaces the mask (and skips the
-blocks above the diagonal). The gather indices and the masks depend only on the dispatch, so
-they are built once and shared by every layer. A decode row (one query token at its
-context's last position) is a chunk of one: decode rows need no query padding, and their
-mask only hides the keys past each row's context. A group of decode rows hands the kernel
-each KV head's query heads as that head's queries (``[rows, kv_heads, heads per KV head,
-head_dim]``, a view): the same products, each key read once for the query heads sharing it.
+attends in groups of rows, prepared once per dispatch and shared by every layer:
+
+* Rows of one query token (decode rows, a prompt's one-token chunk, and the last tokens the
+  model's last layer keeps) form one :class:`OneTokenRows` group that reads each row's pages
+  where they lie: one batched product of every (row, page) pair, and a softmax over each
+  row's pages (see the class). No context is copied, and nothing is padded past a row's
+  last page.
+* Longer chunks go row group by row group (:class:`RowGroup`: rows of similar chunk and
+  context lengths, so that padding costs at most twice a row's queries and keys): each
+  row's whole context (cached prefix, earlier chunks and this chunk) is gathered through its
+  block table into a ``[rows, kv_heads, longest context, head_dim]`` tensor for one
+  ``scaled_dot_product_attention`` call. The gather copies whole pages (one ``index_select``
+  over the page dimension, about twice as fast as gathering slot by slot); a lone row whose
+  context fills consecutive slots is read in place. A chunk's queries each meet every key of
+  its context, so the copy costs little beside the products. The mask is causal with each
+  row's offset: query ``i`` of a row with ``q`` new tokens and context ``c`` sees keys ``j <=
+  c - q + i``. Rows shorter than the group's longest are padded; padded keys are masked out
+  and padded queries are dropped, and no query row is ever fully masked (a padded query ``i
+  >= q`` sees the whole context). When every row's chunk is its whole context, the kernel's
+  own causal flag replaces the mask (and skips the blocks above the diagonal).
+
+On a CPU without native kernels for a reduced-precision dtype (no AVX-512 BF16/FP16 or AMX:
+oneDNN's check), a bfloat16 or float16 model keeps its projection weights and its KV pages in
+float32 (:meth:`TorchOps.projection_weight`, :meth:`TorchOps.kv_cache_dtype`): torch's
+fallback for such products is an order of magnitude slower than MKL's float32 ones. Attention
+computes in the wider of the queries' and the pages' dtypes.
 """
 
 from __future__ import annotations
