@@ -31,7 +31,22 @@ from ._kv_cache import LayerKV, PagedKVCache
 from ._loader import Checkpoint
 from .ops import AttentionShape, DispatchAttention, Ops
 
-__all__ = ["LayerWeights", "Qwen3Model"]
+__all__ = ["LayerWeights", "Qwen3Model", "project"]
+
+
+def project(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear`` of ``x`` by a projection weight in the ops' layout, in ``x``'s dtype.
+
+    A weight the ops keep in another dtype (float32 for a reduced-precision model on a CPU
+    without native kernels for it: :meth:`Ops.projection_weight`) multiplies ``x``
+    converted to that dtype, and the product comes back in ``x``'s.
+    """
+    if weight.dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    bias = None if bias is None else bias.to(weight.dtype)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
 class _Pass(NamedTuple):
@@ -71,6 +86,7 @@ class Qwen3Model:
     embed_tokens: torch.Tensor
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor
+    #: ``[vocab, hidden]`` in the ops' layout (:meth:`Ops.projection_weight`).
     lm_head: torch.Tensor
     #: Rotary inverse frequencies, float32 ``[head_dim // 2]``.
     inv_freq: torch.Tensor
@@ -133,7 +149,9 @@ class Qwen3Model:
             embed_tokens=embed,
             layers=tuple(layers),
             norm=get("model.norm.weight"),
-            lm_head=embed if config.tie_word_embeddings else get("lm_head.weight"),
+            lm_head=ops.projection_weight(
+                embed if config.tie_word_embeddings else get("lm_head.weight")
+            ),
             inv_freq=1.0 / (config.rope_theta ** (half / config.head_dim)),
         )
 
@@ -155,7 +173,9 @@ class Qwen3Model:
         # Every layer's gate/up projection writes into one buffer: a fresh [T, 2 x
         # intermediate] tensor a layer costs a 2,048-token dispatch its pages again (the
         # allocator returns such blocks to the system when they are freed).
-        gate_up = hidden.new_empty(hidden.shape[0], 2 * self.config.intermediate_size)
+        gate_up = hidden.new_empty(
+            hidden.shape[0], 2 * self.config.intermediate_size, dtype=self.layers[0].gate_up.dtype
+        )
         run = _Pass(arrays, cos, sin, attention, gate_up)
         *early, (last_weights, last_kv) = zip(self.layers, cache.layers, strict=True)
         for weights, kv in early:
@@ -167,7 +187,7 @@ class Qwen3Model:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm and LM head: ``[n, hidden]`` -> ``[n, vocab]``."""
         normed = self.ops.rms_norm(hidden, self.norm, self.config.rms_norm_eps)
-        return F.linear(normed, self.lm_head)
+        return project(normed, self.lm_head)
 
     def _rotary_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per token ``cos`` and ``sin`` ``[T, head_dim]`` (angles in float32)."""
@@ -219,7 +239,7 @@ class Qwen3Model:
         kv_size = config.num_key_value_heads * dim
         x = ops.rms_norm(hidden, weights.input_norm, eps)
         if keep is None:
-            qkv = F.linear(x, weights.qkv, weights.qkv_bias)
+            qkv = project(x, weights.qkv, weights.qkv_bias)
             query, key = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
             value = qkv[:, q_size + kv_size :]
             query = ops.rms_norm(query.reshape(tokens, heads, dim), weights.q_norm, eps)
@@ -228,12 +248,12 @@ class Qwen3Model:
             # token. The rotary kernel takes queries and keys of the same tokens, so the
             # kept queries ride in a zero tensor of every token's.
             bias = weights.qkv_bias
-            kv_out = F.linear(x, weights.qkv[q_size:], None if bias is None else bias[q_size:])
+            kv_out = project(x, weights.qkv[q_size:], None if bias is None else bias[q_size:])
             key, value = kv_out[:, :kv_size], kv_out[:, kv_size:]
             query = x.new_zeros(tokens, heads, dim)
             if keep.numel():
                 q_bias = None if bias is None else bias[:q_size]
-                kept = F.linear(x[keep], weights.qkv[:q_size], q_bias)
+                kept = project(x[keep], weights.qkv[:q_size], q_bias)
                 kept = ops.rms_norm(kept.reshape(keep.numel(), heads, dim), weights.q_norm, eps)
                 query.index_copy_(0, keep, kept)
         key = ops.rms_norm(
@@ -253,7 +273,9 @@ class Qwen3Model:
         """The o projection, residual, RMSNorm, MLP and residual of ``attended`` tokens; the
         gate/up projection goes to the first rows of ``gate_up``."""
         ops = self.ops
-        hidden = F.linear(attended, weights.o_proj, weights.o_bias).add_(hidden)
+        hidden = project(attended, weights.o_proj, weights.o_bias).add_(hidden)
         x = ops.rms_norm(hidden, weights.post_norm, self.config.rms_norm_eps)
+        # In the weights' dtype through the SwiGLU to the down projection's output.
+        x = x.to(gate_up.dtype)
         projected = torch.mm(x, weights.gate_up.t(), out=gate_up[: x.shape[0]])
-        return F.linear(ops.swiglu(projected), weights.down).add_(hidden)
+        return project(ops.swiglu(projected), weights.down).to(hidden.dtype).add_(hidden)

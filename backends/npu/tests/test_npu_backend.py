@@ -36,7 +36,7 @@ pytest.importorskip("torch", reason="the npu backend runs on torch")
 import torch
 
 import pypto_sched_npu
-from pypto_sched_npu import NpuBackend
+from pypto_sched_npu import NpuBackend, PagedKVCache
 
 Backends = Callable[..., NpuBackend]
 PATHS = ("torch", "npu")
@@ -329,13 +329,21 @@ def test_a_cache_of_another_layout_is_rejected_before_any_kernel_runs(backends: 
     batch = _batch(arrays, logits=True, greedy=False)
     layout = r"'cache' must have this backend's layout \(2 layers of \[2, 4, 2, 64\] "
     own = backend.new_cache(num_pages=2, page_size=4)
+    # (A bfloat16 model's own pages are float32 on a CPU without bfloat16 kernels.)
+    halved = PagedKVCache.allocate(
+        num_layers=2, num_pages=2, page_size=4, num_kv_heads=2, head_dim=64,
+        dtype=torch.bfloat16, device=torch.device("cpu"),
+    )  # fmt: skip
     others = {
-        "KV heads": (backends("untied"), r"layer 0 key pages \[2, 4, 1, 128\]"),
-        "dtype": (backends("tied", dtype="bfloat16"), r"layer 0 key pages .* torch\.bfloat16"),
+        "KV heads": (
+            backends("untied").new_cache(num_pages=2, page_size=4),
+            r"layer 0 key pages \[2, 4, 1, 128\]",
+        ),
+        "dtype": (halved, r"layer 0 key pages .* torch\.bfloat16"),
     }
     for other, found in others.values():
         with pytest.raises(InvalidInputError, match=layout + r"torch\.float32 on cpu\): " + found):
-            backend.run_dispatch(batch, other.new_cache(num_pages=2, page_size=4))
+            backend.run_dispatch(batch, other)
     with pytest.raises(InvalidInputError, match=layout + r".*\): 1 layers$"):
         backend.run_dispatch(batch, attrs.evolve(own, layers=own.layers[:1]))
     value = attrs.evolve(own.layers[1], value=own.layers[1].value[..., :32])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -27,9 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from pypto_sched_npu import PagedKVCache
-from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps
+from pypto_sched_npu.ops import AttentionShape, NpuOps, TorchOps, _torch_ops
 from pypto_sched_npu.ops._npu_ops import NpuAttention, NpuDecodeAttention, causal_mask
-from pypto_sched_npu.ops._torch_ops import TorchAttention, _row_groups
+from pypto_sched_npu.ops._torch_ops import (
+    OneTokenRows,
+    RowGroup,
+    TorchAttention,
+    _row_groups,
+)
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=64)
 
@@ -134,6 +140,7 @@ def test_fresh_prompts_of_different_lengths_attend_causally_and_agree(npu_ops: N
         arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32
     )
     [group] = torch_attention.groups
+    assert isinstance(group, RowGroup)
     assert group.causal
     assert group.mask is None
     assert group.padded_index is not None
@@ -699,3 +706,105 @@ def test_the_fake_swiglu_gates_with_the_first_half(fake_npu_module: ModuleType) 
     torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up)
     with pytest.raises(AssertionError, match="must be even"):
         fake_npu_module.npu_swiglu(_random(3, 7))
+
+
+def _naive_attention(query: torch.Tensor, cache: PagedKVCache, arrays: Any) -> torch.Tensor:
+    """Each row's last query over its context slots, by the softmax's definition."""
+    groups = SHAPE.num_heads // SHAPE.num_kv_heads
+    keys = cache.layers[0].key.reshape(-1, SHAPE.num_kv_heads, SHAPE.head_dim).double()
+    values = cache.layers[0].value.reshape(-1, SHAPE.num_kv_heads, SHAPE.head_dim).double()
+    out = []
+    for row in range(arrays.num_rows):
+        slots = torch.from_numpy(np.array(arrays.context_slots(row)))
+        key = keys[slots].repeat_interleave(groups, dim=1)
+        value = values[slots].repeat_interleave(groups, dim=1)
+        scores = torch.einsum("hd,khd->hk", query[row].double(), key) * SHAPE.scale
+        out.append(torch.einsum("hk,khd->hd", scores.softmax(dim=-1), value))
+    return torch.stack(out)
+
+
+def _scattered_decode_dispatch() -> tuple[Any, PagePool[int]]:
+    """Two decode rows whose three pages lie 60 pages apart (a request in between left)."""
+    pool: PagePool[int] = PagePool(num_pages=100, page_size=16)
+    pool = pool.hold(0, 20).hold(1, 60 * 16).hold(2, 30).hold(0, 40).release(1)
+    rows = {r: StepChunk(start=n - 1, length=1, is_final=True) for r, n in ((0, 40), (2, 30))}
+    return step_arrays(rows, pool), pool
+
+
+@pytest.mark.parametrize("case", ["close", "scattered"])
+def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case: str) -> None:
+    if case == "close":
+        arrays, tables = _decode_dispatch(16)
+        cache = _filled_cache(tables, seed=8)
+    else:
+        arrays, _ = _scattered_decode_dispatch()
+        cache = PagedKVCache.allocate(
+            num_layers=1, num_pages=100, page_size=16, num_kv_heads=SHAPE.num_kv_heads,
+            head_dim=SHAPE.head_dim, dtype=torch.float32, device=torch.device("cpu"),
+        )  # fmt: skip
+        cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=8))
+        cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=9))
+    attention = TorchOps().attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+    (group,) = attention.groups
+    assert isinstance(group, OneTokenRows)
+    assert (group.first_page is not None) == (case == "close")
+    query = _random(arrays.num_rows, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    got = attention.attend(query, cache.layers[0])
+    expected = _naive_attention(query, cache, arrays)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_one_token_rows_convert_reduced_precision_pages_a_few_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    arrays, tables = _decode_dispatch(16)
+    cache = _filled_cache(tables, seed=8)
+    query = _random(arrays.num_rows, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    expected = _naive_attention(query, cache, arrays)
+    halved = PagedKVCache(
+        num_pages=cache.num_pages,
+        page_size=cache.page_size,
+        layers=tuple(
+            attrs.evolve(kv, key=kv.key.bfloat16(), value=kv.value.bfloat16())
+            for kv in cache.layers
+        ),
+    )
+    monkeypatch.setattr(OneTokenRows, "CONVERT_PAGES", 3)  # 32 pages: several conversions
+    attention = TorchAttention.prepare(
+        arrays, SHAPE, device=torch.device("cpu"), dtype=torch.bfloat16
+    )
+    got = attention.attend(query.bfloat16(), halved.layers[0])
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), expected, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_reduced_precision_runs_in_float32_where_the_cpu_lacks_kernels_for_it(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(_torch_ops._NATIVE_CPU_CHECKS, torch.bfloat16, lambda: native)
+    ops, cpu = TorchOps(), torch.device("cpu")
+    weight = _random(8, 16).bfloat16()
+    stored = ops.projection_weight(weight)
+    assert stored.dtype == (torch.bfloat16 if native else torch.float32)
+    assert torch.equal(stored.bfloat16(), weight)
+    assert ops.kv_cache_dtype(torch.bfloat16, cpu) == stored.dtype
+    assert ops.kv_cache_dtype(torch.float32, cpu) == torch.float32
+    # A chunk after a cached prefix takes a mask, in the dtype attention computes in.
+    arrays, tables = _dispatch(128)
+    cache = _filled_cache(tables, seed=8)
+    cache = PagedKVCache(
+        num_pages=cache.num_pages,
+        page_size=cache.page_size,
+        layers=tuple(
+            attrs.evolve(kv, key=kv.key.to(stored.dtype), value=kv.value.to(stored.dtype))
+            for kv in cache.layers
+        ),
+    )
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    wide = TorchOps().attention(arrays, SHAPE, device=cpu, dtype=torch.float32)
+    expected = wide.attend(query, _filled_cache(tables, seed=8).layers[0])
+    attention = ops.attention(arrays, SHAPE, device=cpu, dtype=torch.bfloat16)
+    got = attention.attend(query.bfloat16(), cache.layers[0])
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=0.05, rtol=0.05)

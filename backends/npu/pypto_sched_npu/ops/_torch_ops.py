@@ -1,26 +1,37 @@
 """The portable ops: plain torch, on any device (the CPU path).
 
 Attention writes the dispatch's K/V into the pages with one ``index_copy_`` per layer, then
-attends row group by row group (rows of similar chunk and context lengths, so that padding
-costs at most twice a row's queries and keys): it gathers each row's whole context (cached
-prefix, earlier chunks and this chunk) through its block table into a ``[rows, kv_heads,
-longest context, head_dim]`` tensor and runs one ``scaled_dot_product_attention`` over the
-group's rows. The gather copies whole pages (one ``index_select`` over the page dimension,
-about twice as fast as gathering slot by slot); a lone row whose context fills consecutive
-slots is read in place. The mask is causal with each row's offset: query ``i`` of a row with
-``q`` new tokens and context ``c`` sees keys ``j <= c - q + i``. Rows shorter than the group's
-longest are padded; padded keys are masked out and padded queries are dropped, and no query
-row is ever fully masked (a padded query ``i >= q`` sees the whole context). When every row's
-chunk is its whole context, the kernel's own causal flag replaces the mask (and skips the
-blocks above the diagonal). The gather indices and the masks depend only on the dispatch, so
-they are built once and shared by every layer. A decode row (one query token at its
-context's last position) is a chunk of one: decode rows need no query padding, and their
-mask only hides the keys past each row's context. A group of decode rows hands the kernel
-each KV head's query heads as that head's queries (``[rows, kv_heads, heads per KV head,
-head_dim]``, a view): the same products, each key read once for the query heads sharing it.
+attends in groups of rows, prepared once per dispatch and shared by every layer:
+
+* Rows of one query token (decode rows, a prompt's one-token chunk, and the last tokens the
+  model's last layer keeps) form one :class:`OneTokenRows` group that reads each row's pages
+  where they lie: one batched product of every (row, page) pair, and a softmax over each
+  row's pages (see the class). No context is copied, and nothing is padded past a row's
+  last page.
+* Longer chunks go row group by row group (:class:`RowGroup`: rows of similar chunk and
+  context lengths, so that padding costs at most twice a row's queries and keys): each
+  row's whole context (cached prefix, earlier chunks and this chunk) is gathered through its
+  block table into a ``[rows, kv_heads, longest context, head_dim]`` tensor for one
+  ``scaled_dot_product_attention`` call. The gather copies whole pages (one ``index_select``
+  over the page dimension, about twice as fast as gathering slot by slot); a lone row whose
+  context fills consecutive slots is read in place. A chunk's queries each meet every key of
+  its context, so the copy costs little beside the products. The mask is causal with each
+  row's offset: query ``i`` of a row with ``q`` new tokens and context ``c`` sees keys ``j <=
+  c - q + i``. Rows shorter than the group's longest are padded; padded keys are masked out
+  and padded queries are dropped, and no query row is ever fully masked (a padded query ``i
+  >= q`` sees the whole context). When every row's chunk is its whole context, the kernel's
+  own causal flag replaces the mask (and skips the blocks above the diagonal).
+
+On a CPU without native kernels for a reduced-precision dtype (no AVX-512 BF16/FP16 or AMX:
+oneDNN's check), a bfloat16 or float16 model keeps its projection weights and its KV pages in
+float32 (:meth:`TorchOps.projection_weight`, :meth:`TorchOps.kv_cache_dtype`): torch's
+fallback for such products is an order of magnitude slower than MKL's float32 ones. Attention
+computes in the wider of the queries' and the pages' dtypes.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import attrs
 import numpy as np
@@ -62,13 +73,29 @@ class TorchOps:
         return "torch"
 
     def kv_cache_dtype(self, compute_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-        return compute_dtype
+        """The compute dtype, but float32 where the projections run in float32 (see
+        :meth:`projection_weight`): attention then reads its pages as they are, where pages
+        of bfloat16 cost a conversion at every read (3.3 of 13 CPU seconds of a generation
+        of 64 x 64 tokens)."""
+        return torch.float32 if _emulated_on_cpu(compute_dtype, device) else compute_dtype
 
     def projection_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """Stored ``[in, out]`` (a transposed view of it is returned): ``F.linear`` then
         hands the BLAS a plain ``x @ W`` product, faster on the CPU for 256-token dispatches,
         whose weights come from memory at every dispatch (figures: the README's
-        *Benchmark*)."""
+        *Benchmark*).
+
+        A bfloat16 or float16 weight on a CPU without native kernels for that dtype (oneDNN's
+        check: AVX-512 with BF16/FP16, or AMX) is stored in float32: there torch multiplies
+        reduced-precision matrices with a scalar fallback, 13x slower than converting the
+        activations and running MKL's float32 product (a 64 x 512 by 512 x 2,048 product:
+        30 ms against 2.3 ms, and 550 ms with the ``[in, out]`` layout; AVX2 EPYC). The
+        values are the same, and so is the arithmetic: both multiply the dtype's values
+        exactly and sum in float32. The model converts the activations to the weight's
+        dtype and the product back (``_model.project``).
+        """
+        if _emulated_on_cpu(weight.dtype, weight.device):
+            weight = weight.float()
         return weight.t().contiguous().t()
 
     def check_page_size(self, page_size: int) -> None:
@@ -102,7 +129,9 @@ class TorchOps:
         device: torch.device,
         dtype: torch.dtype,
     ) -> TorchAttention:
-        return TorchAttention.prepare(arrays, shape, device=device, dtype=dtype)
+        # Attention computes in the wider of the queries' and the pages' dtypes.
+        compute = torch.promote_types(dtype, self.kv_cache_dtype(dtype, device))
+        return TorchAttention.prepare(arrays, shape, device=device, dtype=compute)
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -113,7 +142,7 @@ class TorchAttention:
     shape: AttentionShape
     #: Per token: its KV slot.
     slots: torch.Tensor
-    groups: tuple[RowGroup, ...]
+    groups: tuple[RowGroup | OneTokenRows, ...]
 
     @classmethod
     def prepare(
@@ -125,14 +154,15 @@ class TorchAttention:
         dtype: torch.dtype,
     ) -> TorchAttention:
         query_lens = np.diff(arrays.cu_seqlens).astype(np.int64)
-        members = _row_groups(query_lens, arrays.seq_lens.astype(np.int64))
-        return cls(
-            shape=shape,
-            slots=_to_device(arrays.slot_mapping, device),
-            groups=tuple(
-                RowGroup.prepare(arrays, rows, device=device, dtype=dtype) for rows in members
-            ),
-        )
+        single = np.flatnonzero(query_lens == 1)
+        longer = np.flatnonzero(query_lens > 1)
+        members = _row_groups(query_lens[longer], arrays.seq_lens.astype(np.int64)[longer])
+        groups: list[RowGroup | OneTokenRows] = [
+            RowGroup.prepare(arrays, longer[rows], device=device, dtype=dtype) for rows in members
+        ]
+        if single.size:
+            groups.append(OneTokenRows.prepare(arrays, single, device=device))
+        return cls(shape=shape, slots=_to_device(arrays.slot_mapping, device), groups=tuple(groups))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
         heads, dim = self.shape.num_kv_heads, self.shape.head_dim
@@ -213,11 +243,8 @@ class RowGroup:
             additive.masked_fill_(torch.from_numpy(~visible), float("-inf"))
             mask = additive[:, None].to(device)
         local_cu = np.concatenate(([0], np.cumsum(query_lens)))
-        everything = count == arrays.num_rows
         return cls(
-            tokens=None
-            if everything
-            else _to_device(np.concatenate([np.arange(cu[r], cu[r + 1]) for r in rows]), device),
+            tokens=_row_tokens(arrays, rows, device),
             context_pages=_to_device(pages, device),
             longest_context=longest_context,
             context_start=first if consecutive else None,
@@ -234,13 +261,14 @@ class RowGroup:
         """Attention of these rows' queries (``[tokens, heads, head_dim]``, row order)."""
         heads, dim = shape.num_heads, shape.head_dim
         rows, width = self.num_rows, self.longest_chunk
+        # In the wider of the two dtypes: float32 pages of a bfloat16 model (TorchOps'
+        # kv_cache_dtype) are read as they are; bfloat16 pages of a float32 model (an NPU's)
+        # are widened.
+        given = query.dtype
+        query = query.to(torch.promote_types(given, cache.key.dtype))
         key, value = (
             self._context(pages, query.dtype, shape) for pages in (cache.key, cache.value)
         )
-        if width == 1:  # decode rows: query heads sharing a KV head become its queries
-            grouped = query.reshape(rows, shape.num_kv_heads, heads // shape.num_kv_heads, dim)
-            out = F.scaled_dot_product_attention(grouped, key, value, self.mask, scale=shape.scale)
-            return out.reshape(rows, heads, dim)  # a view when the kernel's output is contiguous
         if self.padded_index is None:
             padded = query
         else:
@@ -248,7 +276,7 @@ class RowGroup:
             padded.index_copy_(0, self.padded_index, query)
         out = self._sdpa(padded.view(rows, width, heads, dim).transpose(1, 2), key, value, shape)
         out = out.transpose(1, 2).reshape(rows * width, heads, dim)
-        return out if self.padded_index is None else out[self.padded_index]
+        return (out if self.padded_index is None else out[self.padded_index]).to(given)
 
     def _sdpa(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shape: AttentionShape
@@ -280,6 +308,164 @@ class RowGroup:
             whole = pages.index_select(0, self.context_pages.view(-1))
             gathered = whole.view(self.num_rows, -1, heads, dim)[:, :length]
         return gathered.transpose(1, 2).to(dtype)
+
+
+@attrs.frozen(eq=False, kw_only=True)
+class OneTokenRows:
+    """Rows of one query token (decode rows, and the last tokens the model's last layer
+    keeps), attended page by page over the pages where they lie.
+
+    Each (row, page) pair is an *entry*: the page's keys are one ``[page_size, kv_heads x
+    head_dim]`` matrix, read in place, and the row's queries meet them in one batched product
+    over the entries. A page holds every KV head side by side, so each query head is laid in
+    the columns of its own KV head, zeros elsewhere (a block-diagonal ``[heads, kv_heads x
+    head_dim]``): one product of whole pages, rather than one per KV head over strided
+    slices, whose products measured slower. The softmax runs over each row's entries: scores
+    past a row's context are -inf, the row's maximum comes from its entries' (a scatter), and
+    the exponentials' sums and the products with the value pages are summed into the row (an
+    index_add). Products and softmax run in float32; pages of another dtype are converted a
+    few at a time into one reused buffer (a whole float32 copy of them cost page faults).
+
+    When the entries' pages are distinct and lie close together (at most twice as many
+    pages from the first to the last as there are entries, as a generation's cache does
+    once its requests decode), the range of pages is read as one view, and the pages of
+    that range no row reads belong to a row that is dropped (finite scores, so its sums stay
+    finite too). Otherwise the entries' pages are gathered (one ``index_select``).
+    Against the rows' contexts gathered into a padded tensor for one SDPA call, this reads
+    each key once, in place, with no padding past the last page: 64 decode rows of 130 to
+    1,450 keys (22,567 in all), one layer: 14 ms against 40 ms in float32, 15 against 21 ms
+    in bfloat16 (CPU seconds on a busy 2-core AVX2 machine).
+    """
+
+    #: The dispatch's tokens of these rows, in row order; ``None`` for every row in order.
+    tokens: torch.Tensor | None
+    num_rows: int
+    #: The first page of the range read in place, or ``None`` when ``pages`` are gathered.
+    first_page: int | None
+    #: ``[entries]``: the pages to gather (``None`` when read in place).
+    pages: torch.Tensor | None
+    #: ``[entries]``: each entry's row; ``num_rows`` for a page of the range no row reads.
+    owner: torch.Tensor
+    #: ``[entries, 1, page_size]`` float32: 0 where a slot is in its row's context, else -inf.
+    mask: torch.Tensor
+
+    #: Pages converted to float32 at a time (their keys: 32 x 128 x 256 floats, 4 MiB).
+    CONVERT_PAGES: ClassVar[int] = 32
+
+    @classmethod
+    def prepare(
+        cls, arrays: DispatchArrays, rows: npt.NDArray[np.int64], *, device: torch.device
+    ) -> OneTokenRows:
+        page_size = arrays.page_size
+        seq_lens = arrays.seq_lens.astype(np.int64)[rows]
+        num_pages = -(-seq_lens // page_size)
+        column = np.arange(int(num_pages.max()))
+        used = column[None, :] < num_pages[:, None]
+        pages = arrays.block_tables[rows][:, : column.size].astype(np.int64)[used]
+        owner = np.repeat(np.arange(rows.size), num_pages)
+        valid = np.minimum(seq_lens[owner] - column[np.nonzero(used)[1]] * page_size, page_size)
+        first, last = int(pages.min()), int(pages.max())
+        in_place = last - first + 1 <= 2 * pages.size and np.unique(pages).size == pages.size
+        if in_place:
+            span_owner = np.full(last - first + 1, rows.size)
+            span_valid = np.full(last - first + 1, page_size)
+            span_owner[pages - first], span_valid[pages - first] = owner, valid
+            owner, valid = span_owner, span_valid
+        mask = torch.zeros(owner.size, 1, page_size)
+        mask.masked_fill_(
+            torch.arange(page_size) >= torch.from_numpy(valid)[:, None, None], -torch.inf
+        )
+        return cls(
+            tokens=_row_tokens(arrays, rows, device),
+            num_rows=rows.size,
+            first_page=first if in_place else None,
+            pages=None if in_place else _to_device(pages, device),
+            owner=_to_device(owner, device),
+            mask=mask.to(device),
+        )
+
+    def attend(self, query: torch.Tensor, cache: LayerKV, shape: AttentionShape) -> torch.Tensor:
+        """Attention of these rows' queries (``[rows, heads, head_dim]``, row order)."""
+        heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+        entries, width = self.owner.numel(), kv_heads * dim
+        keys, values = (self._pages(pages, width) for pages in (cache.key, cache.value))
+        # Each entry's queries, scaled, block-diagonal over the KV heads.
+        padded = torch.cat((query.float() * shape.scale, query.new_zeros(1, heads, dim).float()))
+        queries = padded[self.owner].view(entries, kv_heads, heads // kv_heads, dim)
+        blocks = queries.new_zeros(entries, kv_heads, heads // kv_heads, kv_heads, dim)
+        blocks.diagonal(dim1=1, dim2=3).copy_(queries.permute(0, 2, 3, 1))
+        blocks = blocks.view(entries, heads, width)
+        scores = self._products(blocks, keys, transpose=True).add_(self.mask)
+        rows = self.num_rows + 1
+        index = self.owner[:, None].expand(entries, heads)
+        best = scores.new_full((rows, heads), -torch.inf)
+        best.scatter_reduce_(0, index, scores.amax(dim=-1), "amax")
+        weights = scores.sub_(best[self.owner].unsqueeze(-1)).exp_()
+        total = scores.new_zeros(rows, heads).index_add_(0, self.owner, weights.sum(dim=-1))
+        products = self._products(weights, values, transpose=False)
+        own = products.view(entries, kv_heads, heads // kv_heads, kv_heads, dim)
+        own = own.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(entries, heads, dim)
+        out = scores.new_zeros(rows, heads, dim).index_add_(0, self.owner, own)
+        return out[:-1].div_(total[:-1, :, None]).to(query.dtype)
+
+    def _pages(self, pages: torch.Tensor, width: int) -> torch.Tensor:
+        """The entries' pages, ``[entries, page_size, kv_heads x head_dim]``."""
+        flat = pages.view(pages.shape[0], pages.shape[1], width)
+        if self.first_page is not None:
+            return flat.narrow(0, self.first_page, self.owner.numel())
+        assert self.pages is not None
+        return flat.index_select(0, self.pages)
+
+    def _products(
+        self, left: torch.Tensor, pages: torch.Tensor, *, transpose: bool
+    ) -> torch.Tensor:
+        """``left[e] @ pages[e]`` (``pages[e].T`` with ``transpose``) for every entry, in
+        float32, converting pages of another dtype a few at a time."""
+        entries = left.shape[0]
+        columns = pages.shape[1] if transpose else pages.shape[2]
+        out = left.new_empty(entries, left.shape[1], columns)
+        if pages.dtype == torch.float32:
+            step, buffer = entries, None
+        else:
+            step = self.CONVERT_PAGES
+            buffer = left.new_empty(min(step, entries), *pages.shape[1:])
+        for start in range(0, entries, step):
+            part = pages[start : start + step]
+            if buffer is not None:
+                part = buffer[: part.shape[0]].copy_(part)
+            torch.bmm(
+                left[start : start + step],
+                part.transpose(1, 2) if transpose else part,
+                out=out[start : start + step],
+            )
+        return out
+
+
+def _row_tokens(
+    arrays: DispatchArrays, rows: npt.NDArray[np.int64], device: torch.device
+) -> torch.Tensor | None:
+    """The dispatch's tokens of ``rows`` in row order, or ``None`` when they are every row
+    (in order: the rows of a group are ascending)."""
+    if rows.size == arrays.num_rows:
+        return None
+    cu = arrays.cu_seqlens.astype(np.int64)
+    return _to_device(np.concatenate([np.arange(cu[r], cu[r + 1]) for r in rows]), device)
+
+
+def _emulated_on_cpu(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ``dtype`` is a reduced-precision dtype that ``device``, a CPU, has no native
+    matrix kernels for (see :meth:`TorchOps.projection_weight`)."""
+    if device.type != "cpu" or dtype not in _NATIVE_CPU_CHECKS:
+        return False
+    return not _NATIVE_CPU_CHECKS[dtype]()
+
+
+#: oneDNN's own checks, which torch consults to send a reduced-precision product to oneDNN
+#: rather than to its scalar fallback.
+_NATIVE_CPU_CHECKS = {
+    torch.bfloat16: lambda: bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    torch.float16: lambda: bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
+}
 
 
 def _row_groups(
