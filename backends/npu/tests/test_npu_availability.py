@@ -205,9 +205,9 @@ def test_an_npu_device_is_parsed_once_torch_npu_is_imported() -> None:
         "fake.register_npu_device()\n"
         "import torch\n"
         "from pypto_sched_npu.backend import _device\n"
-        "assert _device('npu') == torch.device('npu')\n"
-        "assert _device('npu:1') == torch.device('npu', 1)\n"
-        "assert _device('cpu') == torch.device('cpu')\n"
+        "assert _device('npu', ('npu', 'cpu')) == torch.device('npu')\n"
+        "assert _device('npu:1', ('npu', 'cpu')) == torch.device('npu', 1)\n"
+        "assert _device('cpu', ('npu', 'cpu')) == torch.device('cpu')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -754,6 +754,34 @@ def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["close", "scattered"])
+def test_off_the_cpu_one_token_rows_attend_as_a_row_group_with_the_same_result(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA route (one-token rows through SDPA, the path measured on an H200), taken on
+    the CPU by naming no device for the in-place path: the same attention."""
+    from pypto_sched_npu.ops import _torch_ops
+
+    monkeypatch.setattr(_torch_ops, "IN_PLACE_DEVICE_TYPES", ())
+    if case == "close":
+        arrays, tables = _decode_dispatch(16)
+        cache = _filled_cache(tables, seed=8)
+    else:
+        arrays, _ = _scattered_decode_dispatch()
+        cache = PagedKVCache.allocate(
+            num_layers=1, num_pages=100, page_size=16, num_kv_heads=SHAPE.num_kv_heads,
+            head_dim=SHAPE.head_dim, dtype=torch.float32, device=torch.device("cpu"),
+        )  # fmt: skip
+        cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=8))
+        cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=9))
+    attention = TorchOps().attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
+    assert not any(isinstance(group, OneTokenRows) for group in attention.groups)
+    query = _random(arrays.num_rows, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    got = attention.attend(query, cache.layers[0])
+    expected = _naive_attention(query, cache, arrays)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_one_token_rows_convert_reduced_precision_pages_a_few_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -154,8 +154,11 @@ class TorchAttention:
         dtype: torch.dtype,
     ) -> TorchAttention:
         query_lens = np.diff(arrays.cu_seqlens).astype(np.int64)
-        single = np.flatnonzero(query_lens == 1)
-        longer = np.flatnonzero(query_lens > 1)
+        in_place = query_lens == 1
+        if device.type not in IN_PLACE_DEVICE_TYPES:
+            in_place[:] = False
+        single = np.flatnonzero(in_place)
+        longer = np.flatnonzero(~in_place)
         members = _row_groups(query_lens[longer], arrays.seq_lens.astype(np.int64)[longer])
         groups: list[RowGroup | OneTokenRows] = [
             RowGroup.prepare(arrays, longer[rows], device=device, dtype=dtype) for rows in members
@@ -178,6 +181,12 @@ class TorchAttention:
             assert tokens is not None  # only a lone group holds every row in order
             out.index_copy_(0, tokens, group.attend(query[tokens], cache, self.shape))
         return out
+
+
+#: The devices whose one-token rows read their pages in place (:class:`OneTokenRows`): the
+#: CPU, where it was measured against the gather. Elsewhere (CUDA) they attend as a row group,
+#: the path measured on an H200 (docs/benchmarks.md) until the other is measured there.
+IN_PLACE_DEVICE_TYPES = ("cpu",)
 
 
 @attrs.frozen(eq=False, kw_only=True)
@@ -269,6 +278,10 @@ class RowGroup:
         key, value = (
             self._context(pages, query.dtype, shape) for pages in (cache.key, cache.value)
         )
+        if width == 1:  # one-token rows: the query heads sharing a KV head become its queries
+            grouped = query.reshape(rows, shape.num_kv_heads, heads // shape.num_kv_heads, dim)
+            out = F.scaled_dot_product_attention(grouped, key, value, self.mask, scale=shape.scale)
+            return out.reshape(rows, heads, dim).to(given)
         if self.padded_index is None:
             padded = query
         else:
