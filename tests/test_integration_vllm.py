@@ -78,19 +78,30 @@ def test_a_partial_prefill_limit_is_refused_under_round_robin() -> None:
         scheduler_class("round_robin", max_num_partial_prefills=2)
 
 
-@pytest.mark.parametrize(
-    ("knobs", "setting"),
-    [
-        (Knobs(policy="priority"), "'policy' must be 'fcfs'"),
-        (
-            Knobs(enable_chunked_prefill=False, max_num_batched_tokens=1 << 15),
-            "'enable_chunked_prefill' must be True",
-        ),
-    ],
-)
-def test_vllm_features_the_planner_cannot_honour_are_refused(knobs: Knobs, setting: str) -> None:
-    with pytest.raises(InvalidConfigError, match=re.escape(setting)):
-        build(PackedScheduler, knobs)
+@pytest.mark.parametrize("policy", ["packed", "round_robin"])
+def test_requests_start_in_vllms_priority_order(policy: str) -> None:
+    """Under vLLM's ``policy="priority"`` the planner starts requests in vLLM's order:
+    priority first, then arrival."""
+    knobs = Knobs(policy="priority", max_num_batched_tokens=64, max_num_seqs=2)
+    driver = Driver(build(OURS[policy], knobs))
+    priorities = [3, 0, 2, 0, 1]
+    for index, priority in enumerate(priorities):
+        driver.add(str(index), 40, priority=priority)
+    driver.run(max_steps=200)
+    first = [driver.rows[request_id][0][0] for request_id in ["1", "3", "4", "2", "0"]]
+    assert first == sorted(first)
+    assert first[0] < first[-1]
+
+
+def test_without_chunked_prefill_prompts_run_whole() -> None:
+    knobs = Knobs(enable_chunked_prefill=False, max_num_batched_tokens=1 << 15)
+    driver = Driver(build(PackedScheduler, knobs))
+    lengths = {str(i): n for i, n in enumerate([9000, 20000, 5000, 12000])}
+    for request_id, length in lengths.items():
+        driver.add(request_id, length, max_tokens=2)
+    driver.run(max_steps=50)
+    for request_id, rows in driver.rows.items():
+        assert rows[0][1:] == (0, lengths[request_id])  # the prompt whole, then decodes
 
 
 def test_a_config_the_planner_refuses_is_refused_with_vllms_names() -> None:

@@ -109,12 +109,13 @@ def build(scheduler_cls: type[Any], knobs: Knobs) -> Any:
     )
 
 
-def make_request(request_id: str, tokens: list[int], max_tokens: int = 1) -> Any:
+def make_request(request_id: str, tokens: list[int], max_tokens: int = 1, priority: int = 0) -> Any:
     return Request(
         request_id=request_id,
         prompt_token_ids=tokens,
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
+        priority=priority,
     )
 
 
@@ -131,9 +132,11 @@ class Driver:
         self.first_token: dict[str, int] = {}
         self.finished: set[str] = set()
 
-    def add(self, request_id: str, length: int, *, max_tokens: int = 1, fill: int = 0) -> None:
+    def add(
+        self, request_id: str, length: int, *, max_tokens: int = 1, fill: int = 0, priority: int = 0
+    ) -> None:
         tokens = [(fill + i) % 200 + 1 for i in range(length)]
-        self.scheduler.add_request(make_request(request_id, tokens, max_tokens))
+        self.scheduler.add_request(make_request(request_id, tokens, max_tokens, priority))
 
     def abort(self, request_id: str) -> None:
         self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)

@@ -30,10 +30,18 @@ Every ``schedule()``:
    and a row each. vLLM's own ``long_prefill_token_threshold`` is switched off inside the
    scheduler (its copy of the scheduler config), so the planner's threshold rules apply (the
    policy's cap, ``packed``'s work-conserving tail).
-2. *Admission.* vLLM's waiting loop sees only the waiting requests the plan starts: its
-   waiting queue is cut, for the step, after the run of planned requests at its head, and put
-   back whole after the step. It walks no request it is not to start, and asks the prefix
-   cache and the connectors about none.
+2. *Admission.* The planner starts requests in its queue's order; vLLM starts its
+   KV-holding waiting requests first, then its waiting queue's head (by priority under
+   ``policy="priority"``), passing over requests blocked on a grammar, a KV transfer or a
+   stream. When those can differ (a KV-holding, blocked or deferred request, or the
+   priority policy), the waiting requests vLLM would start first are put at the front of
+   the state's queue in vLLM's order, after vLLM's own readiness check, and blocked ones
+   are left out of the plan; under ``"fcfs"`` otherwise both queue arrivals at the back
+   and preempted requests at the front, so the orders agree and nothing is read. vLLM's
+   waiting loop then sees only the waiting requests the plan starts (and blocked ones, to
+   check them): its waiting queue is cut, for the step, after the run of such requests at
+   its head, and put back whole after the step. It walks no request it is not to start,
+   and asks the prefix cache and the connectors about none.
 3. *Chunks.* ``_reserve_prefill_lookahead``, which vLLM calls for every request in its running
    and waiting loops after its own caps and before allocating KV blocks, returns the planned
    chunk (or less, if vLLM's caps are lower): 0 for a request with prompt left that the plan
@@ -51,10 +59,12 @@ give the turn to a request that can never get blocks while the partial prefills 
 wait for their turn: no request would ever finish.
 
 Refused at construction (``InvalidConfigError``): a vLLM version other than
-:data:`SUPPORTED_VLLM_VERSIONS`; scheduling policy ``"priority"`` (the planner starts requests
-in arrival order); ``enable_chunked_prefill=False`` (the planner chunks prompts);
-``long_prefill_token_threshold_adaptive`` (the planner owns the threshold); and any config the
-planner refuses (say ``max_num_partial_prefills`` under ``round_robin``).
+:data:`SUPPORTED_VLLM_VERSIONS`, and any config the planner refuses (say
+``max_num_partial_prefills`` under ``round_robin``, or chunks aligned to blocks larger than
+the threshold). vLLM's other settings are honoured: with ``enable_chunked_prefill=False``
+prompts run whole (a planned chunk that is not a whole prompt does not run); with
+``long_prefill_token_threshold_adaptive`` the threshold of each step is at least the
+budget's fair share among the requests, vLLM's rule.
 
 Not planned by pypto_sched: a request vLLM recomputes outside preemption (invalid KV blocks
 reported by a connector) runs under vLLM's own caps until its next planned chunk.
@@ -63,6 +73,7 @@ reported by a connector) runs under vLLM's own caps until its next planned chunk
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any, ClassVar
 
 import attrs
@@ -142,10 +153,13 @@ def planner_config_from_vllm(
     scheduled = getattr(scheduler_config, "max_num_scheduled_tokens", None)
     if scheduled is not None:
         budget = min(budget, scheduled)
+    threshold = scheduler_config.long_prefill_token_threshold
+    if not scheduler_config.enable_chunked_prefill:
+        threshold = 0  # prompts run whole: no chunk cap
     try:
         return PlannerConfig.from_engine_args(
             max_num_batched_tokens=budget,
-            long_prefill_token_threshold=scheduler_config.long_prefill_token_threshold,
+            long_prefill_token_threshold=threshold,
             max_num_seqs=scheduler_config.max_num_seqs,
             page_size=block_size if align_to_blocks else None,
             policy=policy,
@@ -155,26 +169,6 @@ def planner_config_from_vllm(
         raise InvalidConfigError(
             f"vLLM's scheduler config does not fit pypto_sched's planner: {error}"
         ) from error
-
-
-def _refuse_unsupported_features(scheduler_config: Any) -> None:
-    """Raise :class:`InvalidConfigError` for a vLLM setting the planner cannot honour."""
-    policy = getattr(scheduler_config.policy, "value", scheduler_config.policy)
-    if policy != "fcfs":
-        raise InvalidConfigError(
-            "vLLM's scheduling 'policy' must be 'fcfs' under pypto_sched, which starts "
-            f"requests in arrival order: {policy!r}"
-        )
-    if not scheduler_config.enable_chunked_prefill:
-        raise InvalidConfigError(
-            "vLLM's 'enable_chunked_prefill' must be True under pypto_sched, which plans "
-            "chunked prefill: False"
-        )
-    if getattr(scheduler_config, "long_prefill_token_threshold_adaptive", False):
-        raise InvalidConfigError(
-            "vLLM's 'long_prefill_token_threshold_adaptive' must be False under "
-            "pypto_sched, whose policy sets each chunk's cap: True"
-        )
 
 
 @attrs.define
@@ -191,9 +185,16 @@ class _Planner:
     """The planner's side of a scheduler: the prefill state and the rules of each step
     (see the module doc). ``sched`` is the vLLM scheduler it serves."""
 
-    def __init__(self, config: PlannerConfig) -> None:
+    def __init__(
+        self, config: PlannerConfig, *, whole_prompts: bool, adaptive_threshold: bool
+    ) -> None:
         self.config = config
         self.page = config.page_size or 1
+        #: vLLM's chunked prefill is off: a prompt runs whole or not at all.
+        self.whole_prompts = whole_prompts
+        #: vLLM's adaptive threshold: at least a fair share of the budget per request.
+        self.adaptive_threshold = adaptive_threshold
+        self._configs: dict[int, PlannerConfig] = {}
         self.state: PrefillState[str] = PrefillState()
         #: Each request in ``state``: (tokens to prefill, tokens computed), read in a plain
         #: dict (the state's own lookups cost microseconds, and every step reads many).
@@ -246,25 +247,99 @@ class _Planner:
                 - request.num_computed_tokens,
                 0,
             )
+        blocked = self.follow_vllms_order(sched)
         state = self.state
         if self.admission_refused:
-            state = state.discard_all(self.waiting)
+            blocked = blocked | self.waiting
+        if blocked:
+            state = state.discard_all(blocked)
         plan = plan_step(
-            state, self.config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
+            state,
+            self.step_config(sched),
+            reserved_tokens=reserved_tokens,
+            reserved_rows=reserved_rows,
         )
         rows = plan.rows
         waiting = sched.waiting
-        admitted = create_request_queue(SchedulingPolicy.FCFS)
-        # The run of planned requests at the head (and any request not in the state, which
-        # vLLM's own rules start, lest it block the queue).
+        admitted = create_request_queue(sched.policy)
+        # The run of planned requests at vLLM's head, and the blocked ones among them (vLLM
+        # checks whether they are ready, and passes over those that are not): only these
+        # can start, and any request not in the state, which vLLM's own rules start.
         while waiting:
-            head = waiting.peek_request().request_id
-            if head not in rows and head in progress:
+            head = waiting.peek_request()
+            if head.request_id in progress and not (
+                head.request_id in rows or sched._is_blocked_waiting_status(head.status)
+            ):
                 break
             admitted.add_request(waiting.pop_request())
         sched.waiting = admitted
         admissions = tuple(r for r in rows if r in self.waiting)
         self.step = _Step(plan=plan, waiting=waiting, admissions=admissions)
+
+    def follow_vllms_order(self, sched: Any) -> set[str]:
+        """Put the waiting requests vLLM would start first at the front of the state's
+        queue, in vLLM's order, and return the blocked ones among them (waiting for a
+        grammar, a KV transfer or a stream, after vLLM's own check): the planner starts
+        requests in its queue's order, and vLLM starts its KV-holding waiting requests
+        first, then its waiting queue's head (by priority under ``policy="priority"``),
+        passing over blocked ones.
+
+        Without KV-holding or blocked requests, under ``"fcfs"``, the two orders are the
+        same by construction (both queue arrivals at the back and preempted requests at
+        the front) and nothing is read.
+        """
+        priority = sched.policy != SchedulingPolicy.FCFS
+        if not (priority or sched.kv_holding_waiting or sched.deferred_waiting):
+            return set()
+        count = self.config.max_num_seqs or 1
+        waiting = sched.waiting
+        if priority:  # the heap's first `count`, in order (popped, then put back)
+            head = [waiting.pop_request() for _ in range(min(count, len(waiting)))]
+            for request in head:
+                waiting.add_request(request)
+        else:
+            head = list(itertools.islice(waiting, count))
+        candidates = [*sched.kv_holding_waiting, *head]
+        blocked: set[str] = set()
+        for request in candidates:
+            # vLLM's own readiness check, as its waiting loop makes it (a grammar compiled,
+            # a KV transfer done: the request is promoted; asking again changes nothing).
+            if sched._is_blocked_waiting_status(
+                request.status
+            ) and not sched._handle_blocked_waiting_request(request):
+                blocked.add(request.request_id)
+                continue
+            if request.request_id in self.progress:
+                self.enqueued(request)  # a KV transfer may have moved it
+        ready = [
+            r for r in candidates if r.request_id not in blocked and r.request_id in self.progress
+        ]
+        ours = itertools.islice((r for r in self.state if r in self.waiting), len(ready))
+        if [r.request_id for r in ready] != list(ours):
+            for request in reversed(ready):
+                length, computed = self.progress[request.request_id]
+                self.state = self.state.remove(request.request_id).add(
+                    request.request_id, length, num_computed_tokens=computed, at_front=True
+                )
+        return blocked
+
+    def step_config(self, sched: Any) -> PlannerConfig:
+        """The config of this step: with vLLM's adaptive threshold, the threshold is at
+        least the budget's fair share among the requests (vLLM's rule)."""
+        config = self.config
+        threshold = config.long_prefill_token_threshold
+        if not self.adaptive_threshold or threshold is None:
+            return config
+        running, waiting = sched.get_request_counts()
+        share = config.max_num_batched_tokens // max(running + waiting, 1)
+        if share <= threshold:
+            return config
+        adapted = self._configs.get(share)
+        if adapted is None:
+            adapted = self._configs[share] = attrs.evolve(
+                config, long_prefill_token_threshold=share
+            )
+        return adapted
 
     def chunk(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``."""
@@ -278,9 +353,12 @@ class _Planner:
         if num_computed_tokens >= length:
             return num_new_tokens
         size = chunk_size(num_computed_tokens, length, min(num_new_tokens, chunk.length), self.page)
-        if size == length - num_computed_tokens and num_new_tokens > size:
+        left = length - num_computed_tokens
+        if size == left and num_new_tokens > size:
             # The final chunk, which vLLM pads with speculative rows: those are not prefill.
             return num_new_tokens
+        if self.whole_prompts and size < left:
+            return 0
         return size
 
     def end(self, sched: Any, num_scheduled_tokens: dict[str, int] | None) -> None:
@@ -347,7 +425,6 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
         check_vllm_version()
         super().__init__(*args, **kwargs)
         scheduler_config: Any = getattr(self, "scheduler_config")  # noqa: B009 (typed Any)
-        _refuse_unsupported_features(scheduler_config)
         #: The planner config this scheduler plans with.
         self.planner_config = planner_config_from_vllm(
             self.vllm_config,
@@ -360,7 +437,18 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
         scheduler_config = copy.copy(scheduler_config)
         scheduler_config.long_prefill_token_threshold = 0
         self.scheduler_config = scheduler_config
-        self._planner = _Planner(self.planner_config)
+        self._planner = _Planner(
+            self.planner_config,
+            whole_prompts=not scheduler_config.enable_chunked_prefill,
+            adaptive_threshold=bool(self.adaptive_long_prefill_threshold),
+        )
+
+    def get_request_counts(self) -> tuple[int, int]:
+        running, waiting = super().get_request_counts()
+        step = self._planner.step
+        if step is not None:  # the waiting requests set aside for the step count too
+            waiting += len(step.waiting)
+        return int(running), int(waiting)
 
     @property
     def prefill_state(self) -> PrefillState[str]:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# vLLM's scheduler-level tests, three ways: stock, and with pypto_sched's scheduler under
+# each policy (swap_scheduler.py), then compare.py judges the three JUnit reports.
+#   run_vllm_tests.sh PYTHON WORK   (WORK holds tests/ from the sdist and the HF cache hf/)
+set -euo pipefail
+python=$(realpath "$1")
+work=$(realpath "$2")
+here=$(cd "$(dirname "$0")" && pwd)
+export HF_HOME="$work/hf" HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu VLLM_USE_V2_MODEL_RUNNER=1
+export PYTHONPATH="$here"
+files=(
+  tests/v1/core/test_scheduler.py
+  tests/v1/core/test_async_scheduler.py
+  tests/v1/core/test_priority_preemption_bug.py
+  tests/v1/core/test_priority_scheduler_random.py
+  tests/v1/core/test_deferred_block_free.py
+  tests/v1/core/test_prefix_replay.py
+  tests/v1/core/test_swa_inflight_window_free.py
+  tests/v1/core/test_worker_slot_overflow.py
+)
+cd "$work"
+reports=()
+for run in stock packed round_robin; do
+  option=()
+  [ "$run" != stock ] && option=(--pypto-sched-policy="$run")
+  start=$(date +%s)
+  # Failures are the point of the comparison, not of this step: compare.py judges them.
+  # (Exit 1 is "some tests failed"; anything else is a broken run.)
+  status=0
+  "$python" -m pytest "${files[@]}" -q -p no:cacheprovider -p swap_scheduler "${option[@]}" \
+    -W ignore --junitxml="$work/$run.xml" > "$work/$run.log" 2>&1 || status=$?
+  echo "$run: $(tail -n 1 "$work/$run.log") ($(( $(date +%s) - start )) s)"
+  if [ "$status" -gt 1 ]; then
+    tail -n 40 "$work/$run.log"
+    exit "$status"
+  fi
+  [ "$run" = stock ] || reports+=("$run=$work/$run.xml")
+done
+"$python" "$here/compare.py" "$work/stock.xml" "${reports[@]}"
