@@ -9,11 +9,8 @@ runs them in ``.venv-vllm``).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +38,6 @@ from pypto_sched.integrations.vllm import (
     scheduler_class,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 OURS = {"packed": PackedScheduler, "round_robin": RoundRobinScheduler}
 
 
@@ -310,24 +306,3 @@ def test_preempted_requests_come_back_first_and_finish() -> None:
         assert len(driver.steps) < 500
     assert preempted > 0
     assert driver.finished == {"0", "1", "2"}
-
-
-# -- the docs name vLLM's tests that may fail -------------------------------------------------
-
-
-def load_compare() -> Any:
-    spec = importlib.util.spec_from_file_location("compare", ROOT / ".ci/vllm/compare.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_docs_name_every_exception_of_vllms_tests() -> None:
-    exceptions = load_compare().EXCEPTIONS
-    docs = (ROOT / "docs/vllm.md").read_text()
-    for name, (_, reason) in exceptions.items():
-        assert f"`{name}`" in docs, name
-        assert reason in " ".join(docs.split()), reason

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,19 +145,16 @@ class Driver:
 
     def step(self) -> Any:
         scheduler = self.scheduler
-        starts = {
-            request_id: request.num_computed_tokens
-            for request_id, request in scheduler.requests.items()
-        }
+        start_ns = time.perf_counter_ns()
         output = scheduler.schedule()
+        #: The wall time of the last ``schedule()``.
+        self.last_schedule_ns = time.perf_counter_ns() - start_ns
         scheduled = dict(output.num_scheduled_tokens)
         index = len(self.steps)
         self.steps.append(scheduled)
         for request_id, tokens in scheduled.items():
-            start = starts.get(request_id, 0)
-            if request_id in {r.req_id for r in output.scheduled_new_reqs}:
-                request = scheduler.requests[request_id]
-                start = request.num_computed_tokens - tokens
+            # (vLLM has moved each scheduled request on by its tokens already.)
+            start = scheduler.requests[request_id].num_computed_tokens - tokens
             self.rows.setdefault(request_id, []).append((index, start, tokens))
         requests = scheduler.requests
         ids = list(scheduled)

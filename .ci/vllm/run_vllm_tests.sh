@@ -3,7 +3,7 @@
 # each policy (swap_scheduler.py), then compare.py judges the three JUnit reports.
 #   run_vllm_tests.sh PYTHON WORK   (WORK holds tests/ from the sdist and the HF cache hf/)
 set -euo pipefail
-python=$(realpath "$1")
+python="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # (a venv's python: no realpath)
 work=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 export HF_HOME="$work/hf" HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu VLLM_USE_V2_MODEL_RUNNER=1
@@ -30,7 +30,7 @@ for run in stock packed round_robin; do
   "$python" -m pytest "${files[@]}" -q -p no:cacheprovider -p swap_scheduler "${option[@]}" \
     -W ignore --junitxml="$work/$run.xml" > "$work/$run.log" 2>&1 || status=$?
   echo "$run: $(tail -n 1 "$work/$run.log") ($(( $(date +%s) - start )) s)"
-  if [ "$status" -gt 1 ]; then
+  if [ "$status" -gt 1 ] || [ ! -s "$work/$run.xml" ]; then
     tail -n 40 "$work/$run.log"
     exit "$status"
   fi

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import attrs
 from vllm import __version__ as _vllm_version
@@ -171,8 +171,7 @@ def planner_config_from_vllm(
         ) from error
 
 
-@attrs.define
-class _Step:
+class _Step(NamedTuple):
     """What one ``schedule()`` planned, and vLLM's waiting queue put aside meanwhile."""
 
     plan: StepPlan[str]
@@ -236,17 +235,11 @@ class _Planner:
     def begin(self, sched: Any) -> None:
         """Plan the step and cut vLLM's waiting queue after the planned admissions."""
         progress = self.progress
-        reserved_tokens = reserved_rows = 0
-        for request in sched.running:
-            if request.request_id in progress:
-                continue
-            reserved_rows += 1
-            reserved_tokens += max(
-                request.num_tokens_with_spec
-                + request.num_output_placeholders
-                - request.num_computed_tokens,
-                0,
-            )
+        # The running requests that are not in the state decode: a row each, and a token
+        # each plus the speculative ones at most. (Every request in the state that is not
+        # waiting has run a chunk and is running: a preempted one is waiting again.)
+        reserved_rows = max(len(sched.running) - (len(progress) - len(self.waiting)), 0)
+        reserved_tokens = reserved_rows * (1 + sched.num_spec_tokens)
         blocked = self.follow_vllms_order(sched)
         state = self.state
         if self.admission_refused:
@@ -274,7 +267,7 @@ class _Planner:
             admitted.add_request(waiting.pop_request())
         sched.waiting = admitted
         admissions = tuple(r for r in rows if r in self.waiting)
-        self.step = _Step(plan=plan, waiting=waiting, admissions=admissions)
+        self.step = _Step(plan, waiting, admissions)
 
     def follow_vllms_order(self, sched: Any) -> set[str]:
         """Put the waiting requests vLLM would start first at the front of the state's
@@ -372,38 +365,43 @@ class _Planner:
             sched.waiting.prepend_requests(reversed(left))
         if num_scheduled_tokens is None:  # schedule() raised
             return
+        plan = step.plan
+        requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
         rows: dict[str, StepChunk] = {}
-        for request_id in step.plan.rows:
+        as_planned = True
+        for request_id, chunk in plan.rows.items():
             num_tokens = num_scheduled_tokens.get(request_id)
-            progress = self.progress.get(request_id)
-            if not num_tokens or progress is None:
+            planned = progress.get(request_id)
+            if not num_tokens or planned is None:
+                as_planned = False
                 continue
-            request = sched.requests[request_id]
-            start = request.num_computed_tokens - num_tokens
-            length = progress[0]
-            if start != progress[1]:  # vLLM moved it (a prefix-cache hit, a KV load)
+            start = requests[request_id].num_computed_tokens - num_tokens
+            if start == chunk.start and num_tokens == chunk.length:
+                rows[request_id] = chunk
+                continue
+            as_planned = False
+            length = planned[0]
+            if start != planned[1]:  # vLLM moved it (a prefix-cache hit, a KV load)
                 self.state = self.state.remove(request_id).add(
                     request_id, length, num_computed_tokens=start, at_front=True
                 )
             size = min(num_tokens, length - start)
             rows[request_id] = StepChunk(start=start, length=size, is_final=start + size == length)
         if rows:
-            plan = step.plan
-            if rows != plan.rows:
-                plan = attrs.evolve(plan, rows=rows)
-            self.state = self.state.apply(plan)
+            # (The plan itself when every row ran as planned: evolve checks its rows again.)
+            self.state = self.state.apply(plan if as_planned else attrs.evolve(plan, rows=rows))
             for request_id, ran in rows.items():
-                self.waiting.discard(request_id)
+                waiting_ids.discard(request_id)
                 if ran.is_final:
-                    del self.progress[request_id]
+                    del progress[request_id]
                 else:
-                    self.progress[request_id] = (self.progress[request_id][0], ran.end)
-        refused = any(
-            request_id not in rows and sched.requests[request_id].status in _STARTABLE
+                    progress[request_id] = (progress[request_id][0], ran.end)
+        refused = not as_planned and any(
+            request_id not in rows and requests[request_id].status in _STARTABLE
             for request_id in step.admissions
-            if request_id in sched.requests
+            if request_id in requests
         )
-        self.admission_refused = refused and len(self.waiting) < len(self.progress)
+        self.admission_refused = refused and len(waiting_ids) < len(progress)
 
 
 class PyptoScheduler(Scheduler):  # type: ignore[misc]
