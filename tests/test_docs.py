@@ -55,6 +55,7 @@ NEEDS = (
     (re.compile(r"--backend npu\b|\bpypto_sched_npu\b|\btorch\b"), "torch"),
     (re.compile(r"\btransformers\b"), "transformers"),
     (re.compile(r"\bintegrations\.ray\b|--ray-address\b|--replicas \d+ --ray\b"), "ray"),
+    (re.compile(r"\bintegrations\.vllm\b|\bfrom vllm\b|\bimport vllm\b"), "vllm"),
 )
 #: Set to 1 to rewrite the outputs shown (those without ``...``) with what the commands print.
 UPDATE_ENV = "PYPTO_SCHED_UPDATE_DOCS"
