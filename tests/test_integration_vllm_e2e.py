@@ -65,7 +65,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         head_dim=64,  # vLLM's CPU attention refuses 16
         max_position_embeddings=1024,
     )
-    model = Qwen3ForCausalLM(config).eval()
+    model: Any = Qwen3ForCausalLM(config)
     directory = tmp_path_factory.mktemp("qwen3")
     model.save_pretrained(directory)
     return directory
@@ -86,7 +86,7 @@ def engine_env() -> Iterator[None]:
 def counting(base: type[Any]) -> type[Any]:
     """``base`` counting the engine steps that schedule tokens, and the preemptions."""
 
-    class Counting(base):  # type: ignore[misc,valid-type]
+    class Counting(base):  # type: ignore[misc]
         steps = 0
         preemptions = 0
 
