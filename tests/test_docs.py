@@ -57,6 +57,7 @@ NEEDS = (
     (re.compile(r"\btokenizers\b|--backend-option checkpoint=tiny\b"), "tokenizers"),
     (re.compile(r"\bjinja2\b|--backend-option checkpoint=tiny\b"), "jinja2"),
     (re.compile(r"\bintegrations\.ray\b|--ray-address\b|--replicas \d+ --ray\b"), "ray"),
+    (re.compile(r"\bintegrations\.vllm\b|\bfrom vllm\b|\bimport vllm\b"), "vllm"),
 )
 #: Set to 1 to rewrite the outputs shown (those without ``...``) with what the commands print.
 UPDATE_ENV = "PYPTO_SCHED_UPDATE_DOCS"

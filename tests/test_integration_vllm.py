@@ -1,0 +1,308 @@
+"""pypto_sched as vLLM V1's scheduler, on vLLM's own ``Scheduler`` stepped without a model.
+
+The oracles are outside: vLLM's stock ``Scheduler`` on the same workloads, and the offline
+planner ``plan_prefill`` (the steps vLLM runs under our scheduler, with no decodes, are its
+dispatches). vLLM's own scheduler tests judge the rest (``make test-vllm``, .ci/vllm/). These
+tests need vLLM and skip without it (the main environment has none; ``make test-vllm``
+runs them in ``.venv-vllm``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import pytest
+
+# vLLM finds no accelerator here: its CPU platform (set before vLLM is imported).
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+pytest.importorskip("vllm", reason="the vLLM integration needs vLLM (make test-vllm)")
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.request import RequestStatus
+from vllm_driver import BLOCK_SIZE, Driver, Knobs, build, stock
+
+from pypto_sched import InvalidConfigError, PlannerConfig, plan_prefill
+from pypto_sched.integrations import vllm as integration
+from pypto_sched.integrations.vllm import (
+    SUPPORTED_VLLM_VERSIONS,
+    AsyncPackedScheduler,
+    AsyncRoundRobinScheduler,
+    PackedScheduler,
+    RoundRobinScheduler,
+    check_vllm_version,
+    planner_config_from_vllm,
+    scheduler_class,
+)
+
+OURS = {"packed": PackedScheduler, "round_robin": RoundRobinScheduler}
+
+
+# -- construction --------------------------------------------------------------------------
+
+
+def test_the_installed_vllm_is_a_supported_release() -> None:
+    assert check_vllm_version() in SUPPORTED_VLLM_VERSIONS
+
+
+@pytest.mark.parametrize("version", ["0.31.0", "0.34.0", "0.33.1", "1.0"])
+def test_other_vllm_releases_are_refused(version: str) -> None:
+    with pytest.raises(InvalidConfigError, match=re.escape("'vllm' must be one of")):
+        check_vllm_version(version)
+
+
+def test_a_local_build_label_is_the_release() -> None:
+    assert check_vllm_version("0.32.0+cpu") == "0.32.0"
+
+
+def test_construction_refuses_an_unsupported_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(integration, "_vllm_version", "0.31.0")
+    with pytest.raises(InvalidConfigError, match=r"0\.31\.0"):
+        build(PackedScheduler, Knobs())
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    with pytest.raises(InvalidConfigError, match=r"'policy' must be one of .*'fifo'"):
+        scheduler_class("fifo")  # type: ignore[arg-type]
+
+
+def test_a_partial_prefill_limit_is_refused_under_round_robin() -> None:
+    with pytest.raises(InvalidConfigError, match="max_num_partial_prefills"):
+        scheduler_class("round_robin", max_num_partial_prefills=2)
+
+
+@pytest.mark.parametrize("policy", ["packed", "round_robin"])
+def test_requests_start_in_vllms_priority_order(policy: str) -> None:
+    """Under vLLM's ``policy="priority"`` the planner starts requests in vLLM's order:
+    priority first, then arrival."""
+    knobs = Knobs(policy="priority", max_num_batched_tokens=64, max_num_seqs=2)
+    driver = Driver(build(OURS[policy], knobs))
+    priorities = [3, 0, 2, 0, 1]
+    for index, priority in enumerate(priorities):
+        driver.add(str(index), 40, priority=priority)
+    driver.run(max_steps=200)
+    first = [driver.rows[request_id][0][0] for request_id in ["1", "3", "4", "2", "0"]]
+    assert first == sorted(first)
+    assert first[0] < first[-1]
+
+
+def test_without_chunked_prefill_prompts_run_whole() -> None:
+    knobs = Knobs(enable_chunked_prefill=False, max_num_batched_tokens=1 << 15)
+    driver = Driver(build(PackedScheduler, knobs))
+    lengths = {str(i): n for i, n in enumerate([9000, 20000, 5000, 12000])}
+    for request_id, length in lengths.items():
+        driver.add(request_id, length, max_tokens=2)
+    driver.run(max_steps=50)
+    for request_id, rows in driver.rows.items():
+        assert rows[0][1:] == (0, lengths[request_id])  # the prompt whole, then decodes
+
+
+def test_a_config_the_planner_refuses_is_refused_with_vllms_names() -> None:
+    # Blocks of 16 tokens cannot be whole in chunks of at most 8.
+    aligned = scheduler_class("packed", align_to_blocks=True)
+    with pytest.raises(InvalidConfigError, match=r"vLLM's scheduler config .*'page_size'"):
+        build(aligned, Knobs(long_prefill_token_threshold=8))
+
+
+def test_vllms_knobs_map_onto_the_planner_config() -> None:
+    scheduler = build(
+        scheduler_class("packed", align_to_blocks=True, max_num_partial_prefills=3),
+        Knobs(max_num_batched_tokens=512, long_prefill_token_threshold=64, max_num_seqs=7),
+    )
+    assert scheduler.planner_config == PlannerConfig(
+        max_num_batched_tokens=512,
+        long_prefill_token_threshold=64,
+        max_num_seqs=7,
+        page_size=BLOCK_SIZE,
+        policy="packed",
+        max_num_partial_prefills=3,
+    )
+    # vLLM's own threshold is off inside the scheduler; the engine's config is untouched.
+    assert scheduler.scheduler_config.long_prefill_token_threshold == 0
+    assert scheduler.vllm_config.scheduler_config.long_prefill_token_threshold == 64
+
+
+def test_a_threshold_of_0_is_off() -> None:
+    config = planner_config_from_vllm(
+        build(stock(), Knobs()).vllm_config, block_size=BLOCK_SIZE, policy="round_robin"
+    )
+    assert config.long_prefill_token_threshold is None
+    assert config.page_size is None
+
+
+def test_the_async_classes_are_vllms_async_schedulers() -> None:
+    for cls in (AsyncPackedScheduler, AsyncRoundRobinScheduler):
+        assert issubclass(cls, AsyncScheduler)
+    assert issubclass(scheduler_class("packed", asynchronous=True), AsyncScheduler)
+    assert not issubclass(PackedScheduler, AsyncScheduler)
+
+
+# -- the planner decides ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["packed", "round_robin"])
+@pytest.mark.parametrize(
+    ("lengths", "knobs"),
+    [
+        ([300, 50, 700, 20, 129, 400], Knobs(long_prefill_token_threshold=64)),
+        ([3338] * 4, Knobs(max_num_batched_tokens=1024, long_prefill_token_threshold=256)),
+        ([5, 9, 17, 33, 65, 129, 257], Knobs(max_num_batched_tokens=96, max_num_seqs=3)),
+    ],
+)
+def test_the_steps_vllm_runs_are_the_planners_dispatches(
+    policy: str, lengths: list[int], knobs: Knobs
+) -> None:
+    """With every request at once and no decodes (one token each), vLLM runs exactly the
+    dispatches of ``plan_prefill`` with the same knobs."""
+    driver = Driver(build(OURS[policy], knobs))
+    for index, length in enumerate(lengths):
+        driver.add(str(index), length)
+    driver.run()
+    config = driver.scheduler.planner_config
+    schedule = plan_prefill(lengths, config)
+    expected = [
+        {str(int(r)): int(n) for r, n in zip(d.requests, d.lengths, strict=True)}
+        for d in schedule.dispatches
+    ]
+    # (vLLM takes one more, empty, step to report the last finished requests.)
+    assert [step for step in driver.steps if step] == expected
+
+
+WORKLOADS = {
+    "long prompts": [1200, 900, 2000, 1500, 700, 2600],
+    "mixed": [40, 1800, 90, 60, 2500, 30, 700, 20],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_packed_takes_no_more_steps_than_vllm(name: str) -> None:
+    lengths = WORKLOADS[name]
+    knobs = Knobs(max_num_batched_tokens=512, long_prefill_token_threshold=128)
+    steps = {}
+    for label, cls in (("stock", stock()), ("packed", PackedScheduler)):
+        driver = Driver(build(cls, knobs))
+        for index, length in enumerate(lengths):
+            driver.add(str(index), length, max_tokens=4)
+        steps[label] = driver.run()
+    assert steps["packed"] <= steps["stock"]
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+def check_in_step(driver: Driver) -> None:
+    """The planner's state holds exactly the requests vLLM has with prefill left, where vLLM
+    has them, and every step keeps to the dispatch's limits."""
+    scheduler = driver.scheduler
+    state = scheduler.prefill_state
+    config = scheduler.planner_config
+    for request_id in state:
+        request = scheduler.requests[request_id]
+        assert state[request_id].prompt_length == request.num_tokens
+        assert state[request_id].num_computed_tokens == request.num_computed_tokens
+    for request_id, request in scheduler.requests.items():
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            assert request_id in state
+    step = driver.steps[-1] if driver.steps else {}
+    assert sum(step.values()) <= config.max_num_batched_tokens
+    assert len(step) <= (config.max_num_seqs or len(step))
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> dict[str, Any]:
+    policy = draw(st.sampled_from(["packed", "round_robin"]))
+    align = draw(st.booleans())
+    threshold = draw(st.sampled_from([0, 32, 48, 100]))
+    if align and threshold and threshold < BLOCK_SIZE:
+        threshold = BLOCK_SIZE
+    return {
+        "policy": policy,
+        "align": align,
+        "knobs": Knobs(
+            max_num_batched_tokens=draw(st.sampled_from([64, 128, 200])),
+            long_prefill_token_threshold=threshold,
+            max_num_seqs=draw(st.integers(2, 6)),
+            num_blocks=draw(st.integers(24, 80)),
+        ),
+        # (arrival step, prompt length, tokens to generate, abort at step or None)
+        "requests": draw(
+            st.lists(
+                st.tuples(
+                    st.integers(0, 6),
+                    st.integers(1, 300),
+                    st.integers(1, 6),
+                    st.none() | st.integers(0, 12),
+                ),
+                min_size=1,
+                max_size=10,
+            )
+        ),
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs())
+def test_every_request_finishes_and_the_state_follows_vllm(run: dict[str, Any]) -> None:
+    """Arrivals over time, decodes, a KV cache small enough to preempt and aborts (mid-
+    prefill too): no request is lost or stuck, the planner's state is vLLM's after every
+    step, every step keeps to the limits, and aligned chunks end on KV blocks."""
+    cls = scheduler_class(run["policy"], align_to_blocks=run["align"])
+    driver = Driver(build(cls, run["knobs"]))
+    requests = run["requests"]
+    lengths = {}
+    step = 0
+    while step < 3000:
+        for index, (arrival, length, max_tokens, _) in enumerate(requests):
+            if arrival == step:
+                lengths[str(index)] = length
+                driver.add(str(index), length, max_tokens=max_tokens, fill=index)
+        for index, (_, _, _, abort) in enumerate(requests):
+            request_id = str(index)
+            if abort == step and request_id in driver.scheduler.requests:
+                driver.abort(request_id)
+                assert request_id not in driver.scheduler.prefill_state
+        if step > 6 and not driver.scheduler.has_requests():
+            break
+        driver.step()
+        check_in_step(driver)
+        step += 1
+    assert not driver.scheduler.has_requests(), "a request is stuck"
+    assert not driver.scheduler.prefill_state
+    assert driver.finished == set(lengths)
+    if run["align"]:
+        for request_id, rows in driver.rows.items():
+            for _, start, tokens in rows:
+                end = start + tokens
+                if end < lengths[request_id]:  # a non-final prefill chunk
+                    assert end % BLOCK_SIZE == 0, (request_id, rows)
+
+
+@pytest.mark.parametrize("cls", [PackedScheduler, RoundRobinScheduler, AsyncPackedScheduler])
+def test_a_request_aborted_mid_prefill_leaves_and_the_rest_finish(cls: type[Any]) -> None:
+    driver = Driver(build(cls, Knobs(max_num_batched_tokens=64, long_prefill_token_threshold=32)))
+    for index, length in enumerate([200, 150, 90]):
+        driver.add(str(index), length, max_tokens=3)
+    driver.step()
+    assert driver.scheduler.requests["0"].num_computed_tokens > 0  # part-way
+    driver.abort("0")
+    assert "0" not in driver.scheduler.prefill_state
+    driver.run(max_steps=200)
+    assert driver.finished == {"0", "1", "2"}
+
+
+def test_preempted_requests_come_back_first_and_finish() -> None:
+    knobs = Knobs(max_num_batched_tokens=128, long_prefill_token_threshold=64, num_blocks=20)
+    driver = Driver(build(PackedScheduler, knobs))
+    for index, length in enumerate([120, 110, 100]):
+        driver.add(str(index), length, max_tokens=40)
+    preempted = 0
+    while driver.scheduler.has_requests():
+        output = driver.step()
+        check_in_step(driver)
+        preempted += len(output.preempted_req_ids or ())
+        assert len(driver.steps) < 500
+    assert preempted > 0
+    assert driver.finished == {"0", "1", "2"}
