@@ -68,7 +68,7 @@ from pypto_sched import (
 )
 
 # The floor builds its rows with plan_step's own builders (see build_rows).
-from pypto_sched._online import _Rows, _step_chunk
+from pypto_sched._online import StepRows, step_chunk
 
 IN_FLIGHT = (10, 100, 1_000, 10_000)
 WAITING = (100, 1_000, 10_000, 100_000)
@@ -300,8 +300,8 @@ def build_rows(rows: Rows) -> Mapping[int, StepChunk]:
     """The floor: the plan's rows built as ``plan_step`` builds the rows it returns (each
     chunk by its unchecked builder, then the read-only mapping), so that the floor is the
     cost of returning them."""
-    return _Rows(
-        {r: _step_chunk(start, length, final) for r, (start, length, final) in rows.items()}
+    return StepRows(
+        {r: step_chunk(start, length, final) for r, (start, length, final) in rows.items()}
     )
 
 

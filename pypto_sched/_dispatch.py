@@ -150,10 +150,10 @@ class DispatchArrays:
 
 def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchArrays:
     """Derive the kernel arrays of ``dispatch`` given every request's block table."""
-    return _dispatch_arrays(dispatch, block_tables)
+    return dispatch_arrays_with_ids(dispatch, block_tables)
 
 
-def _dispatch_arrays(
+def dispatch_arrays_with_ids(
     dispatch: Dispatch, block_tables: BlockTables, *, request_ids: Sequence[object] | None = None
 ) -> DispatchArrays:
     """:func:`dispatch_arrays`, whose messages name request ``r`` as ``request_ids[r]`` (its

@@ -41,7 +41,7 @@ from ._validate import (
     read_only,
 )
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
-from .execute import DEFAULT_PAGE_SIZE, TokenIds, _run, token_array
+from .execute import DEFAULT_PAGE_SIZE, TokenIds, run_dispatch_checked, token_array
 
 __all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone", "generate"]
 
@@ -535,7 +535,7 @@ class _Run:
         # one-device run of the whole batch would.)
         rows = ", ".join(f"request {self.seeds[r]} tokens {c.start}:{c.start + c.length}"
                          for r, c in list(step.rows.items())[:3])  # fmt: skip
-        output = _run(
+        output = run_dispatch_checked(
             self.backend,
             batch,
             cache,
@@ -547,7 +547,7 @@ class _Run:
         finished = []
         counted = set(step.finished)  # (a tuple: one look-up a row made a step quadratic)
         for row, request in enumerate(step.sampled):
-            # ``_run`` checked that what was asked for is there, of the right shape.
+            # ``run_dispatch_checked`` checked that what was asked for is there, of the right shape.
             token = self.choose(request, row, output, logits_rows[row])
             self.tokens[request].append(token)
             self.num_generated += 1

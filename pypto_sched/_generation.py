@@ -74,7 +74,7 @@ import attrs
 import numpy as np
 
 from ._config import PlannerConfig
-from ._dispatch import DispatchArrays, _dispatch_arrays
+from ._dispatch import DispatchArrays, dispatch_arrays_with_ids
 from ._errors import (
     DuplicateRequestError,
     InvalidConfigError,
@@ -85,17 +85,16 @@ from ._online import (
     PrefillState,
     StepChunk,
     StepPlan,
-    _check_hashable,
-    _plan_rows,
-    _Rows,
-    _step_chunk,
+    StepRows,
+    as_step_rows,
     plan_step,
+    step_chunk,
 )
 from ._persistent import Frozen, PersistentMap
 from ._policies import preemption_victim
-from ._pool import PagePool, _Holds, check_holds_alone
+from ._pool import PagePool, StepHolds, check_holds_alone
 from ._schedule import Dispatch
-from ._validate import MAX_TOKENS, as_count_array, check_int, read_only
+from ._validate import MAX_TOKENS, as_count_array, check_hashable, check_int, read_only
 
 __all__ = ["GenerationRequest", "GenerationState", "GenerationStep", "plan_generation_step"]
 
@@ -240,7 +239,7 @@ class GenerationState(Frozen, Generic[RequestId]):
         self, request_id: RequestId, prompt_length: int, *, max_new_tokens: int
     ) -> GenerationState[RequestId]:
         """A state that also holds ``request_id``, arrived after every request here."""
-        _check_hashable(request_id)  # PrefillState.add's check, before the pool is consulted
+        check_hashable(request_id)  # PrefillState.add's check, before the pool is consulted
         length = check_int("prompt_length", prompt_length, min_value=1)
         new = check_int("max_new_tokens", max_new_tokens, min_value=1)
         if length + new - 1 > MAX_TOKENS:
@@ -450,7 +449,7 @@ def step_arrays(
     is ``i`` (the row of ``pool.block_tables(list(rows))``)."""
     if not isinstance(pool, PagePool):
         raise InvalidInputError(f"'pool' must be a PagePool: {type(pool).__name__}")
-    return _step_arrays(_plan_rows(rows), pool, index=index)
+    return _step_arrays(as_step_rows(rows), pool, index=index)
 
 
 def _step_arrays(
@@ -466,7 +465,7 @@ def _step_arrays(
         lengths=read_only(np.array([c.length for c in chunks], dtype=np.int32)),
         is_final=read_only(np.array([c.is_final for c in chunks], dtype=np.bool_)),
     )
-    return _dispatch_arrays(dispatch, pool._block_tables(ids), request_ids=ids)
+    return dispatch_arrays_with_ids(dispatch, pool._block_tables(ids), request_ids=ids)
 
 
 def plan_generation_step(
@@ -512,7 +511,7 @@ class _GenerationStep(Generic[RequestId]):
         rows_left = self.config.max_num_seqs or MAX_TOKENS
         # The decode rows' holds are made at once, as plan_step makes its rows' (one new pool
         # a step, not one a row); a preemption first makes those noted so far.
-        holds = _Holds(self.pool)
+        holds = StepHolds(self.pool)
         for rank, request_id in list(self.decoding):
             if tokens_left == 0 or rows_left == 0:
                 break
@@ -522,12 +521,12 @@ class _GenerationStep(Generic[RequestId]):
             while not holds.can_hold(request_id, context):
                 self.pool = holds.pool()
                 victim = self.preempt_for(rank, request_id)
-                holds = _Holds(self.pool)
+                holds = StepHolds(self.pool)
                 if victim == request_id:
                     break
             else:
                 holds.hold(request_id, context)
-                rows[request_id] = _step_chunk(context - 1, 1, True)
+                rows[request_id] = step_chunk(context - 1, 1, True)
                 tokens_left -= 1
                 rows_left -= 1
         self.pool = holds.pool()
@@ -673,7 +672,7 @@ class _GenerationStep(Generic[RequestId]):
         after: GenerationState[RequestId] = object.__new__(GenerationState)
         after._init(sequences, prefill_after, decoding, pool, self.next_arrival)
         return GenerationStep(
-            rows=_Rows(rows),
+            rows=StepRows(rows),
             num_decode_rows=num_decode,
             preempted=tuple(self.preempted),
             finished=tuple(finished),

@@ -78,12 +78,13 @@ from ._policies import (
     request_cap,
     surely_keeps_to_the_bound,
 )
-from ._pool import PagePool, _Holds, check_holds_alone
+from ._pool import PagePool, StepHolds, check_holds_alone
 from ._validate import (
     MAX_TOKENS,
     as_count_array,
     check_bool,
     check_chunk_end,
+    check_hashable,
     check_ids,
     check_int,
     chunk_is_final,
@@ -96,7 +97,7 @@ __all__ = ["PrefillRequest", "PrefillState", "StepChunk", "StepPlan", "plan_step
 RequestId = TypeVar("RequestId", bound=Hashable)
 
 
-class _Request(NamedTuple):
+class RequestRecord(NamedTuple):
     """One request's progress. Records are never changed; progress makes a new one."""
 
     id: Any
@@ -173,7 +174,7 @@ _set_length = StepChunk.__dict__["length"].__set__
 _set_is_final = StepChunk.__dict__["is_final"].__set__
 
 
-def _step_chunk(start: int, length: int, is_final: bool) -> StepChunk:
+def step_chunk(start: int, length: int, is_final: bool) -> StepChunk:
     """``StepChunk(start=start, length=length, is_final=is_final)``, built faster."""
     chunk: StepChunk = _new(StepChunk)
     _set_start(chunk, start)
@@ -196,12 +197,12 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
 
     #: Every request in the queue, by id. An entry of the queue is live only while this
     #: map holds that very record.
-    _requests: PersistentMap[RequestId, _Request]
+    _requests: PersistentMap[RequestId, RequestRecord]
     #: Waiting requests (and under ``round_robin`` every request) in turn order, ranked by
     #: the tokens they have left (``packed`` keeps to the bound with the two most).
-    _queue: PersistentQueue[_Request]
+    _queue: PersistentQueue[RequestRecord]
     #: ``packed``: the started, unfinished requests in arrival order (not in the queue).
-    _started: tuple[_Request, ...]
+    _started: tuple[RequestRecord, ...]
     #: Tokens still to prefill, over every request.
     _num_tokens: int
     #: The policy of the run in progress (see :attr:`policy`).
@@ -214,9 +215,9 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
 
     def _init(
         self,
-        requests: PersistentMap[RequestId, _Request],
-        queue: PersistentQueue[_Request],
-        started: tuple[_Request, ...],
+        requests: PersistentMap[RequestId, RequestRecord],
+        queue: PersistentQueue[RequestRecord],
+        started: tuple[RequestRecord, ...],
         num_tokens: int,
         policy: Policy | None,
     ) -> None:
@@ -231,9 +232,9 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
 
     def _evolve(
         self,
-        requests: PersistentMap[RequestId, _Request],
-        queue: PersistentQueue[_Request],
-        started: tuple[_Request, ...],
+        requests: PersistentMap[RequestId, RequestRecord],
+        queue: PersistentQueue[RequestRecord],
+        started: tuple[RequestRecord, ...],
         num_tokens: int,
         policy: Policy | None,
     ) -> PrefillState[RequestId]:
@@ -260,12 +261,12 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         computed = check_num_computed_tokens(num_computed_tokens, lengths)
         # (Built at once, as add after add would build it: a map updated once and a queue.)
         records = tuple(
-            _Request(index, length, cached, False)
+            RequestRecord(index, length, cached, False)
             for index, (length, cached) in enumerate(
                 zip(lengths.tolist(), computed.tolist(), strict=True)
             )
         )
-        return _restore((), records, int((lengths - computed).sum()), None)
+        return restore_prefill_state((), records, int((lengths - computed).sum()), None)
 
     # -- changes -----------------------------------------------------------------------------
 
@@ -291,12 +292,12 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         at_front = check_bool("at_front", at_front)
         if not leaves_tokens_to_prefill(cached, length):
             raise computed_tokens_error(cached, length)
-        _check_hashable(request_id)
+        check_hashable(request_id)
         if self._find(request_id) is not None:
             raise DuplicateRequestError(
                 f"'request_id' must not be in the state already: {request_id!r} is"
             )
-        record = _Request(request_id, length, cached, False)
+        record = RequestRecord(request_id, length, cached, False)
         return self._evolve(
             self._requests.set(request_id, record),
             self._queue.push_front(record) if at_front else self._queue.push(record),
@@ -360,7 +361,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             if len(started) + len(queued) == len(self):
                 return self
             num_tokens = sum(map(_left, started)) + sum(map(_left, queued))
-            return _restore(started, queued, num_tokens, self._policy)
+            return restore_prefill_state(started, queued, num_tokens, self._policy)
         # A few go: out of the map (their queue entries die), and the queue's two best made
         # live once, if one of them went.
         requests = self._requests
@@ -409,12 +410,12 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
                 f"progress: it was planned with {policy!r}"
             )
         requests, queue = self._requests, self._queue
-        started: list[_Request | None] = list(self._started)  # None: finished here
+        started: list[RequestRecord | None] = list(self._started)  # None: finished here
         # (Started requests found by a dict made once, not by a walk over them for each
         # row: a plan of many started rows made apply quadratic.)
         started_at = {record.id: i for i, record in enumerate(self._started)}
         num_tokens = self._num_tokens
-        admitted: list[_Request] = []
+        admitted: list[RequestRecord] = []
         for request_id, chunk in plan.rows.items():
             index = _index_of(started_at, request_id)
             record = requests.get(request_id) if index is None else started[index]
@@ -435,7 +436,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             num_tokens -= chunk.length
             after = None
             if not chunk.is_final:
-                after = _Request(request_id, record.prompt_length, chunk.end, True)
+                after = RequestRecord(request_id, record.prompt_length, chunk.end, True)
             if index is not None:  # packed: a started request
                 started[index] = after
             elif after is None:  # finished: its queue entry dies
@@ -454,7 +455,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _find(self, request_id: RequestId) -> _Request | None:
+    def _find(self, request_id: RequestId) -> RequestRecord | None:
         record = self._requests.get(request_id)
         if record is None:
             for candidate in self._started:
@@ -462,8 +463,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
                     return candidate
         return record
 
-    def _record(self, request_id: RequestId) -> _Request:
-        _check_hashable(request_id)
+    def _record(self, request_id: RequestId) -> RequestRecord:
+        check_hashable(request_id)
         record = self._find(request_id)
         if record is None:
             raise UnknownRequestError(
@@ -493,7 +494,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         for record in self._in_order():
             yield record.id
 
-    def _in_order(self) -> Iterator[_Request]:
+    def _in_order(self) -> Iterator[RequestRecord]:
         """Every request: ``packed``'s started ones, then the live entries of the queue."""
         yield from self._started
         requests = self._requests
@@ -532,7 +533,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # The default would restore the slots with setattr, which an immutable state refuses.
-        return _restore, (
+        return restore_prefill_state, (
             self._started,
             tuple(self._in_order())[len(self._started) :],
             self._num_tokens,
@@ -562,7 +563,7 @@ def _index_of(positions: dict[Any, int], request_id: object) -> int | None:
         return None
 
 
-def _left(record: _Request) -> int:
+def _left(record: RequestRecord) -> int:
     """A queued request's rank: the tokens it has left to prefill."""
     return record.prompt_length - record.position
 
@@ -575,15 +576,15 @@ _NO_QUEUE: PersistentQueue[Any] = PersistentQueue(_left)
 _REBUILD_SHARE = 4
 
 
-def _restore(
-    started: tuple[_Request, ...],
-    queued: tuple[_Request, ...],
+def restore_prefill_state(
+    started: tuple[RequestRecord, ...],
+    queued: tuple[RequestRecord, ...],
     num_tokens: int,
     policy: Policy | None,
 ) -> PrefillState[Any]:
-    requests: PersistentMap[Any, _Request] = PersistentMap()
+    requests: PersistentMap[Any, RequestRecord] = PersistentMap()
     requests = requests.update((record.id, record) for record in queued)
-    queue: PersistentQueue[_Request] = _NO_QUEUE.extend(queued)
+    queue: PersistentQueue[RequestRecord] = _NO_QUEUE.extend(queued)
     return PrefillState()._evolve(requests, queue, started, num_tokens, policy)
 
 
@@ -595,14 +596,7 @@ def _is_hashable(request_id: object) -> bool:
     return True
 
 
-def _check_hashable(request_id: object) -> None:
-    if not _is_hashable(request_id):
-        raise InvalidInputError(
-            f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
-        )
-
-
-class _Rows(dict[RequestId, StepChunk]):
+class StepRows(dict[RequestId, StepChunk]):
     """A plan's rows: a read-only dict that pickles and copies like any value.
 
     (A dict subclass rather than a ``Mapping`` wrapper: it is built on every step without
@@ -619,10 +613,10 @@ class _Rows(dict[RequestId, StepChunk]):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # The default would rebuild the dict item by item through __setitem__.
-        return _Rows, (dict(self),)
+        return StepRows, (dict(self),)
 
 
-def _plan_rows(rows: object) -> Mapping[Any, StepChunk]:
+def as_step_rows(rows: object) -> Mapping[Any, StepChunk]:
     """A plan's ``rows`` checked, as a read-only mapping."""
     if not isinstance(rows, Mapping):
         raise InvalidInputError(
@@ -634,7 +628,7 @@ def _plan_rows(rows: object) -> Mapping[Any, StepChunk]:
                 f"'rows' must map each request id to a StepChunk: {request_id!r} maps to "
                 f"{chunk!r} ({type(chunk).__name__})"
             )
-    return rows if type(rows) is _Rows else _Rows(rows)
+    return rows if type(rows) is StepRows else StepRows(rows)
 
 
 def _check_state(_plan: object, _field: object, state: object) -> None:
@@ -658,7 +652,7 @@ class StepPlan(Generic[RequestId]):
     (to ship them to worker processes).
     """
 
-    rows: Mapping[RequestId, StepChunk] = attrs.field(converter=_plan_rows)
+    rows: Mapping[RequestId, StepChunk] = attrs.field(converter=as_step_rows)
     state: PrefillState[RequestId] = attrs.field(validator=_check_state)
     #: With a pool given to :func:`plan_step`: that pool once the rows' pages are held
     #: (request ids are the state's); else ``None``.
@@ -727,7 +721,7 @@ def plan_step(
     # bind (see _keep_to_the_bound; a page pool must hold every request whole).
     whole = reserved_tokens == 0 and reserved_rows == 0
     to_bound = config if whole and bound_rule_applies(config, num_requests) else None
-    step = _Step(state, None if pool is None else _Holds(pool), cap, page, to_bound)
+    step = _Step(state, None if pool is None else StepHolds(pool), cap, page, to_bound)
     if config.policy == "packed":
         plan = _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
     else:
@@ -764,9 +758,9 @@ def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[Reques
         )
 
 
-_NO_ROWS: Mapping[Any, StepChunk] = _Rows({})
+_NO_ROWS: Mapping[Any, StepChunk] = StepRows({})
 
-# A plan, and a record, built without a Python __init__ (as _step_chunk: a plan is built on
+# A plan, and a record, built without a Python __init__ (as step_chunk: a plan is built on
 # every step, from rows and a state that need no check).
 _set_rows = StepPlan.__dict__["rows"].__set__
 _set_state = StepPlan.__dict__["state"].__set__
@@ -798,7 +792,7 @@ class _Step(NamedTuple, Generic[RequestId]):
 
     state: PrefillState[RequestId]
     #: With a pool: the rows' page holds, made at once when the plan is built.
-    holds: _Holds[RequestId] | None
+    holds: StepHolds[RequestId] | None
     #: The request cap of this step (see request_cap).
     cap: int
     #: Chunks end on multiples of it (1: anywhere).
@@ -806,7 +800,7 @@ class _Step(NamedTuple, Generic[RequestId]):
     #: The config, when ``packed`` keeps this dispatch to the bound; else ``None``.
     to_bound: PlannerConfig | None
 
-    def size(self, record: _Request, tokens_left: int, rows_left: int) -> int:
+    def size(self, record: RequestRecord, tokens_left: int, rows_left: int) -> int:
         """Tokens ``record`` may run in the room left (0: none)."""
         holds = self.holds
         if holds is not None:
@@ -818,9 +812,9 @@ class _Step(NamedTuple, Generic[RequestId]):
     def plan(
         self,
         rows: dict[RequestId, StepChunk],
-        requests: PersistentMap[RequestId, _Request],
-        queue: PersistentQueue[_Request],
-        started: tuple[_Request, ...],
+        requests: PersistentMap[RequestId, RequestRecord],
+        queue: PersistentQueue[RequestRecord],
+        started: tuple[RequestRecord, ...],
         tokens_run: int,
         policy: Policy,
     ) -> StepPlan[RequestId]:
@@ -830,28 +824,28 @@ class _Step(NamedTuple, Generic[RequestId]):
         if not rows:
             return _step_plan(_NO_ROWS, state, None if holds is None else holds.base)
         next_state = state._evolve(requests, queue, started, state._num_tokens - tokens_run, policy)
-        return _step_plan(_Rows(rows), next_state, None if holds is None else holds.pool())
+        return _step_plan(StepRows(rows), next_state, None if holds is None else holds.pool())
 
 
 def _run(
     rows: dict[RequestId, StepChunk],
-    record: _Request,
+    record: RequestRecord,
     size: int,
-    holds: _Holds[RequestId] | None,
-) -> _Request | None:
+    holds: StepHolds[RequestId] | None,
+) -> RequestRecord | None:
     """Add a row of ``size`` tokens of ``record`` (with a pool, noting its pages' hold);
     return its new record, or ``None`` if the chunk is final."""
     request_id, length, start, _ = record
     end = start + size
-    rows[request_id] = _step_chunk(start, size, end == length)
+    rows[request_id] = step_chunk(start, size, end == length)
     if holds is not None:
         holds.hold(request_id, end)
-    return None if end == length else _new_record(_Request, (request_id, length, end, True))
+    return None if end == length else _new_record(RequestRecord, (request_id, length, end, True))
 
 
 def _queue_of(
-    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
-) -> PersistentQueue[_Request]:
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
+) -> PersistentQueue[RequestRecord]:
     """``queue`` rebuilt of its live entries only."""
     live = _NO_QUEUE
     for record in queue:
@@ -861,8 +855,8 @@ def _queue_of(
 
 
 def _without_best(
-    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
-) -> PersistentQueue[_Request]:
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
+) -> PersistentQueue[RequestRecord]:
     """``queue``, one of whose two best entries just died, with its two best live again: the
     dead entries at its front popped, when that is enough (the oldest of equal lengths are
     the best: aborting the oldest first pops them), else rebuilt of its live entries."""
@@ -871,7 +865,7 @@ def _without_best(
 
 
 def _best_are_live(
-    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
 ) -> bool:
     """Whether the two entries ``queue`` ranks best (those it has) are live."""
     _, item, _, other = queue.best()
@@ -881,7 +875,7 @@ def _best_are_live(
 
 
 def _live_best(
-    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
 ) -> tuple[int, int]:
     """The two most tokens left to live entries of ``queue`` (0 where there are fewer).
     (Read off the queue; only if a dead entry is among its best, by a walk.)"""
@@ -893,8 +887,8 @@ def _live_best(
 
 
 def _live_head(
-    requests: PersistentMap[RequestId, _Request], queue: PersistentQueue[_Request]
-) -> tuple[_Request | None, PersistentQueue[_Request]]:
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
+) -> tuple[RequestRecord | None, PersistentQueue[RequestRecord]]:
     """The first live record of ``queue`` (``None``: none), and ``queue`` without the dead
     entries before it."""
     while queue:
@@ -913,7 +907,7 @@ def _plan_packed(
     state, holds = step.state, step.holds
     tokens_left, room_rows = tokens, rows_left
     rows: dict[RequestId, StepChunk] = {}
-    started: list[_Request] = []
+    started: list[RequestRecord] = []
     for record in state._started:
         size = step.size(record, tokens_left, rows_left)
         if size == 0:  # no room for it in this step
@@ -925,7 +919,7 @@ def _plan_packed(
         tokens_left -= size
         rows_left -= 1
     requests, queue = state._requests, state._queue
-    admitted: list[_Request] = []
+    admitted: list[RequestRecord] = []
     # (With no room left no one is admitted; checking first spares the queue a walk.)
     while rows_left and tokens_left:
         head, queue = _live_head(requests, queue)
@@ -964,9 +958,9 @@ def _keep_to_the_bound(
     step: _Step[RequestId],
     config: PlannerConfig,
     greedy: dict[RequestId, StepChunk],
-    admitted: list[_Request],
-    waiting: PersistentMap[RequestId, _Request],
-    queue: PersistentQueue[_Request],
+    admitted: list[RequestRecord],
+    waiting: PersistentMap[RequestId, RequestRecord],
+    queue: PersistentQueue[RequestRecord],
     tokens: int,
     rows_room: int,
 ) -> StepPlan[RequestId] | None:
@@ -1030,10 +1024,10 @@ def _keep_to_the_bound(
     after = [r - size for r, size in zip(left, sizes, strict=True)]
     if _bound_with(after, others, total - sum(sizes), count - after.count(0), config) >= bound:
         return None
-    holds = None if step.holds is None else _Holds(step.holds.base)
+    holds = None if step.holds is None else StepHolds(step.holds.base)
     step = step._replace(holds=holds)
     rows: dict[RequestId, StepChunk] = {}
-    started: list[_Request] = []
+    started: list[RequestRecord] = []
     for record, size in zip(records[:num_started], sizes, strict=False):
         if holds is not None and size > holds.room(record.id, record.position):
             return None
@@ -1107,12 +1101,12 @@ def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> St
 
 def _first_runnable_behind_head(
     step: _Step[RequestId],
-    holds: _Holds[RequestId],
-    requests: PersistentMap[RequestId, _Request],
-    queue: PersistentQueue[_Request],
+    holds: StepHolds[RequestId],
+    requests: PersistentMap[RequestId, RequestRecord],
+    queue: PersistentQueue[RequestRecord],
     tokens: int,
     rows_left: int,
-) -> tuple[_Request, int]:
+) -> tuple[RequestRecord, int]:
     """The first live request after the head of ``queue`` that can run a token, and its
     chunk; the head and 0 if none can.
 
@@ -1134,7 +1128,9 @@ def _first_runnable_behind_head(
     return head, 0
 
 
-def _pool_holds_everything(state: PrefillState[RequestId], holds: _Holds[RequestId] | None) -> bool:
+def _pool_holds_everything(
+    state: PrefillState[RequestId], holds: StepHolds[RequestId] | None
+) -> bool:
     """Whether the pool (if any) holds every request of ``state`` whole."""
     if holds is None:
         return True

@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from ._config import PlannerConfig
 from ._errors import InvalidInputError
-from ._online import PrefillState, _Request, _restore, plan_step
+from ._online import PrefillState, RequestRecord, plan_step, restore_prefill_state
 from ._policies import (
     IntArray,
     Rows,
@@ -47,7 +47,7 @@ def plan_prefill(
     computed = check_num_computed_tokens(num_computed_tokens, lengths)
     rows = plan_rows(lengths, computed, config)
     if config.policy == "packed":  # kept to the bound
-        rows = _keep_to_the_bound(lengths, computed, config, rows)
+        rows = _rows_kept_to_the_bound(lengths, computed, config, rows)
     offsets, requests, starts, sizes, final = rows
     return Schedule(
         config=config,
@@ -85,7 +85,7 @@ def plan_one_shot(
     )
 
 
-def _keep_to_the_bound(
+def _rows_kept_to_the_bound(
     lengths: IntArray, computed: IntArray, config: PlannerConfig, greedy: Rows
 ) -> Rows:
     """``packed``'s rows kept to the bound (``_policies.py``, *Keeping to the bound*), from
@@ -119,13 +119,15 @@ def _keep_to_the_bound(
     done = int(offsets[first])
     ran = np.bincount(requests[:done], weights=sizes[:done], minlength=lengths.size)
     position = computed + ran.astype(np.int64)  # float sums of ints below 2**53: exact
-    started: list[_Request] = []
-    queued: list[_Request] = []
+    started: list[RequestRecord] = []
+    queued: list[RequestRecord] = []
     for r in np.flatnonzero(position < lengths).tolist():
         at = int(position[r])
-        record = _Request(r, int(lengths[r]), at, at > computed[r])
+        record = RequestRecord(r, int(lengths[r]), at, at > computed[r])
         (started if record.started else queued).append(record)
-    state: PrefillState[int] = _restore(tuple(started), tuple(queued), int(left[first]), "packed")
+    state: PrefillState[int] = restore_prefill_state(
+        tuple(started), tuple(queued), int(left[first]), "packed"
+    )
     rows: list[tuple[int, int, int, bool]] = []
     ends = list(offsets[: first + 1].tolist())
     while len(state):

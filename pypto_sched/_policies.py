@@ -110,7 +110,7 @@ order. (Where a limit can bind, the bound does not count it, and correcting by i
 dispatches than the greedy fill on rare batches: there the greedy fill stands.) Offline, the
 greedy rows stand up to the first dispatch to which the rule applies and that fails
 :func:`surely_keeps_to_the_bound`, and the rest is stepped by ``plan_step``
-(``_plan._keep_to_the_bound``), so both make the same choices. ``docs/semantics.md`` has the
+(``_plan._rows_kept_to_the_bound``), so both make the same choices. ``docs/semantics.md`` has the
 details.
 
 Online: one step at a time
@@ -656,11 +656,11 @@ def plan_rows(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> R
             f"'long_prefill_token_threshold'"
         )
     if config.policy == "round_robin":
-        return _plan_round_robin(lengths, computed, config)
-    return _plan_packed(lengths, computed, config)
+        return _round_robin_rows(lengths, computed, config)
+    return _packed_rows(lengths, computed, config)
 
 
-def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
+def _round_robin_rows(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
     budget = config.effective_budget
     remaining = lengths - computed
     n = lengths.size
@@ -724,7 +724,7 @@ def _plan_round_robin(lengths: IntArray, computed: IntArray, config: PlannerConf
     return np.arange(total + 1, dtype=np.int64), requests, starts, sizes, final
 
 
-def _plan_packed(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
+def _packed_rows(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:
     plan = _PackedPlanner(lengths, computed, config)
     plan.run()
     return plan.rows(lengths)

@@ -40,7 +40,7 @@ from ._errors import CacheTooSmallError, InvalidConfigError, InvalidInputError
 from ._pages import BlockTables
 from ._persistent import Frozen, PersistentMap, WideMap
 from ._policies import page_room
-from ._validate import MAX_TOKENS, check_ids, check_int, read_only
+from ._validate import MAX_TOKENS, check_hashable, check_ids, check_int, read_only
 
 __all__ = ["PagePool"]
 
@@ -172,7 +172,7 @@ class PagePool(Frozen, Generic[RequestId]):
         try:
             table = self._owned.get(request_id)
         except TypeError:
-            _check_hashable(request_id)  # an unhashable id is the caller's mistake: named
+            check_hashable(request_id)  # an unhashable id is the caller's mistake: named
             raise
         return _NO_TABLE if table is None else table
 
@@ -292,7 +292,7 @@ class PagePool(Frozen, Generic[RequestId]):
         It keeps the pages it has and gets the missing ones at the end of its table. Raises
         :class:`CacheTooSmallError` (and changes nothing) when too few pages are free.
         """
-        _check_hashable(request_id)
+        check_hashable(request_id)
         tokens = check_int("num_tokens", num_tokens, min_value=0, max_value=MAX_TOKENS)
         have = self._held(request_id)
         missing = self._pages_for(tokens) - have
@@ -303,7 +303,7 @@ class PagePool(Frozen, Generic[RequestId]):
                 f"request {request_id!r} needs {missing} more pages to hold {tokens} tokens "
                 f"(it has {have}): {self.num_free} of {self._num_pages} are free"
             )
-        holds = _Holds(self)
+        holds = StepHolds(self)
         holds.hold(request_id, tokens)
         return holds.pool()
 
@@ -447,7 +447,7 @@ _set_num_freed = PagePool.__dict__["_num_freed"].__set__
 _set_unused = PagePool.__dict__["_unused"].__set__
 
 
-class _Holds(Generic[RequestId]):
+class StepHolds(Generic[RequestId]):
     """The page holds of a step being planned on ``pool``, applied at once by :meth:`pool`.
 
     :meth:`room` reads a request's table and the pages still free, :meth:`hold` notes the
@@ -508,12 +508,3 @@ def _restore(
         owned = owned.set(request_id, (array(_PAGE, pages), len(pages)))
     link: _FreeList = (array(_PAGE, freed), 0, None) if freed else None
     return pool._evolve(owned, link, len(freed), unused)
-
-
-def _check_hashable(request_id: object) -> None:
-    try:
-        hash(request_id)
-    except TypeError:
-        raise InvalidInputError(
-            f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
-        ) from None

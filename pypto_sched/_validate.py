@@ -277,3 +277,13 @@ def ints_array(
                 f"{name!r} values must be in [{min_value}, {max_value}]: item {index} is {value}"
             )
     return np.array(values, dtype=np.int64)
+
+
+def check_hashable(request_id: object) -> None:
+    """Raise :class:`InvalidInputError` naming ``request_id`` unless it is hashable."""
+    try:
+        hash(request_id)
+    except TypeError:
+        raise InvalidInputError(
+            f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
+        ) from None

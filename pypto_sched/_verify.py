@@ -44,7 +44,7 @@ from .execute import (
     Embeddings,
     ExecutionResult,
     TokenIds,
-    _token_ids,
+    checked_token_ids,
     execute_schedule,
     write_prefixes,
 )
@@ -350,7 +350,7 @@ def _run_chunked(
         size = check_int("page_size", page_size, min_value=1)
     # The prompts checked against the schedule first, as execute_schedule checks them: the
     # prefixes are written before it runs, and would blame another argument.
-    prompts = _token_ids(token_ids, schedule, backend)
+    prompts = checked_token_ids(token_ids, schedule, backend)
     lengths = schedule.prompt_lengths
     tables = plan_pages(lengths, page_size=size, num_pages=int((-(-lengths // size)).sum()))
     cache = make_cache(backend, num_pages=tables.num_pages, page_size=tables.page_size)

@@ -257,7 +257,7 @@ def _first_per_name(entry_points: Iterable[EntryPoint]) -> list[EntryPoint]:
     return list(chosen.values())
 
 
-def _factory(entry_point: EntryPoint) -> BackendFactory:
+def load_factory(entry_point: EntryPoint) -> BackendFactory:
     """Import the entry point's factory; raise :class:`BackendError` when that fails."""
     try:
         factory: BackendFactory = entry_point.load()
@@ -283,7 +283,7 @@ def build_backends(entry_points: Iterable[EntryPoint]) -> dict[str, BackendFacto
     factories: dict[str, BackendFactory] = {}
     for entry_point in _first_per_name(entry_points):
         try:
-            factories[entry_point.name] = _factory(entry_point)
+            factories[entry_point.name] = load_factory(entry_point)
         except BackendError as error:
             warnings.warn(f"{error} (skipped)", RuntimeWarning, stacklevel=2)
     return dict(sorted(factories.items()))
@@ -317,7 +317,7 @@ def refresh_backends() -> None:
     _installed_backends.cache_clear()
 
 
-def _entry_point(name: str) -> EntryPoint:
+def installed_entry_point(name: str) -> EntryPoint:
     installed = _installed_entry_points()
     entry_point = installed.get(name)
     if entry_point is None:
@@ -338,8 +338,8 @@ def load_backend(name: str, **options: Any) -> Backend:
     that is not a :class:`Backend`, or the backend declares a ``name`` other than the one it
     is registered under.
     """
-    entry_point = _entry_point(name)
-    factory = _factory(entry_point)
+    entry_point = installed_entry_point(name)
+    factory = load_factory(entry_point)
     declared = _options(factory)
     unknown = sorted(set(options) - set(declared))
     if declared and unknown:
@@ -465,7 +465,7 @@ def _status(entry_point: EntryPoint) -> BackendStatus:
         distribution=None if dist is None else f"{dist.name} {dist.version}",
     )
     try:
-        factory = _factory(entry_point)
+        factory = load_factory(entry_point)
     except BackendError as error:
         return status(available=False, reason=str(error))
     available, reason = _availability(factory)
@@ -487,7 +487,7 @@ def backend_status(name: str) -> BackendStatus:
 
     Raises :class:`BackendNotFoundError` (listing the installed names) for an unknown name.
     """
-    return _status(_entry_point(name))
+    return _status(installed_entry_point(name))
 
 
 def relative_tolerance(backend: object) -> float:

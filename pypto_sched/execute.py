@@ -135,7 +135,7 @@ def execute_schedule(
     has run and its output passed the checks (for progress bars); an exception it raises
     stops the run and propagates unchanged.
     """
-    return _execute_schedule(
+    return execute_schedule_with_options(
         schedule,
         backend,
         token_ids,
@@ -150,7 +150,7 @@ def execute_schedule(
     )
 
 
-def _execute_schedule(
+def execute_schedule_with_options(
     schedule: Schedule,
     backend: Backend,
     token_ids: TokenIds,
@@ -176,7 +176,7 @@ def _execute_schedule(
     check_callback("on_dispatch", on_dispatch)
     return_logits = check_bool("return_logits", return_logits)
     return_greedy = check_bool("return_greedy", return_greedy)
-    prompts = _token_ids(token_ids, schedule, backend)
+    prompts = checked_token_ids(token_ids, schedule, backend)
     embeddings = (
         None
         if input_embeddings is None
@@ -210,7 +210,9 @@ def _execute_schedule(
         where = (
             f"dispatch {dispatch.index} of {schedule.num_dispatches} ({_describe(dispatch, names)})"
         )
-        output = _run(backend, batch, cache, index=dispatch.index, where=where, names=names)
+        output = run_dispatch_checked(
+            backend, batch, cache, index=dispatch.index, where=where, names=names
+        )
         if batch.return_logits:
             logits.put(arrays.final_requests, output.logits)
         if batch.return_greedy:
@@ -275,7 +277,7 @@ def write_prefixes(
 # -- inputs ---------------------------------------------------------------------------------
 
 
-def _token_ids(
+def checked_token_ids(
     token_ids: object, schedule: Schedule, backend: Backend
 ) -> list[npt.NDArray[np.int64]]:
     prompts = _per_request("token_ids", token_ids, schedule.num_requests)
@@ -406,7 +408,7 @@ def _gather(per_request: Sequence[npt.NDArray[Any]], arrays: DispatchArrays) -> 
 # -- running and collecting ------------------------------------------------------------------
 
 
-def _run(
+def run_dispatch_checked(
     backend: Backend,
     batch: DispatchInput,
     cache: Any,

@@ -354,7 +354,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_backend_loads(
     def no_backend(*args: object, **kwargs: object) -> None:
         raise AssertionError("the backend loaded: the run would have gone ahead")
 
-    monkeypatch.setattr(generate_command, "_load", no_backend)
+    monkeypatch.setattr(generate_command, "load_backend_from_args", no_backend)
     args = ["--prompts", prompts_file, "--max-new-tokens", "2", *CHUNKED]
     if where == "stdout closed":  # as Python starts with fd 1 closed: sys.stdout is None
         monkeypatch.setattr(sys, "stdout", None)

@@ -41,7 +41,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
-from pypto_sched._online import _step_chunk, _step_plan
+from pypto_sched._online import _step_plan, step_chunk
 from pypto_sched.testing import (
     planner_configs,
     prefill_states,
@@ -676,7 +676,7 @@ def test_the_fast_builders_of_rows_and_plans_build_what_the_constructors_build()
     # field, to what the constructors would.
     assert [f.name for f in attrs.fields(StepChunk)] == ["start", "length", "is_final"]
     assert [f.name for f in attrs.fields(StepPlan)] == ["rows", "state", "pool"]
-    chunk = _step_chunk(3, 4, True)
+    chunk = step_chunk(3, 4, True)
     assert chunk == StepChunk(start=3, length=4, is_final=True)
     assert hash(chunk) == hash(StepChunk(start=3, length=4, is_final=True))
     state = PrefillState().add(1, 5)

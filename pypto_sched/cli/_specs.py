@@ -1,4 +1,4 @@
-"""``--backend-option KEY=VALUE``: options for a backend's factory.
+"""``--backend KEY`` and ``--backend-option KEY=VALUE``: the backend and its factory's options.
 
 A value is read as JSON when it is JSON (numbers, ``true``, ``null``, strings in quotes,
 lists), through the project's one strict JSON reader, and kept as the string it is
@@ -7,15 +7,21 @@ otherwise, so ``dtype=float32`` and ``checkpoint=/models/qwen3`` need no quotes.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 from collections.abc import Mapping, Sequence
 
 from .._errors import InvalidInputError
 from .._json import load_json
-from ..backends import _entry_point, _factory  # one backend's factory, not all of them
-from ._errors import UsageError
+from ..backends import (  # one backend's factory, not all of them
+    Backend,
+    installed_entry_point,
+    load_backend,
+    load_factory,
+)
+from ._errors import UsageError, building_backend, flags_named
 
-__all__ = ["backend_options", "missing_options"]
+__all__ = ["backend_options", "load_backend_from_args", "missing_options"]
 
 #: Longest value read as JSON; a longer one stays a string.
 _MAX_JSON_VALUE = 1 << 16
@@ -39,7 +45,9 @@ def missing_options(name: str, options: Mapping[str, object]) -> str | None:
     (``--backend-option checkpoint=VALUE``), or ``None`` (nothing missing, or a factory
     whose signature cannot be read). For when the factory refused the options."""
     try:
-        parameters = inspect.signature(_factory(_entry_point(name))).parameters.values()
+        parameters = inspect.signature(
+            load_factory(installed_entry_point(name))
+        ).parameters.values()
     except (TypeError, ValueError):
         return None
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -48,6 +56,14 @@ def missing_options(name: str, options: Mapping[str, object]) -> str | None:
         if p.kind in named and p.default is p.empty and p.name not in options
     ]  # fmt: skip
     return " ".join(f"--backend-option {key}=VALUE" for key in missing) or None
+
+
+def load_backend_from_args(args: argparse.Namespace) -> Backend:
+    """The backend ``--backend`` and ``--backend-option`` name, its failures as usage errors
+    naming the option at fault (:func:`~pypto_sched.cli._errors.building_backend`)."""
+    options = backend_options(args.backend_option)
+    with flags_named(name="--backend"), building_backend(args.backend, options):
+        return load_backend(args.backend, **options)
 
 
 def _value(text: str) -> object:

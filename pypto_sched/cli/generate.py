@@ -31,7 +31,7 @@ from ._lengths import read_text
 from ._options import DEFAULT_GENERATE_BUDGET, Example, Parser, add_command, add_config_options
 from ._progress import generation_bar
 from ._render import generation_summary
-from .run import _load
+from ._specs import load_backend_from_args
 
 if TYPE_CHECKING:
     from ..integrations.ray import RayReplicas
@@ -206,7 +206,7 @@ def handle(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     with _replicas.optional_replicas(args) as pool:
-        backend = _load(args) if pool is None else pool
+        backend = load_backend_from_args(args) if pool is None else pool
         return _generate(args, backend, config, model, sampling, page_size, started)
 
 

@@ -19,16 +19,14 @@ import numpy.typing as npt
 
 from .._validate import check_positions
 from .._verify import Verification, verify_against_one_shot
-from ..backends import Backend, load_backend, max_positions
+from ..backends import max_positions
 from ..execute import execute_schedule
 from . import _progress, _render, _replicas
 from ._errors import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,
-    building_backend,
     check_counts,
-    flags_named,
 )
 from ._inputs import lengths_flag, plan
 from ._options import (
@@ -40,7 +38,7 @@ from ._options import (
     add_format_option,
     add_workload_options,
 )
-from ._specs import backend_options
+from ._specs import backend_options, load_backend_from_args
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -144,7 +142,7 @@ def handle(args: argparse.Namespace) -> int:
         if args.verify:
             raise UsageError("--verify runs on one device: leave out --replicas")
         return _run_on_replicas(args, schedule, source, seed, num_replicas)
-    backend = _load(args)
+    backend = load_backend_from_args(args)
     _check_positions(args, schedule, max_positions(backend))
     prompts = _token_ids(schedule, backend.vocab_size, seed)
     progress = _progress.bar(args)
@@ -230,12 +228,6 @@ def _run_on_replicas(
         return EXIT_OK
     _render.emit(*_summary_table(summary, None))
     return EXIT_OK
-
-
-def _load(args: argparse.Namespace) -> Backend:
-    options = backend_options(args.backend_option)
-    with flags_named(name="--backend"), building_backend(args.backend, options):
-        return load_backend(args.backend, **options)
 
 
 def _check_positions(args: argparse.Namespace, schedule: Schedule, longest: int | None) -> None:

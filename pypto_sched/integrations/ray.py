@@ -89,7 +89,7 @@ from .._plan import plan_prefill
 from .._sampling import SamplingParams
 from .._validate import check_bool, check_callback, check_int, check_positions, read_only
 from ..backends import Backend, BackendFactory, load_backend, max_positions, relative_tolerance
-from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, _execute_schedule
+from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, execute_schedule_with_options
 
 __all__ = [
     "DEFAULT_RESOURCES",
@@ -408,7 +408,7 @@ class _Replica:
             self._done = (part, int(finished[done.index]), tokens[0])
 
         # (Requests named by their indices in the batch, as in generate.)
-        result = _execute_schedule(
+        result = execute_schedule_with_options(
             schedule,
             self._get(),
             prompts,

@@ -89,7 +89,12 @@ from ..backends import (
     protocol_gaps,
     relative_tolerance,
 )
-from ..execute import ExecutionResult, _execute_schedule, execute_schedule, write_prefixes
+from ..execute import (
+    ExecutionResult,
+    execute_schedule,
+    execute_schedule_with_options,
+    write_prefixes,
+)
 
 __all__ = ["check_backend"]
 
@@ -331,7 +336,7 @@ def _check_refuses_non_finite(backend: Backend, page_size: int) -> None:
     must raise rather than return ids: the driver never sees the logits behind them."""
     length = min(3, max_positions(backend) or 3)
     try:
-        _execute_schedule(
+        execute_schedule_with_options(
             plan_one_shot([length]),
             backend,
             [np.zeros(length, dtype=np.int64)],
