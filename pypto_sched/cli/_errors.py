@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 from collections.abc import Iterator, Mapping
 
 from .._errors import BackendNotFoundError, InvalidConfigError, InvalidInputError, PyptoSchedError
 from .._validate import check_int
+from ..backends import installed_entry_point, load_factory
 
 __all__ = [
     "EXIT_FAILED",
@@ -19,6 +21,7 @@ __all__ = [
     "building_backend",
     "check_counts",
     "flags_named",
+    "missing_options",
 ]
 
 #: The command did its work.
@@ -77,8 +80,6 @@ def building_backend(name: str, options: Mapping[str, object]) -> Iterator[None]
     naming the backend. The library's other errors (an unknown backend, Ray's own) and the
     command's pass through.
     """
-    from ._specs import missing_options  # (_specs reads this module's errors)
-
     try:
         yield
     except (UsageError, CommandFailed, BackendNotFoundError):
@@ -97,3 +98,21 @@ def building_backend(name: str, options: Mapping[str, object]) -> Iterator[None]
         raise CommandFailed(
             f"backend {name!r} could not be created: {type(error).__name__}: {error}"
         ) from None
+
+
+def missing_options(name: str, options: Mapping[str, object]) -> str | None:
+    """What to add when backend ``name``'s factory requires keywords ``options`` leaves out
+    (``--backend-option checkpoint=VALUE``), or ``None`` (nothing missing, or a factory
+    whose signature cannot be read). For when the factory refused the options."""
+    try:
+        parameters = inspect.signature(
+            load_factory(installed_entry_point(name))
+        ).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [
+        p.name for p in parameters
+        if p.kind in named and p.default is p.empty and p.name not in options
+    ]  # fmt: skip
+    return " ".join(f"--backend-option {key}=VALUE" for key in missing) or None

@@ -8,20 +8,17 @@ otherwise, so ``dtype=float32`` and ``checkpoint=/models/qwen3`` need no quotes.
 from __future__ import annotations
 
 import argparse
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from .._errors import InvalidInputError
 from .._json import load_json
 from ..backends import (  # one backend's factory, not all of them
     Backend,
-    installed_entry_point,
     load_backend,
-    load_factory,
 )
 from ._errors import UsageError, building_backend, flags_named
 
-__all__ = ["backend_options", "load_backend_from_args", "missing_options"]
+__all__ = ["backend_options", "load_backend_from_args"]
 
 #: Longest value read as JSON; a longer one stays a string.
 _MAX_JSON_VALUE = 1 << 16
@@ -38,24 +35,6 @@ def backend_options(items: Sequence[str]) -> dict[str, object]:
             raise UsageError(f"--backend-option: {key.strip()!r} given twice; give it once")
         options[key.strip()] = _value(value)
     return options
-
-
-def missing_options(name: str, options: Mapping[str, object]) -> str | None:
-    """What to add when backend ``name``'s factory requires keywords ``options`` leaves out
-    (``--backend-option checkpoint=VALUE``), or ``None`` (nothing missing, or a factory
-    whose signature cannot be read). For when the factory refused the options."""
-    try:
-        parameters = inspect.signature(
-            load_factory(installed_entry_point(name))
-        ).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    missing = [
-        p.name for p in parameters
-        if p.kind in named and p.default is p.empty and p.name not in options
-    ]  # fmt: skip
-    return " ".join(f"--backend-option {key}=VALUE" for key in missing) or None
 
 
 def load_backend_from_args(args: argparse.Namespace) -> Backend:
