@@ -731,8 +731,8 @@ def _scattered_decode_dispatch() -> tuple[Any, PagePool[int]]:
     return step_arrays(rows, pool), pool
 
 
-@pytest.mark.parametrize("case", ["close", "scattered"])
-def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case: str) -> None:
+def _one_token_case(case: str) -> tuple[Any, PagedKVCache]:
+    """Decode rows whose pages lie ``"close"`` together or ``"scattered"``, and a random cache."""
     if case == "close":
         arrays, tables = _decode_dispatch(16)
         cache = _filled_cache(tables, seed=8)
@@ -744,6 +744,12 @@ def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case
         )  # fmt: skip
         cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=8))
         cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=9))
+    return arrays, cache
+
+
+@pytest.mark.parametrize("case", ["close", "scattered"])
+def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case: str) -> None:
+    arrays, cache = _one_token_case(case)
     attention = TorchOps().attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
     (group,) = attention.groups
     assert isinstance(group, OneTokenRows)
@@ -763,17 +769,7 @@ def test_off_the_cpu_one_token_rows_attend_as_a_row_group_with_the_same_result(
     from pypto_sched_npu.ops import _torch_ops
 
     monkeypatch.setattr(_torch_ops, "IN_PLACE_DEVICE_TYPES", ())
-    if case == "close":
-        arrays, tables = _decode_dispatch(16)
-        cache = _filled_cache(tables, seed=8)
-    else:
-        arrays, _ = _scattered_decode_dispatch()
-        cache = PagedKVCache.allocate(
-            num_layers=1, num_pages=100, page_size=16, num_kv_heads=SHAPE.num_kv_heads,
-            head_dim=SHAPE.head_dim, dtype=torch.float32, device=torch.device("cpu"),
-        )  # fmt: skip
-        cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=8))
-        cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=9))
+    arrays, cache = _one_token_case(case)
     attention = TorchOps().attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
     assert not any(isinstance(group, OneTokenRows) for group in attention.groups)
     query = _random(arrays.num_rows, SHAPE.num_heads, SHAPE.head_dim, seed=5)
