@@ -39,7 +39,7 @@ from typing import NamedTuple, Protocol, cast
 import numpy as np
 
 from pypto_sched import PlannerConfig, plan_prefill
-from pypto_sched._workloads import WORKLOADS, synthetic_lengths
+from pypto_sched.core._workloads import WORKLOADS, synthetic_lengths
 
 TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
 

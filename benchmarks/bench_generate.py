@@ -57,8 +57,8 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from pypto_sched import PlannerConfig, execute_schedule, generate, plan_one_shot
-from pypto_sched._workloads import synthetic_lengths
 from pypto_sched.backends import Backend, load_backend
+from pypto_sched.core._workloads import synthetic_lengths
 
 MODEL: dict[str, Any] = {
     "vocab_size": 8192,

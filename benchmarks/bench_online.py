@@ -68,7 +68,7 @@ from pypto_sched import (
 )
 
 # The floor builds its rows with plan_step's own builders (see build_rows).
-from pypto_sched._online import StepRows, step_chunk
+from pypto_sched.core._online import StepRows, step_chunk
 
 IN_FLIGHT = (10, 100, 1_000, 10_000)
 WAITING = (100, 1_000, 10_000, 100_000)

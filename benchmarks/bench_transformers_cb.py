@@ -141,7 +141,7 @@ from transformers.generation.continuous_batching.scheduler import (
 )
 
 from pypto_sched import PlannerConfig
-from pypto_sched._workloads import synthetic_lengths
+from pypto_sched.core._workloads import synthetic_lengths
 from pypto_sched.integrations.transformers import register
 
 PAGE = 16

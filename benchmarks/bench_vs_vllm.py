@@ -72,7 +72,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
-from pypto_sched._workloads import synthetic_lengths
+from pypto_sched.core._workloads import synthetic_lengths
 
 #: The interpreter of an environment with vLLM installed.
 VLLM_PYTHON = "PYPTO_SCHED_VLLM_PYTHON"

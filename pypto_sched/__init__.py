@@ -6,9 +6,17 @@ kernel arrays with :func:`dispatch_arrays`, and run it with a backend. Generate 
 or chat messages.
 """
 
-from ._config import POLICIES, PlannerConfig, Policy
-from ._dispatch import DispatchArrays, dispatch_arrays
-from ._errors import (
+from .backends import (
+    Backend,
+    DispatchInput,
+    DispatchOutput,
+    list_backends,
+    load_backend,
+    refresh_backends,
+)
+from .core._config import POLICIES, PlannerConfig, Policy
+from .core._dispatch import DispatchArrays, dispatch_arrays
+from .core._errors import (
     BackendError,
     BackendNotFoundError,
     CacheTooSmallError,
@@ -21,21 +29,31 @@ from ._errors import (
     PyptoSchedError,
     UnknownRequestError,
 )
-from ._generate import (
-    GeneratedSequence,
-    GenerationResult,
-    GenerationStats,
-    StepDone,
-    generate,
-)
-from ._generation import (
+from .core._generation import (
     GenerationRequest,
     GenerationState,
     GenerationStep,
     plan_generation_step,
     step_arrays,
 )
-from ._llm import (
+from .core._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
+from .core._pages import BlockTables, plan_pages
+from .core._partition import Partition, partition_requests
+from .core._plan import plan_one_shot, plan_prefill
+from .core._pool import PagePool
+from .core._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
+from .core._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
+from .core._stats import ScheduleStats
+from .core._warmup import WarmupShape, plan_warmup
+from .execute import DispatchDone, ExecutionResult, execute_schedule
+from .runtime._generate import (
+    GeneratedSequence,
+    GenerationResult,
+    GenerationStats,
+    StepDone,
+    generate,
+)
+from .runtime._llm import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     GENERATION_CONFIG_FILE,
     LLM,
@@ -43,25 +61,7 @@ from ._llm import (
     RequestOutput,
     generation_defaults,
 )
-from ._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
-from ._pages import BlockTables, plan_pages
-from ._partition import Partition, partition_requests
-from ._plan import plan_one_shot, plan_prefill
-from ._pool import PagePool
-from ._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
-from ._schedule import FORMAT_NAME, FORMAT_VERSION, Chunk, Dispatch, Schedule
-from ._stats import ScheduleStats
-from ._verify import Verification, compare_results, verify_against_one_shot
-from ._warmup import WarmupShape, plan_warmup
-from .backends import (
-    Backend,
-    DispatchInput,
-    DispatchOutput,
-    list_backends,
-    load_backend,
-    refresh_backends,
-)
-from .execute import DispatchDone, ExecutionResult, execute_schedule
+from .runtime._verify import Verification, compare_results, verify_against_one_shot
 
 __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",

@@ -1,4 +1,4 @@
-"""A deliberately simple planner: the policies of ``pypto_sched/_policies.py`` as plain loops.
+"""A deliberately simple planner: the policies of ``pypto_sched/core/_policies.py`` as plain loops.
 
 It shares no code with the library. The tests check that ``plan_prefill`` matches it dispatch
 for dispatch, and ``benchmarks/`` measures the fast planner against it.

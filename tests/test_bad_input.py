@@ -24,7 +24,6 @@ from pypto_sched import (
     PlannerConfig,
     PyptoSchedError,
     SamplingParams,
-    _policies,
     dispatch_arrays,
     execute_schedule,
     generate,
@@ -36,6 +35,7 @@ from pypto_sched import (
     sample_token,
     step_arrays,
 )
+from pypto_sched.core import _policies
 
 CONFIG = PlannerConfig(max_num_batched_tokens=64)
 

@@ -17,8 +17,8 @@ from oracle import oracle_plan
 from test_planner import rows_of
 
 from pypto_sched import POLICIES, PlannerConfig, Policy, PrefillState, plan_prefill, plan_step
-from pypto_sched._policies import surely_keeps_to_the_bound
-from pypto_sched._schedule import lower_bound
+from pypto_sched.core._policies import surely_keeps_to_the_bound
+from pypto_sched.core._schedule import lower_bound
 
 
 def packed(budget: int, threshold: int, **limits: int) -> PlannerConfig:

@@ -33,13 +33,13 @@ from pypto_sched import (
     BackendError,
     DispatchInput,
     DispatchOutput,
-    backends,
     execute_schedule,
     load_backend,
     plan_one_shot,
     refresh_backends,
 )
 from pypto_sched.backends import ENTRY_POINT_GROUP as GROUP
+from pypto_sched.runtime import backends
 from pypto_sched.testing import check_backend
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "toy_backend.py"

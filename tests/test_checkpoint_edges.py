@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_checkpoints import TINY, tensors_of
 
-from pypto_sched import CheckpointError, InvalidInputError, checkpoints
+from pypto_sched import CheckpointError, InvalidInputError
 from pypto_sched.checkpoints import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -25,6 +25,7 @@ from pypto_sched.checkpoints import (
     read_config,
     read_safetensors_header,
 )
+from pypto_sched.models import qwen3 as checkpoints
 
 
 def hf_config(**changes: object) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import pytest
 from cli_helpers import run, run_json
 
 from pypto_sched import InvalidInputError, Schedule
-from pypto_sched._workloads import WORKLOADS, synthetic_lengths
 from pypto_sched.cli import (
     EXIT_FAILED,
     EXIT_OK,
@@ -30,6 +29,7 @@ from pypto_sched.cli import (
     plan,
     plot,
 )
+from pypto_sched.core._workloads import WORKLOADS, synthetic_lengths
 
 SEED = ["--lengths", "3338x16", "--max-num-batched-tokens", "8192"]
 SEED_256 = [*SEED, "--long-prefill-token-threshold", "256"]
@@ -533,7 +533,7 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
     import subprocess
 
     code = (
-        "import sys, pypto_sched, pypto_sched.cli, pypto_sched._plot; "
+        "import sys, pypto_sched, pypto_sched.cli, pypto_sched.runtime._plot; "
         "print(sorted(m for m in ('rich', 'matplotlib') if m in sys.modules))"
     )
     result = subprocess.run(

@@ -21,10 +21,10 @@ import pytest
 from cli_helpers import run, run_json
 
 import pypto_sched
-from pypto_sched import backends
 from pypto_sched.backends import DispatchInput, DispatchOutput
 from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from pypto_sched.cli import run as run_command
+from pypto_sched.runtime import backends
 
 SEED_256 = [
     "--lengths",
@@ -527,7 +527,7 @@ def test_run_takes_seed_with_a_lengths_list_for_its_token_ids(
 def test_the_summary_counts_one_request_and_one_token_in_the_singular(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pypto_sched._validate import check_positions
+    from pypto_sched.core._validate import check_positions
 
     status, out, _ = run(capsys, "run", "--backend", "reference", "--lengths", "1",
                          "--max-num-batched-tokens", "8")  # fmt: skip

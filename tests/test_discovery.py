@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pypto_sched import BackendError, BackendNotFoundError, InvalidInputError, backends
+from pypto_sched import BackendError, BackendNotFoundError, InvalidInputError
 from pypto_sched.backends import (
     ENTRY_POINT_GROUP,
     Backend,
@@ -27,6 +27,7 @@ from pypto_sched.backends import (
     load_backend,
     refresh_backends,
 )
+from pypto_sched.runtime import backends
 
 PLUGINS = """
 from typing import ClassVar

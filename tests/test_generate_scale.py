@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-import pypto_sched._generate as generate_module
+import pypto_sched.runtime._generate as generate_module
 from pypto_sched import (
     DispatchInput,
     DispatchOutput,
@@ -25,7 +25,7 @@ from pypto_sched import (
     load_backend,
     plan_generation_step,
 )
-from pypto_sched._generate import default_num_pages
+from pypto_sched.runtime._generate import default_num_pages
 
 
 class CountingBackend:

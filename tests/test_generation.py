@@ -30,7 +30,7 @@ from pypto_sched import (
     plan_step,
     step_arrays,
 )
-from pypto_sched._policies import preemption_victim
+from pypto_sched.core._policies import preemption_victim
 
 lengths_lists = st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=6)
 policies: st.SearchStrategy[Policy] = st.sampled_from(["round_robin", "packed"])
@@ -458,7 +458,7 @@ def test_a_step_with_many_preemptions_asks_the_rule_about_the_youngest_holder_on
         asked.append(len(holders))
         return preemption_victim(requester, age, holders)
 
-    monkeypatch.setattr("pypto_sched._generation.preemption_victim", counting_victim)
+    monkeypatch.setattr("pypto_sched.core._generation.preemption_victim", counting_victim)
     step = plan_generation_step(first.state, config)
     assert len(step.preempted) == n // 2
     assert list(step.preempted) == list(range(n - 1, n // 2 - 1, -1))  # youngest first

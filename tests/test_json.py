@@ -15,8 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pypto_sched import InvalidScheduleError, PlannerConfig, Schedule, plan_prefill
-from pypto_sched._json import _depth
-from pypto_sched._schedule import _checked_rows, _json_rows
+from pypto_sched.core._json import _depth
+from pypto_sched.core._schedule import _checked_rows, _json_rows
 
 
 def plain_depth(text: str) -> int:

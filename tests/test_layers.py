@@ -1,16 +1,18 @@
 """The layers of ``CONTRIBUTING.md`` (*Layers*), held by reading every module's imports.
 
-Two rules, over ``pypto_sched/`` and both bundled backends:
+Three rules, over ``pypto_sched/`` and both bundled backends:
 
 - No module imports another module's private (``_``-prefixed) name, or reaches it through
   the module (``from ._online import _restore``, ``_online._restore``); importing a private
   *submodule* (``from . import _render``) is fine. A helper two modules need is a public name
   of the lower one. (Other projects' private names are outside this rule.)
-- The pure core (the modules of :data:`CORE`, the planner's) imports nothing above it (the
-  runtime, the checkpoint reader, ``cli``, ``integrations``, ``testing``, the package root),
-  no device library, nothing that reads the clock, the environment or files, and calls no
-  ``open()``. (They are still side by side with the runtime's in ``pypto_sched/``; the
-  next step of the layering moves them into a folder of their own.)
+- The layers, lowest first: ``pypto_sched/core/`` (the pure planner), ``pypto_sched/models/``
+  (the Qwen3 checkpoint reader and tensor table), ``pypto_sched/runtime/`` (backends contract,
+  driver, generate, verification, prompts, output). A layer imports its own and the ones below,
+  never one above; the top (the package root and its public paths such as
+  ``pypto_sched.backends``, ``cli``, ``integrations``, ``testing``) may import any of them.
+- The core imports no device library, nothing that reads the clock, the environment or files,
+  and calls no ``open()``.
 
 A failure names the file, the line and the import. The checker itself is tested on snippets
 below, so that a rule that stopped matching would fail here rather than pass quietly.
@@ -31,34 +33,20 @@ ROOTS = {
     REPO / "backends" / "reference": "pypto_sched_reference",
     REPO / "backends" / "npu": "pypto_sched_npu",
 }
-#: The pure planning core: config, errors, validation, the rules and their engines, the
-#: online state, the page pool, persistent structures, generation planning, the schedule and
-#: its JSON, dispatch arrays, pages, warmup, stats, partitioning, the checker, workloads and
-#: seeded sampling.
-CORE = frozenset(
-    f"pypto_sched.{name}"
-    for name in [
-        "_config",
-        "_errors",
-        "_validate",
-        "_policies",
-        "_plan",
-        "_online",
-        "_pool",
-        "_persistent",
-        "_generation",
-        "_schedule",
-        "_json",
-        "_dispatch",
-        "_pages",
-        "_warmup",
-        "_stats",
-        "_partition",
-        "_check",
-        "_workloads",
-        "_sampling",
-    ]
-)
+#: The layers of ``pypto_sched``, lowest first: a module may import its own layer and those
+#: below it, never one above. Everything not in a layer (the package root and its public
+#: paths, ``cli``, ``integrations``, ``testing``) is on top and may import any of them.
+LAYERS = ("pypto_sched.core", "pypto_sched.models", "pypto_sched.runtime")
+
+
+def _layer(module: str) -> int:
+    """The index of ``module``'s layer in :data:`LAYERS`; ``len(LAYERS)`` for the top."""
+    for index, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return index
+    return len(LAYERS)
+
+
 #: What the core may not import, with the reason: device libraries, and modules whose use
 #: is I/O, the clock or the environment.
 CORE_FORBIDDEN = {
@@ -92,6 +80,11 @@ def _module_files() -> dict[str, Path]:
 
 
 MODULES = _module_files()
+#: The pure planning core: config, errors, validation, the rules and their engines, the
+#: online state, the page pool, persistent structures, generation planning, the schedule and
+#: its JSON, dispatch arrays, pages, warmup, stats, partitioning, the checker, workloads and
+#: seeded sampling.
+CORE = frozenset(name for name in MODULES if _layer(name) == 0)
 
 
 def _imported_module(name: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -151,12 +144,18 @@ def _imports(name: str, is_package: bool, tree: ast.AST) -> Iterator[tuple[int, 
                 yield node.lineno, full if full in MODULES else source
 
 
+def _layer_breaches(name: str, is_package: bool, tree: ast.AST) -> Iterator[tuple[int, str]]:
+    own = _layer(name)
+    for line, imported in _imports(name, is_package, tree):
+        if imported.split(".")[0] == "pypto_sched" and _layer(imported) > own:
+            yield line, f"imports {imported}, above {LAYERS[own]}"
+
+
 def _core_breaches(name: str, is_package: bool, tree: ast.AST) -> Iterator[tuple[int, str]]:
+    yield from _layer_breaches(name, is_package, tree)
     for line, imported in _imports(name, is_package, tree):
         top = imported.split(".")[0]
-        if top == "pypto_sched" and imported not in CORE:
-            yield line, f"imports {imported}, above the core"
-        elif top in CORE_FORBIDDEN:
+        if top in CORE_FORBIDDEN:
             yield line, f"imports {imported} ({CORE_FORBIDDEN[top]})"
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
@@ -165,21 +164,35 @@ def _core_breaches(name: str, is_package: bool, tree: ast.AST) -> Iterator[tuple
                 yield node.lineno, f"calls {node.func.id}() ({reason})"
 
 
+RULES = {"private": _private_imports, "core": _core_breaches, "layers": _layer_breaches}
+
+
 def _report(check: str) -> list[str]:
     found = []
     for name, path in MODULES.items():
         if check == "core" and name not in CORE:
             continue
+        if check == "layers" and _layer(name) == len(LAYERS):
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        rule = _private_imports if check == "private" else _core_breaches
+        rule = RULES[check]
         for line, what in rule(name, path.name == "__init__.py", tree):
             found.append(f"{path.relative_to(REPO)}:{line}: {what}")
     return found
 
 
 def test_the_packages_are_found() -> None:
-    assert MODULES.keys() >= CORE
-    assert {"pypto_sched.execute", "pypto_sched_reference", "pypto_sched_npu"} <= MODULES.keys()
+    assert {"pypto_sched.core._online", "pypto_sched.core._policies"} <= CORE
+    assert {"pypto_sched.runtime.execute", "pypto_sched.models.qwen3"} <= MODULES.keys()
+    assert {"pypto_sched_reference", "pypto_sched_npu"} <= MODULES.keys()
+    # The root holds no private module of its own: each one lives in its layer.
+    root = {name.split(".")[1] for name in MODULES if name.startswith("pypto_sched.")}
+    assert {name for name in root if name.startswith("_")} == {"__main__"}
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    found = _report("layers")
+    assert not found, "core < models < runtime < the rest:\n" + "\n".join(found)
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
@@ -197,20 +210,20 @@ def test_the_core_imports_nothing_above_it_and_does_no_io() -> None:
 
 def _check(rule: str, name: str, source: str) -> list[str]:
     tree = ast.parse(source)
-    checker = _private_imports if rule == "private" else _core_breaches
+    checker = RULES[rule]
     return [what for _, what in checker(name, False, tree)]
 
 
 @pytest.mark.parametrize(
     ("name", "source"),
     [
-        ("pypto_sched._plan", "from ._online import _restore"),
+        ("pypto_sched.core._plan", "from ._online import _restore"),
         ("pypto_sched.cli.generate", "from .run import _load"),
-        ("pypto_sched.integrations.ray", "from ..execute import _run"),
-        ("pypto_sched.cli.run", "from pypto_sched._online import _Rows"),
+        ("pypto_sched.integrations.ray", "from ..runtime.execute import _run"),
+        ("pypto_sched.cli.run", "from pypto_sched.core._online import _Rows"),
         ("pypto_sched_reference._backend", "from pypto_sched.backends import _factory"),
-        ("pypto_sched.cli.run", "from .. import _online\n_online._restore()"),
-        ("pypto_sched.cli.run", "import pypto_sched._pool as pool\npool._Holds"),
+        ("pypto_sched.cli.run", "from ..core import _online\n_online._restore()"),
+        ("pypto_sched.cli.run", "import pypto_sched.core._pool as pool\npool._Holds"),
     ],
 )
 def test_the_checker_finds_a_private_name_import(name: str, source: str) -> None:
@@ -221,9 +234,9 @@ def test_the_checker_finds_a_private_name_import(name: str, source: str) -> None
     ("name", "source"),
     [
         ("pypto_sched.cli.run", "from . import _render, _progress"),
-        ("pypto_sched.__init__", "from ._online import plan_step"),
-        ("pypto_sched.execute", "from . import _validate"),
-        ("pypto_sched._plan", "from __future__ import annotations"),
+        ("pypto_sched.__init__", "from .core._online import plan_step"),
+        ("pypto_sched.runtime.execute", "from ..core import _validate"),
+        ("pypto_sched.core._plan", "from __future__ import annotations"),
         ("pypto_sched.cli.run", "import argparse\nargparse._SubParsersAction"),
         ("pypto_sched.cli.run", "from . import _render\n_render.emit()"),
     ],
@@ -237,10 +250,11 @@ def test_the_checker_lets_a_private_submodule_or_a_public_name_through(
 @pytest.mark.parametrize(
     "source",
     [
-        "from .execute import execute_schedule",
-        "from .checkpoints import read_config",
-        "from .cli import main",
-        "from . import PlannerConfig",
+        "from ..runtime.execute import execute_schedule",
+        "from ..models.qwen3 import read_config",
+        "from ..cli import main",
+        "from .. import PlannerConfig",
+        "from ..execute import execute_schedule",
         "import pypto_sched.testing",
         "import torch",
         "import os",
@@ -252,7 +266,7 @@ def test_the_checker_lets_a_private_submodule_or_a_public_name_through(
     ],
 )
 def test_the_checker_finds_a_core_breach(source: str) -> None:
-    assert _check("core", "pypto_sched._online", source)
+    assert _check("core", "pypto_sched.core._online", source)
 
 
 @pytest.mark.parametrize(
@@ -267,4 +281,19 @@ def test_the_checker_finds_a_core_breach(source: str) -> None:
     ],
 )
 def test_the_checker_lets_the_core_import_the_core_numpy_and_attrs(source: str) -> None:
-    assert _check("core", "pypto_sched._online", source) == []
+    assert _check("core", "pypto_sched.core._online", source) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "breach"),
+    [
+        ("pypto_sched.models.qwen3", "from ..runtime.backends import Backend", True),
+        ("pypto_sched.models.qwen3", "from ..core._errors import CheckpointError", False),
+        ("pypto_sched.runtime.execute", "from ..cli import main", True),
+        ("pypto_sched.runtime.execute", "from .. import generate", True),
+        ("pypto_sched.runtime.execute", "from ..models.qwen3 import read_config", False),
+        ("pypto_sched.runtime.execute", "from ..integrations.ray import generate_on_ray", True),
+    ],
+)
+def test_the_checker_holds_the_layer_order(name: str, source: str, breach: bool) -> None:
+    assert bool(_check("layers", name, source)) is breach

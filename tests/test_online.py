@@ -1,9 +1,9 @@
-"""``PrefillState`` and ``plan_step``: the contract of ``pypto_sched/_online.py``.
+"""``PrefillState`` and ``plan_step``: the contract of ``pypto_sched/core/_online.py``.
 
 The properties drive a state through random histories of arrivals, removals, steps with
 random reservations and steps applied to a state that changed while they ran, keep a plain
 model of every request on the side, and check each step against it: the limits, the tiling
-of each prompt, the fairness bounds stated in the header of ``pypto_sched/_policies.py`` and
+of each prompt, the fairness bounds stated in the header of ``pypto_sched/core/_policies.py`` and
 the immutability of every state along the way.
 """
 
@@ -41,7 +41,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
-from pypto_sched._online import _step_plan, step_chunk
+from pypto_sched.core._online import _step_plan, step_chunk
 from pypto_sched.testing import (
     planner_configs,
     prefill_states,
@@ -1061,7 +1061,7 @@ def test_discard_all_ignores_what_is_not_here_and_refuses_what_is_not_ids() -> N
 def test_dropping_many_from_a_long_queue_never_rebuilds_its_summary_for_each(kept: int) -> None:
     # Longest first, behind a live head: each removal on its own drops the longest left and
     # rebuilds the queue's summary of its two longest (O(n) each: quadratic in all).
-    from pypto_sched import _online
+    from pypto_sched.core import _online
 
     state = PrefillState.from_prompt_lengths(list(range(1, 4001)))
     calls: list[int] = []
@@ -1182,7 +1182,7 @@ def test_removing_the_oldest_of_equal_lengths_does_not_rebuild_the_queue(
     """Of equal lengths the oldest waiting requests are the two longest the queue keeps for
     the bound; aborting them oldest first pops them off its front instead of rebuilding the
     queue of every waiting request at each abort (O(n): 0.8 s at 200,000 requests)."""
-    from pypto_sched import _online
+    from pypto_sched.core import _online
 
     state = PrefillState.from_prompt_lengths([512] * 1000)
     rebuilt: list[int] = []

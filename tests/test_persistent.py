@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pypto_sched._persistent import PersistentMap, PersistentQueue
+from pypto_sched.core._persistent import PersistentMap, PersistentQueue
 
 
 class Collides:

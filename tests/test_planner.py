@@ -30,7 +30,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
-from pypto_sched._policies import (
+from pypto_sched.core._policies import (
     _stable_argsort,
     _steady_run,
     admits,
@@ -637,7 +637,7 @@ def test_fits_one_dispatch_needs_the_tokens_in_the_budget_and_the_requests_in_th
 def test_no_planner_rounds_to_a_page_but_the_chunk_rule() -> None:
     """The page rounding ``x // page * page`` appears only in ``chunk_size`` and its array
     form: the planners call them rather than restate the rule."""
-    from pypto_sched import _online, _policies
+    from pypto_sched.core import _online, _policies
 
     for module in (_policies, _online):
         tree = ast.parse(inspect.getsource(module))
@@ -661,7 +661,7 @@ def test_both_planners_admit_through_the_one_admission_rule(
 ) -> None:
     """Replace ``admits`` by a stricter rule (no request may start part-way while another
     is): offline and online plans change, and still agree."""
-    from pypto_sched import _online, _policies
+    from pypto_sched.core import _online, _policies
 
     def one_partial_at_most(size: int, remaining: int, num_partial: int, _: int | None) -> bool:
         return size > 0 and (size == remaining or num_partial == 0)

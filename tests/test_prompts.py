@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pypto_sched import InvalidInputError, prompts
-from pypto_sched._generate import GeneratedSequence, GenerationResult, GenerationStats
+from pypto_sched import InvalidInputError
 from pypto_sched.prompts import Tokenizer, eos_token_ids, output_lines
+from pypto_sched.runtime import prompts
+from pypto_sched.runtime._generate import GeneratedSequence, GenerationResult, GenerationStats
 
 
 class _Codec:

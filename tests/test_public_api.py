@@ -104,7 +104,7 @@ def test_every_public_name_is_documented(name: str) -> None:
     # A constant or type alias: its defining assignment carries a `#:` doc comment.
     pattern = re.compile(rf"^#:.*\n{re.escape(name)}\b[^=\n]*=", re.MULTILINE)
     package = Path(pypto_sched.__file__).parent
-    sources = [path.read_text() for path in sorted(package.glob("_*.py"))]
+    sources = [path.read_text() for path in sorted(package.rglob("*.py"))]
     assert any(pattern.search(text) for text in sources), f"{name} has no #: doc comment"
 
 

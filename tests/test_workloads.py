@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pypto_sched import InvalidInputError
-from pypto_sched._workloads import synthetic_lengths
+from pypto_sched.core._workloads import synthetic_lengths
 
 
 def test_uniform_includes_both_bounds() -> None:

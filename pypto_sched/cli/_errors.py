@@ -8,9 +8,14 @@ import contextlib
 import inspect
 from collections.abc import Iterator, Mapping
 
-from .._errors import BackendNotFoundError, InvalidConfigError, InvalidInputError, PyptoSchedError
-from .._validate import check_int
-from ..backends import installed_entry_point, load_factory
+from ..core._errors import (
+    BackendNotFoundError,
+    InvalidConfigError,
+    InvalidInputError,
+    PyptoSchedError,
+)
+from ..core._validate import check_int
+from ..runtime.backends import installed_entry_point, load_factory
 
 __all__ = [
     "EXIT_FAILED",

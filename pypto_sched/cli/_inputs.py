@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._config import PlannerConfig
-from .._plan import plan_prefill
-from .._policies import request_cap
-from .._schedule import Schedule
-from .._workloads import SEED_PROMPT_LENGTH, synthetic_lengths
+from ..core._config import PlannerConfig
+from ..core._plan import plan_prefill
+from ..core._policies import request_cap
+from ..core._schedule import Schedule
+from ..core._workloads import SEED_PROMPT_LENGTH, synthetic_lengths
 from ._errors import UsageError, flags_named
 from ._lengths import parse_lengths, read_lengths, read_text
 from ._options import CONFIG_FLAGS, WORKLOAD_FLAGS

@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import attrs
 
-from .._errors import InvalidInputError, PyptoSchedError
-from .._generate import GeneratedSequence, GenerationResult
-from .._sampling import SamplingParams
-from ..output import PARTIAL_SUFFIX, OutputFile, ResumeError, fingerprint
-from ..prompts import PromptRequest, TextCodec, output_line
+from ..core._errors import InvalidInputError, PyptoSchedError
+from ..core._sampling import SamplingParams
+from ..runtime._generate import GeneratedSequence, GenerationResult
+from ..runtime.output import PARTIAL_SUFFIX, OutputFile, ResumeError, fingerprint
+from ..runtime.prompts import PromptRequest, TextCodec, output_line
 from . import _render
 from ._errors import CommandFailed, UsageError
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import utf8_error
+from ..core._validate import utf8_error
 from ._errors import UsageError
 
 __all__ = [

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from .._errors import PyptoSchedError
+from ..core._errors import PyptoSchedError
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
 from ._parser import build_parser
 from ._progress import wanted

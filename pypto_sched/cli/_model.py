@@ -15,12 +15,12 @@ from typing import Any
 
 import attrs
 
-from .._errors import InvalidInputError
-from .._llm import generation_defaults
-from .._sampling import DEFAULT_MAX_TOKENS, SamplingParams
-from ..chat import ChatTemplate
+from ..core._errors import InvalidInputError
+from ..core._sampling import DEFAULT_MAX_TOKENS, SamplingParams
 from ..integrations.hf_verify import transformers_missing
-from ..prompts import MissingDependencyError, PromptRequest, Tokenizer, load_tokenizer
+from ..runtime._llm import generation_defaults
+from ..runtime.chat import ChatTemplate
+from ..runtime.prompts import MissingDependencyError, PromptRequest, Tokenizer, load_tokenizer
 from ._errors import UsageError, flags_named
 from ._specs import backend_options
 

@@ -8,8 +8,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .._config import POLICIES
-from .._workloads import WORKLOADS
+from ..core._config import POLICIES
+from ..core._workloads import WORKLOADS
 from ._errors import UsageError
 from ._lengths import GRAMMAR
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-from .._generate import StepDone
-from ..execute import DispatchDone
+from ..runtime._generate import StepDone
+from ..runtime.execute import DispatchDone
 from ._errors import CommandFailed
 from ._render import RICH, console, has_rich
 

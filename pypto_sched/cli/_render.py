@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.table import Table
 
-    from .._config import PlannerConfig
-    from .._generate import GenerationResult
+    from ..core._config import PlannerConfig
     from ..integrations.hf_verify import TransformersVerification
+    from ..runtime._generate import GenerationResult
 
 __all__ = [
     "RICH",

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .._config import PlannerConfig
-from .._generate import GenerationResult
-from .._partition import partition_requests
-from .._plan import plan_prefill
-from .._sampling import SamplingParams
-from .._validate import check_int
+from ..core._config import PlannerConfig
+from ..core._partition import partition_requests
+from ..core._plan import plan_prefill
+from ..core._sampling import SamplingParams
+from ..core._validate import check_int
+from ..runtime._generate import GenerationResult
 from . import _progress, _render
 from ._errors import CommandFailed, UsageError, building_backend, flags_named
 from ._options import Once
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from ..integrations.ray import BatchProgress, RayReplicas
-    from ..prompts import PromptRequest
+    from ..runtime.prompts import PromptRequest
 
 __all__ = [
     "MAX_REPLICAS",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .._errors import InvalidInputError
-from .._json import load_json
-from ..backends import (  # one backend's factory, not all of them
+from ..core._errors import InvalidInputError
+from ..core._json import load_json
+from ..runtime.backends import (  # one backend's factory, not all of them
     Backend,
     load_backend,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..backends import BackendStatus, backend_statuses
+from ..runtime.backends import BackendStatus, backend_statuses
 from . import _render
 from ._errors import EXIT_OK
 from ._options import Example, Parser, add_command, add_format_option

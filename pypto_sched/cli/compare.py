@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._config import POLICIES, PlannerConfig
-from .._errors import PyptoSchedError
-from .._plan import plan_prefill
-from .._schedule import Schedule
+from ..core._config import POLICIES, PlannerConfig
+from ..core._errors import PyptoSchedError
+from ..core._plan import plan_prefill
+from ..core._schedule import Schedule
 from . import _render
 from ._errors import EXIT_OK, UsageError, flags_named
 from ._inputs import check_size, engine_args, num_computed, workload, workload_flags

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._config import PlannerConfig
-from .._generate import GeneratedSequence, GenerationResult, StepDone, generate
-from .._sampling import SamplingParams
-from ..backends import Backend, max_positions, relative_tolerance
-from ..execute import DEFAULT_PAGE_SIZE
+from ..core._config import PlannerConfig
+from ..core._sampling import SamplingParams
 from ..integrations.hf_verify import verify_greedy_generation
-from ..output import PARTIAL_SUFFIX
-from ..prompts import PromptRequest, eos_token_ids, read_prompts
+from ..runtime._generate import GeneratedSequence, GenerationResult, StepDone, generate
+from ..runtime.backends import Backend, max_positions, relative_tolerance
+from ..runtime.execute import DEFAULT_PAGE_SIZE
+from ..runtime.output import PARTIAL_SUFFIX
+from ..runtime.prompts import PromptRequest, eos_token_ids, read_prompts
 from . import _job, _model, _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError, check_counts, flags_named
 from ._inputs import config as planner_config

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._schedule import Schedule
+from ..core._schedule import Schedule
 from . import _render
 from ._errors import EXIT_OK
 from ._inputs import plan

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .._plot import FORMATS, render_schedule
+from ..runtime._plot import FORMATS, render_schedule
 from . import _render
 from ._errors import EXIT_OK, CommandFailed, UsageError
 from ._inputs import plan

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .._validate import check_positions
-from .._verify import Verification, verify_against_one_shot
-from ..backends import max_positions
-from ..execute import execute_schedule
+from ..core._validate import check_positions
+from ..runtime._verify import Verification, verify_against_one_shot
+from ..runtime.backends import max_positions
+from ..runtime.execute import execute_schedule
 from . import _progress, _render, _replicas
 from ._errors import (
     EXIT_FAILED,
@@ -43,7 +43,7 @@ from ._specs import backend_options, load_backend_from_args
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from .._schedule import Schedule
+    from ..core._schedule import Schedule
 
 __all__ = ["EXAMPLES", "MAX_RUN_TOKENS", "add_parser", "handle"]
 

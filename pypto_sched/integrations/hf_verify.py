@@ -50,12 +50,12 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import CheckpointError, InvalidInputError
-from .._generate import per_request_counts, stop_sets, token_lists
-from .._verify import greedy_ids_agree, is_tolerance
-from ..checkpoints import read_config
-from ..execute import TokenIds
-from ..prompts import MissingDependencyError
+from ..core._errors import CheckpointError, InvalidInputError
+from ..models.qwen3 import read_config
+from ..runtime._generate import per_request_counts, stop_sets, token_lists
+from ..runtime._verify import greedy_ids_agree, is_tolerance
+from ..runtime.execute import TokenIds
+from ..runtime.prompts import MissingDependencyError
 
 __all__ = ["INSTALL", "NEAR_TIE_SHARE", "Mismatch", "NearTie", "TransformersVerification",
            "transformers_missing", "verify_greedy_generation"]  # fmt: skip

@@ -72,9 +72,13 @@ import numpy.typing as npt
 import ray
 import ray.exceptions
 
-from .._config import PlannerConfig
-from .._errors import BackendError, InvalidInputError
-from .._generate import (
+from ..core._config import PlannerConfig
+from ..core._errors import BackendError, InvalidInputError
+from ..core._partition import Partition, partition_requests
+from ..core._plan import plan_prefill
+from ..core._sampling import SamplingParams
+from ..core._validate import check_bool, check_callback, check_int, check_positions, read_only
+from ..runtime._generate import (
     GeneratedSequence,
     GenerationStats,
     StepDone,
@@ -84,12 +88,19 @@ from .._generate import (
     stop_sets,
     token_lists,
 )
-from .._partition import Partition, partition_requests
-from .._plan import plan_prefill
-from .._sampling import SamplingParams
-from .._validate import check_bool, check_callback, check_int, check_positions, read_only
-from ..backends import Backend, BackendFactory, load_backend, max_positions, relative_tolerance
-from ..execute import DEFAULT_PAGE_SIZE, DispatchDone, TokenIds, execute_schedule_with_options
+from ..runtime.backends import (
+    Backend,
+    BackendFactory,
+    load_backend,
+    max_positions,
+    relative_tolerance,
+)
+from ..runtime.execute import (
+    DEFAULT_PAGE_SIZE,
+    DispatchDone,
+    TokenIds,
+    execute_schedule_with_options,
+)
 
 __all__ = [
     "DEFAULT_RESOURCES",

@@ -100,7 +100,7 @@ from transformers.generation.continuous_batching.requests import (
 from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, Scheduler
 
 from .. import InvalidConfigError, PlannerConfig, PrefillState, StepChunk, plan_step
-from .._validate import check_callback, check_int
+from ..core._validate import check_callback, check_int
 
 __all__ = ["ORDERS", "Order", "PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
 

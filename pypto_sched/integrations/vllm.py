@@ -93,7 +93,7 @@ from .. import (
     StepPlan,
     plan_step,
 )
-from .._policies import chunk_size
+from ..core._policies import chunk_size
 
 __all__ = [
     "SUPPORTED_VLLM_VERSIONS",

@@ -71,15 +71,15 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from .._config import POLICIES, PlannerConfig, Policy
-from .._errors import ExecutionError, InvalidConfigError, InvalidInputError
-from .._generate import generate
-from .._generation import GenerationState, plan_generation_step
-from .._pages import BlockTables
-from .._plan import plan_one_shot, plan_prefill
-from .._validate import check_callback, check_int, is_int, read_only
-from .._verify import Verification, compare_results, is_tolerance
-from ..backends import (
+from ..core._config import POLICIES, PlannerConfig, Policy
+from ..core._errors import ExecutionError, InvalidConfigError, InvalidInputError
+from ..core._generation import GenerationState, plan_generation_step
+from ..core._pages import BlockTables
+from ..core._plan import plan_one_shot, plan_prefill
+from ..core._validate import check_callback, check_int, is_int, read_only
+from ..runtime._generate import generate
+from ..runtime._verify import Verification, compare_results, is_tolerance
+from ..runtime.backends import (
     Backend,
     BackendError,
     DispatchInput,
@@ -89,7 +89,7 @@ from ..backends import (
     protocol_gaps,
     relative_tolerance,
 )
-from ..execute import (
+from ..runtime.execute import (
     ExecutionResult,
     execute_schedule,
     execute_schedule_with_options,

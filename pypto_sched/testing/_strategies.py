@@ -49,9 +49,9 @@ from pypto_sched import (
     Schedule,
     plan_prefill,
 )
-from pypto_sched._online import PrefillState, plan_step
-from pypto_sched._policies import request_cap
-from pypto_sched._validate import MAX_TOKENS
+from pypto_sched.core._online import PrefillState, plan_step
+from pypto_sched.core._policies import request_cap
+from pypto_sched.core._validate import MAX_TOKENS
 
 __all__ = [
     "planner_configs",

@@ -26,12 +26,12 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._config import PlannerConfig
-from ._errors import InvalidConfigError, InvalidInputError
-from ._generation import GenerationState, GenerationStep, plan_generation_step
-from ._pool import PagePool
-from ._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
-from ._validate import (
+from ..core._config import PlannerConfig
+from ..core._errors import InvalidConfigError, InvalidInputError
+from ..core._generation import GenerationState, GenerationStep, plan_generation_step
+from ..core._pool import PagePool
+from ..core._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
+from ..core._validate import (
     MAX_TOKENS,
     arrays_stay_read_only,
     check_callback,

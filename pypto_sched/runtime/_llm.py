@@ -21,10 +21,10 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._config import PlannerConfig
-from ._errors import BackendError, ExecutionError, InvalidInputError
+from ..core._config import PlannerConfig
+from ..core._errors import BackendError, ExecutionError, InvalidInputError
+from ..core._sampling import SamplingParams
 from ._generate import FinishReason, GeneratedSequence, generate
-from ._sampling import SamplingParams
 from .backends import Backend, check_is_backend, load_backend
 from .chat import ChatTemplate, check_messages
 from .execute import DEFAULT_PAGE_SIZE

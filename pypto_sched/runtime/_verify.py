@@ -31,11 +31,11 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import InvalidInputError
-from ._pages import plan_pages
-from ._plan import plan_one_shot
-from ._schedule import Schedule
-from ._validate import arrays_stay_read_only, check_int, read_only
+from ..core._errors import InvalidInputError
+from ..core._pages import plan_pages
+from ..core._plan import plan_one_shot
+from ..core._schedule import Schedule
+from ..core._validate import arrays_stay_read_only, check_int, read_only
 from .backends import Backend, check_is_backend, make_cache
 from .backends import relative_tolerance as backend_relative_tolerance
 from .execute import (

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Colormap, Normalize
 
-    from ._schedule import Schedule
+    from ..core._schedule import Schedule
 
 __all__ = ["FORMATS", "STYLES", "Style", "choose_style", "render_schedule"]
 

@@ -1,0 +1,1 @@
+"""Model descriptions: the checkpoint reader and the tensor table both backends read."""
