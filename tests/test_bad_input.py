@@ -35,7 +35,7 @@ from pypto_sched import (
     sample_token,
     step_arrays,
 )
-from pypto_sched.core import _policies
+from pypto_sched.core import _offline
 
 CONFIG = PlannerConfig(max_num_batched_tokens=64)
 
@@ -472,10 +472,10 @@ def test_the_chunk_limit_admits_a_schedule_of_exactly_the_limit(
     # alone may run all 4 tokens), 5 + 2 + 3 = 10 under round_robin.
     config = PlannerConfig(max_num_batched_tokens=4, long_prefill_token_threshold=2, policy=policy)
     lengths = [9, 3, 5]
-    fewest = _policies.fewest_chunks(np.array(lengths), config)
+    fewest = _offline.fewest_chunks(np.array(lengths), config)
     assert plan_prefill(lengths, config).num_chunks >= fewest
-    monkeypatch.setattr(_policies, "MAX_CHUNKS", fewest)
+    monkeypatch.setattr(_offline, "MAX_CHUNKS", fewest)
     plan_prefill(lengths, config)
-    monkeypatch.setattr(_policies, "MAX_CHUNKS", fewest - 1)
+    monkeypatch.setattr(_offline, "MAX_CHUNKS", fewest - 1)
     with pytest.raises(InvalidInputError, match=f"at least {fewest} chunks"):
         plan_prefill(lengths, config)

@@ -30,15 +30,13 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
+from pypto_sched.core._offline import _stable_argsort, _steady_run, fewest_chunks
 from pypto_sched.core._policies import (
-    _stable_argsort,
-    _steady_run,
     admits,
     check_num_computed_tokens,
     chunk_limit,
     chunk_size,
     chunk_sizes,
-    fewest_chunks,
     fits_one_dispatch,
     full_step,
     leaves_tokens_to_prefill,
@@ -637,9 +635,9 @@ def test_fits_one_dispatch_needs_the_tokens_in_the_budget_and_the_requests_in_th
 def test_no_planner_rounds_to_a_page_but_the_chunk_rule() -> None:
     """The page rounding ``x // page * page`` appears only in ``chunk_size`` and its array
     form: the planners call them rather than restate the rule."""
-    from pypto_sched.core import _online, _policies
+    from pypto_sched.core import _offline, _online, _policies
 
-    for module in (_policies, _online):
+    for module in (_policies, _offline, _online):
         tree = ast.parse(inspect.getsource(module))
         for function in ast.walk(tree):
             if not isinstance(function, ast.FunctionDef):
@@ -661,7 +659,7 @@ def test_both_planners_admit_through_the_one_admission_rule(
 ) -> None:
     """Replace ``admits`` by a stricter rule (no request may start part-way while another
     is): offline and online plans change, and still agree."""
-    from pypto_sched.core import _online, _policies
+    from pypto_sched.core import _offline, _online
 
     def one_partial_at_most(size: int, remaining: int, num_partial: int, _: int | None) -> bool:
         return size > 0 and (size == remaining or num_partial == 0)
@@ -670,7 +668,7 @@ def test_both_planners_admit_through_the_one_admission_rule(
     config = attrs.evolve(config, policy="packed")
     lengths = [100, 20, 100, 100]
     before = rows_of(plan_prefill(lengths, config))
-    monkeypatch.setattr(_policies, "admits", one_partial_at_most)
+    monkeypatch.setattr(_offline, "admits", one_partial_at_most)
     monkeypatch.setattr(_online, "admits", one_partial_at_most)
     offline = rows_of(plan_prefill(lengths, config))
     assert offline != before
