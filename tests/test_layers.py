@@ -297,3 +297,23 @@ def test_the_checker_lets_the_core_import_the_core_numpy_and_attrs(source: str) 
 )
 def test_the_checker_holds_the_layer_order(name: str, source: str, breach: bool) -> None:
     assert bool(_check("layers", name, source)) is breach
+
+
+def test_a_private_name_means_one_thing_across_the_package() -> None:
+    # A module-level function or class named ``_x`` is defined in one module of pypto_sched:
+    # two ``_plan_packed`` in two files that do different things read as one.
+    homes: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        if not name.startswith("pypto_sched."):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and _is_private(node.name)
+        }
+        for private in defined:
+            homes.setdefault(private, []).append(name)
+    twice = {private: where for private, where in homes.items() if len(where) > 1}
+    assert not twice, f"give each a name of its own: {twice}"

@@ -145,9 +145,9 @@ def test_the_package_is_typed() -> None:
     assert (Path(pypto_sched.__file__).parent / "py.typed").is_file()
 
 
-@pytest.mark.parametrize("name", importlib.import_module("pypto_sched.checkpoints").__all__)
+@pytest.mark.parametrize("name", importlib.import_module("pypto_sched.models.qwen3").__all__)
 def test_every_name_of_the_checkpoint_reader_is_documented(name: str) -> None:
-    module = importlib.import_module("pypto_sched.checkpoints")
+    module = importlib.import_module("pypto_sched.models.qwen3")
     value = getattr(module, name)
     if inspect.isclass(value) or inspect.isfunction(value):
         assert inspect.getdoc(value), f"checkpoints.{name} has no docstring"

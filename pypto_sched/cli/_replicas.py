@@ -229,17 +229,17 @@ def progress_bar(
     """``progress(label)``: a context whose value is an ``on_progress`` callback, drawn as
     :func:`pypto_sched.cli._progress.wanted` says."""
     if not _progress.wanted(args):
-        return _hidden
-    return lambda label: _shown(label, forced=args.progress is not None)
+        return _no_batch_bar
+    return lambda label: _batch_bar(label, forced=args.progress is not None)
 
 
 @contextmanager
-def _hidden(_label: str) -> Iterator[Callable[[BatchProgress], None]]:
+def _no_batch_bar(_label: str) -> Iterator[Callable[[BatchProgress], None]]:
     yield lambda _progress: None
 
 
 @contextmanager
-def _shown(label: str, *, forced: bool) -> Iterator[Callable[[BatchProgress], None]]:
+def _batch_bar(label: str, *, forced: bool) -> Iterator[Callable[[BatchProgress], None]]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = console(stderr=True)

@@ -144,7 +144,7 @@ def handle(args: argparse.Namespace) -> int:
         return _run_on_replicas(args, schedule, source, seed, num_replicas)
     backend = load_backend_from_args(args)
     _check_positions(args, schedule, max_positions(backend))
-    prompts = _token_ids(schedule, backend.vocab_size, seed)
+    prompts = _random_token_ids(schedule, backend.vocab_size, seed)
     progress = _progress.bar(args)
     with progress("prefill", schedule.num_dispatches) as on_dispatch:
         started = time.perf_counter()
@@ -195,7 +195,7 @@ def _run_on_replicas(
     progress = _replicas.progress_bar(args)
     with _replicas.replicas(args, args.backend, options, num_replicas) as pool:
         _check_positions(args, schedule, pool.max_position_embeddings)
-        prompts = _token_ids(schedule, pool.vocab_size, seed)
+        prompts = _random_token_ids(schedule, pool.vocab_size, seed)
         with progress("prefill") as on_progress:
             result = pool.prefill(
                 prompts,
@@ -242,7 +242,9 @@ def _check_positions(args: argparse.Namespace, schedule: Schedule, longest: int 
         check_positions(where, int(schedule.prompt_lengths[r]), longest)
 
 
-def _token_ids(schedule: Schedule, vocab_size: int, seed: int) -> list[npt.NDArray[np.int64]]:
+def _random_token_ids(
+    schedule: Schedule, vocab_size: int, seed: int
+) -> list[npt.NDArray[np.int64]]:
     """Random prompts of the schedule's lengths, the same for the same seed."""
     rng = np.random.default_rng(seed)
     return [

@@ -52,7 +52,9 @@ class ScheduleArrays(Protocol):
     def finish_dispatch(self) -> npt.NDArray[np.int64]: ...
 
 
-def _fail(rule: str, where: npt.NDArray[np.bool_], at: str, found: Callable[[int], object]) -> None:
+def _fail_rule(
+    rule: str, where: npt.NDArray[np.bool_], at: str, found: Callable[[int], object]
+) -> None:
     """Raise for the first ``at`` (row, request, dispatch ...) that breaks ``rule``, naming
     what was found there."""
     first = int(np.flatnonzero(where)[0])
@@ -79,12 +81,12 @@ def _check_shapes(s: ScheduleArrays) -> None:
         )
     lengths, computed = s.prompt_lengths, s.num_computed_tokens
     if (lengths < 1).any():
-        _fail(
+        _fail_rule(
             "prompt lengths must be >= 1", lengths < 1, "request", lambda r: f"length {lengths[r]}"
         )
     bad = (computed < 0) | (computed >= lengths)
     if bad.any():
-        _fail(
+        _fail_rule(
             "num_computed_tokens must be in [0, prompt length)",
             bad,
             "request",
@@ -105,7 +107,7 @@ def _check_shapes(s: ScheduleArrays) -> None:
         )
     counts = np.diff(offsets)
     if (counts <= 0).any():
-        _fail(
+        _fail_rule(
             "every dispatch must hold at least one row",
             counts <= 0,
             "dispatch",
@@ -118,9 +120,11 @@ def _check_rows(s: ScheduleArrays) -> None:
     requests, lengths = s.requests, s.lengths
     bad = (requests < 0) | (requests >= n)
     if bad.any():
-        _fail(f"row requests must be in [0, {n})", bad, "row", lambda i: f"request {requests[i]}")
+        _fail_rule(
+            f"row requests must be in [0, {n})", bad, "row", lambda i: f"request {requests[i]}"
+        )
     if (lengths < 1).any():
-        _fail(
+        _fail_rule(
             "every chunk must hold at least one token",
             lengths < 1,
             "row",
@@ -130,7 +134,7 @@ def _check_rows(s: ScheduleArrays) -> None:
     prompt = s.prompt_lengths[requests]
     beyond = ends > prompt
     if beyond.any():
-        _fail(
+        _fail_rule(
             "a chunk must end within its prompt",
             beyond,
             "row",
@@ -140,7 +144,7 @@ def _check_rows(s: ScheduleArrays) -> None:
     if page is not None:
         unaligned = ~s.is_final & (ends % page != 0)
         if unaligned.any():
-            _fail(
+            _fail_rule(
                 f"a non-final chunk must end on a multiple of page_size {page}",
                 unaligned,
                 "row",
@@ -159,14 +163,14 @@ def _check_request_order(s: ScheduleArrays) -> None:
     n = s.prompt_lengths.size
     counts = np.bincount(requests, minlength=n)
     if (counts == 0).any():
-        _fail(
+        _fail_rule(
             "every request must have at least one chunk", counts == 0, "request", lambda r: "none"
         )
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
     last = first + counts - 1
     computed = s.num_computed_tokens
     if (starts[first] != computed).any():
-        _fail(
+        _fail_rule(
             "a request's first chunk must start at its computed-token count",
             starts[first] != computed,
             "request",
@@ -174,7 +178,7 @@ def _check_request_order(s: ScheduleArrays) -> None:
         )
     lengths = s.prompt_lengths
     if (ends[last] != lengths).any():
-        _fail(
+        _fail_rule(
             "a request's last chunk must end at its prompt length",
             ends[last] != lengths,
             "request",
@@ -184,7 +188,7 @@ def _check_request_order(s: ScheduleArrays) -> None:
     is_last[last] = True
     gaps = ~is_last[:-1] & (ends[:-1] != starts[1:])
     if gaps.any():
-        _fail(
+        _fail_rule(
             "a request's chunks must be contiguous and in dispatch order",
             gaps,
             "sorted row",
@@ -197,7 +201,7 @@ def _check_request_order(s: ScheduleArrays) -> None:
         wrong = np.zeros(n, dtype=np.bool_)
         wrong[requests[final != is_last]] = True
         finals = np.bincount(requests[final], minlength=n)
-        _fail(
+        _fail_rule(
             "exactly one chunk per request, its last, must be final",
             wrong,
             "request",
@@ -207,7 +211,7 @@ def _check_request_order(s: ScheduleArrays) -> None:
     dispatch = s.row_dispatch[order]
     same = ~is_last[:-1] & (dispatch[:-1] == dispatch[1:])
     if same.any():
-        _fail(
+        _fail_rule(
             "a request may appear at most once per dispatch",
             same,
             "sorted row",
@@ -217,7 +221,7 @@ def _check_request_order(s: ScheduleArrays) -> None:
     rows, in_dispatch = s.requests, s.row_dispatch
     behind = (in_dispatch[1:] == in_dispatch[:-1]) & (rows[1:] < rows[:-1])
     if behind.any():
-        _fail(
+        _fail_rule(
             "a dispatch's rows must be in request order",
             behind,
             "row",
@@ -239,7 +243,7 @@ def _check_request_caps(s: ScheduleArrays) -> None:
         caps[unfinished[s.row_dispatch] == 1] = lone
     over = lengths > caps
     if over.any():
-        _fail(
+        _fail_rule(
             f"a chunk must hold at most the chunk cap ({cap}) tokens"
             + (f", or {lone} for a request left alone" if lone != cap else ""),
             over,
@@ -253,7 +257,7 @@ def _check_dispatch_limits(s: ScheduleArrays) -> None:
     budget = config.effective_budget
     tokens = s.tokens_per_dispatch
     if (tokens > budget).any():
-        _fail(
+        _fail_rule(
             f"a dispatch must carry at most {budget} tokens",
             tokens > budget,
             "dispatch",
@@ -261,7 +265,7 @@ def _check_dispatch_limits(s: ScheduleArrays) -> None:
         )
     rows, counts = config.max_num_seqs, s.rows_per_dispatch
     if rows is not None and (counts > rows).any():
-        _fail(
+        _fail_rule(
             f"a dispatch must carry at most {rows} rows",
             counts > rows,
             "dispatch",
@@ -271,7 +275,7 @@ def _check_dispatch_limits(s: ScheduleArrays) -> None:
     if limit is not None:
         partial = _partial_counts(s)
         if (partial > limit).any():
-            _fail(
+            _fail_rule(
                 f"at most {limit} requests may be part-way through prefill after a dispatch",
                 partial > limit,
                 "dispatch",

@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 
 from ._errors import InvalidConfigError
-from ._validate import check_int
+from ._validate import check_int, count_validator
 
 __all__ = ["POLICIES", "PlannerConfig", "Policy"]
 
@@ -32,15 +32,6 @@ def _policy_name(value: Policy) -> Policy:
     return str(value) if isinstance(value, np.str_) else value  # type: ignore[return-value]
 
 
-def _count(_self: object, field: attrs.Attribute[Any], value: object) -> None:
-    check_int(field.name, value, min_value=1, error=InvalidConfigError)
-
-
-def _optional_count(_self: object, field: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        check_int(field.name, value, min_value=1, error=InvalidConfigError)
-
-
 def _policy(_self: object, _field: attrs.Attribute[Any], value: object) -> None:
     # (Not `value in POLICIES` alone: an array holding a policy name passes that test.)
     if not isinstance(value, str) or value not in POLICIES:
@@ -57,24 +48,26 @@ class PlannerConfig:
     """
 
     #: Most tokens one dispatch may carry.
-    max_num_batched_tokens: int = attrs.field(converter=_plain, validator=_count)
+    max_num_batched_tokens: int = attrs.field(converter=_plain, validator=count_validator())
     #: Per-request chunk cap (``None``: off). Under ``round_robin`` it also lowers the
     #: dispatch budget, as in the seed.
     long_prefill_token_threshold: int | None = attrs.field(
-        default=None, converter=_plain, validator=_optional_count
+        default=None, converter=_plain, validator=count_validator(optional=True)
     )
     #: Most rows (requests) one dispatch may carry (``None``: no limit).
     max_num_seqs: int | None = attrs.field(
-        default=None, converter=_plain, validator=_optional_count
+        default=None, converter=_plain, validator=count_validator(optional=True)
     )
     #: When set, every non-final chunk ends on a multiple of it (KV pages are never split).
-    page_size: int | None = attrs.field(default=None, converter=_plain, validator=_optional_count)
+    page_size: int | None = attrs.field(
+        default=None, converter=_plain, validator=count_validator(optional=True)
+    )
     #: ``"round_robin"`` (the seed's behaviour) or ``"packed"`` (co-scheduled chunks).
     policy: Policy = attrs.field(default="round_robin", converter=_policy_name, validator=_policy)
     #: ``packed`` only: most requests part-way through their prefill at once (``None``: no
     #: limit).
     max_num_partial_prefills: int | None = attrs.field(
-        default=None, converter=_plain, validator=_optional_count
+        default=None, converter=_plain, validator=count_validator(optional=True)
     )
 
     def __attrs_post_init__(self) -> None:

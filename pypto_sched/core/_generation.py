@@ -356,7 +356,7 @@ class GenerationState(Frozen, Generic[RequestId]):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # The default would restore the slots with setattr, which an immutable state refuses;
         # the map is rebuilt from its items (its layout follows hashes, which are per process).
-        return _restore, (
+        return _restore_state, (
             [(rid, tuple(seq)) for rid, seq in self._sequences.items()],
             self._prefill,
             self._decoding,
@@ -370,7 +370,7 @@ class GenerationState(Frozen, Generic[RequestId]):
         )
 
 
-def _restore(
+def _restore_state(
     sequences: list[tuple[Any, tuple[int, int, int, int, bool]]],
     prefill: PrefillState[Any],
     decoding: tuple[tuple[int, Any], ...],

@@ -32,7 +32,7 @@ run behind a head waiting for pages asks the pool's owners first when no page is
 (nobody else can run then), so a step stuck for pages does not walk the queue.
 
 What is left is the interpreter's work, kept small: both policies size a row by
-``_Step.size`` (the rule functions) and add it by ``_run``; rows, records,
+``_StepSizing.size`` (the rule functions) and add it by ``_run``; rows, records,
 states, pools and plans are built through their slots (in a third of the time attrs'
 ``__init__`` takes). In the steady state of a long prefill (the started requests run a
 chunk each and fill the budget again) a step touches only them, never the queue or the map.
@@ -700,8 +700,8 @@ def plan_step(
         raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-    reserved_tokens = _count("reserved_tokens", reserved_tokens)
-    reserved_rows = _count("reserved_rows", reserved_rows)
+    reserved_tokens = _token_count("reserved_tokens", reserved_tokens)
+    reserved_rows = _token_count("reserved_rows", reserved_rows)
     if config.max_num_seqs is None:
         reserved_rows = 0  # rows are not limited: no rule reads it (the tail, the bound)
     room_tokens, room_rows = prefill_room(config, reserved_tokens, reserved_rows)
@@ -721,7 +721,7 @@ def plan_step(
     # bind (see _keep_to_the_bound; a page pool must hold every request whole).
     whole = reserved_tokens == 0 and reserved_rows == 0
     to_bound = config if whole and bound_rule_applies(config, num_requests) else None
-    step = _Step(state, None if pool is None else StepHolds(pool), cap, page, to_bound)
+    step = _StepSizing(state, None if pool is None else StepHolds(pool), cap, page, to_bound)
     if config.policy == "packed":
         plan = _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
     else:
@@ -781,13 +781,13 @@ def _step_plan(
     return plan
 
 
-def _count(name: str, value: object) -> int:
+def _token_count(name: str, value: object) -> int:
     if type(value) is int and 0 <= value <= MAX_TOKENS:  # the common case, checked cheaply
         return value
     return check_int(name, value, min_value=0)
 
 
-class _Step(NamedTuple, Generic[RequestId]):
+class _StepSizing(NamedTuple, Generic[RequestId]):
     """What a step's rows are sized with, fixed for the whole step."""
 
     state: PrefillState[RequestId]
@@ -900,7 +900,7 @@ def _live_head(
 
 
 def _plan_packed(
-    step: _Step[RequestId], tokens: int, rows_left: int, max_partial: int | None
+    step: _StepSizing[RequestId], tokens: int, rows_left: int, max_partial: int | None
 ) -> StepPlan[RequestId]:
     """``packed``'s step: the started requests in order, each a chunk if one fits, then
     waiting requests from the head of the queue while :func:`admits` takes them."""
@@ -955,7 +955,7 @@ def _plan_packed(
 
 
 def _keep_to_the_bound(
-    step: _Step[RequestId],
+    step: _StepSizing[RequestId],
     config: PlannerConfig,
     greedy: dict[RequestId, StepChunk],
     admitted: list[RequestRecord],
@@ -1068,7 +1068,9 @@ def _bound_with(
     return dispatch_bound(total, first, second, count, config) if count else 0
 
 
-def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> StepPlan[RequestId]:
+def _plan_round_robin(
+    step: _StepSizing[RequestId], tokens: int, rows_left: int
+) -> StepPlan[RequestId]:
     state, holds = step.state, step.holds
     if (
         state._policy is None
@@ -1100,7 +1102,7 @@ def _plan_round_robin(step: _Step[RequestId], tokens: int, rows_left: int) -> St
 
 
 def _first_runnable_behind_head(
-    step: _Step[RequestId],
+    step: _StepSizing[RequestId],
     holds: StepHolds[RequestId],
     requests: PersistentMap[RequestId, RequestRecord],
     queue: PersistentQueue[RequestRecord],
@@ -1142,7 +1144,7 @@ def _pool_holds_everything(
     return missing <= pool.num_free
 
 
-def _plan_whole_batch(step: _Step[RequestId]) -> StepPlan[RequestId]:
+def _plan_whole_batch(step: _StepSizing[RequestId]) -> StepPlan[RequestId]:
     """Every request runs whole: the run ends (an empty map of requests drains the state)."""
     state, holds = step.state, step.holds
     rows: dict[RequestId, StepChunk] = {}

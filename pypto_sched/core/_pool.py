@@ -402,7 +402,7 @@ class PagePool(Frozen, Generic[RequestId]):
     __hash__ = None  # type: ignore[assignment]  # equal by content, which is not cheap to hash
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _restore, (
+        return _restore_pool, (
             self._num_pages,
             self._page_size,
             list(self._tables().items()),
@@ -495,7 +495,7 @@ def _page_range(start: int, stop: int) -> _Pages:
     return array(_PAGE, np.arange(start, stop, dtype=np.int32).tobytes())
 
 
-def _restore(
+def _restore_pool(
     num_pages: int,
     page_size: int,
     tables: list[tuple[Any, tuple[int, ...]]],

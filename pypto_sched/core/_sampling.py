@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import InvalidConfigError, InvalidInputError
-from ._validate import check_int
+from ._validate import check_int, count_validator
 
 __all__ = ["DEFAULT_MAX_TOKENS", "SamplingParams", "sample_token", "token_logprobs"]
 
@@ -81,14 +81,6 @@ def _optional_top_p(
 
 def _seed(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
     check_int("seed", value, min_value=0, max_value=2**63 - 1, error=InvalidConfigError)
-
-
-def _optional_count(low: int) -> Any:
-    def check(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-        if value is not None:
-            check_int(attribute.name, value, min_value=low, error=InvalidConfigError)
-
-    return check
 
 
 def _min_tokens(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -149,7 +141,7 @@ class SamplingParams:
     #: Seeds every request's random stream, with the request index and the token index.
     seed: int = attrs.field(default=0, validator=_seed)
     #: New tokens at most (``None``: the caller's default, else :data:`DEFAULT_MAX_TOKENS`).
-    max_tokens: int | None = attrs.field(default=None, validator=_optional_count(1))
+    max_tokens: int | None = attrs.field(default=None, validator=count_validator(1, optional=True))
     #: Stop tokens and stop strings do not end the request before it has this many tokens
     #: (stop tokens are not chosen until then, as vLLM masks them).
     min_tokens: int = attrs.field(default=0, validator=_min_tokens)
@@ -164,7 +156,7 @@ class SamplingParams:
     #: Report each generated token's log-probability and the ``logprobs`` likeliest
     #: tokens' (``0``: the chosen token's only; ``None``: none), from the model's raw
     #: logits, as vLLM reports them.
-    logprobs: int | None = attrs.field(default=None, validator=_optional_count(0))
+    logprobs: int | None = attrs.field(default=None, validator=count_validator(0, optional=True))
 
     @property
     def is_greedy(self) -> bool:

@@ -74,7 +74,7 @@ _REQUIRED_KEYS = frozenset({"format", "version", "config", "prompt_lengths", "di
 _OPTIONAL_KEYS = frozenset({"num_computed_tokens", "summary"})
 
 
-def _request(value: object) -> int:
+def _request_index(value: object) -> int:
     return check_int("request", value, min_value=0)
 
 
@@ -106,7 +106,7 @@ class Chunk:
     (``request`` and ``start`` at least 0, ``length`` at least 1, ``start + length`` at
     most ``2**31 - 1``, ``is_final`` a bool)."""
 
-    request: int = attrs.field(converter=_request)
+    request: int = attrs.field(converter=_request_index)
     start: int = attrs.field(converter=chunk_start)
     length: int = attrs.field(converter=chunk_length)
     is_final: bool = attrs.field(converter=chunk_is_final)
@@ -131,7 +131,7 @@ def _finality(values: object) -> npt.NDArray[np.bool_]:
     return read_only(array.astype(np.bool_))
 
 
-def _check_rows(dispatch: Dispatch, _attribute: object, _value: object) -> None:
+def _check_dispatch_rows(dispatch: Dispatch, _attribute: object, _value: object) -> None:
     """The rows of a dispatch built by hand: one length, each request at most once, within
     the positions a prompt may have. (Their order is free here: a schedule's dispatches keep
     request order, which :meth:`Schedule.validate` checks.)"""
@@ -178,7 +178,9 @@ class Dispatch:
     requests: npt.NDArray[np.int32] = attrs.field(converter=_requests)
     starts: npt.NDArray[np.int32] = attrs.field(converter=_starts)
     lengths: npt.NDArray[np.int32] = attrs.field(converter=_lengths)
-    is_final: npt.NDArray[np.bool_] = attrs.field(converter=_finality, validator=_check_rows)
+    is_final: npt.NDArray[np.bool_] = attrs.field(
+        converter=_finality, validator=_check_dispatch_rows
+    )
 
     @property
     def num_rows(self) -> int:

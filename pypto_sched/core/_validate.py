@@ -6,14 +6,14 @@ error naming the parameter instead of failing deep inside NumPy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeGuard, TypeVar
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import InvalidInputError, PyptoSchedError
+from ._errors import InvalidConfigError, InvalidInputError, PyptoSchedError
 
 __all__ = [
     "MAX_TOKENS",
@@ -57,6 +57,19 @@ def check_int(
     if number > max_value:
         raise error(f"{name!r} must be <= {max_value}: {number}")
     return number
+
+
+def count_validator(
+    low: int = 1, *, optional: bool = False
+) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """An attrs validator: the field holds an int of at least ``low`` (or ``None`` when
+    ``optional``); anything else is an :class:`InvalidConfigError` naming the field."""
+
+    def check(_instance: object, field: attrs.Attribute[Any], value: object) -> None:
+        if value is not None or not optional:
+            check_int(field.name, value, min_value=low, error=InvalidConfigError)
+
+    return check
 
 
 def check_index(name: str, value: object, count: int, *, from_end: bool = False) -> int:

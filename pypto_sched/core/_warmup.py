@@ -12,7 +12,7 @@ from ._validate import MAX_TOKENS, check_int
 __all__ = ["WarmupShape", "plan_warmup"]
 
 
-def _rows(value: object) -> int:
+def _check_num_rows(value: object) -> int:
     return check_int("num_rows", value, min_value=1)
 
 
@@ -25,7 +25,7 @@ class WarmupShape:
     """A dispatch of ``num_rows`` rows of ``tokens_per_row`` tokens each (each an int at
     least 1, checked when built by hand, as :class:`~pypto_sched.Chunk`'s fields are)."""
 
-    num_rows: int = attrs.field(converter=_rows)
+    num_rows: int = attrs.field(converter=_check_num_rows)
     tokens_per_row: int = attrs.field(converter=_tokens)
 
     def __attrs_post_init__(self) -> None:

@@ -62,7 +62,9 @@ def synthetic_lengths(
     return read_only(draw(rng, count, low, high))
 
 
-def _seed(_rng: np.random.Generator, n: int, _low: int, _high: int) -> npt.NDArray[np.int64]:
+def _seed_lengths(
+    _rng: np.random.Generator, n: int, _low: int, _high: int
+) -> npt.NDArray[np.int64]:
     return np.full(n, SEED_PROMPT_LENGTH, dtype=np.int64)
 
 
@@ -88,7 +90,7 @@ def _bimodal(rng: np.random.Generator, n: int, low: int, high: int) -> npt.NDArr
 
 
 _DRAWS = {
-    "seed": _seed,
+    "seed": _seed_lengths,
     "uniform": _uniform,
     "lognormal": _lognormal,
     "bimodal": _bimodal,

@@ -664,7 +664,7 @@ def encode_safetensors(
     written; a :class:`Tensor` whose tag is not one of :data:`SAFETENSORS_DTYPES`, or does
     not match its array's dtype or shape.
     """
-    _check_metadata(metadata)
+    _check_header_metadata(metadata)
     tags = {dtype: tag for tag, dtype in SAFETENSORS_DTYPES.items() if tag != "BF16"}
     header: dict[str, Any] = {} if metadata is None else {"__metadata__": dict(metadata)}
     for name in tensors:
@@ -696,7 +696,7 @@ def encode_safetensors(
     return _LENGTH.pack(len(raw)) + raw + b"".join(chunks)
 
 
-def _check_metadata(metadata: object) -> None:
+def _check_header_metadata(metadata: object) -> None:
     if metadata is None:
         return
     if not isinstance(metadata, Mapping):

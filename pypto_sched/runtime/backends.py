@@ -340,7 +340,7 @@ def load_backend(name: str, **options: Any) -> Backend:
     """
     entry_point = installed_entry_point(name)
     factory = load_factory(entry_point)
-    declared = _options(factory)
+    declared = _declared_options(factory)
     unknown = sorted(set(options) - set(declared))
     if declared and unknown:
         raise InvalidInputError(
@@ -449,7 +449,7 @@ def _availability(factory: BackendFactory) -> tuple[bool, str]:
     return False, f"its availability check must return a bool or (bool, reason): {answer!r}"
 
 
-def _options(factory: BackendFactory) -> Mapping[str, str]:
+def _declared_options(factory: BackendFactory) -> Mapping[str, str]:
     declared = _declared(factory, "options")
     if not isinstance(declared, Mapping):
         return {}
@@ -469,7 +469,7 @@ def _status(entry_point: EntryPoint) -> BackendStatus:
     except BackendError as error:
         return status(available=False, reason=str(error))
     available, reason = _availability(factory)
-    return status(available=available, reason=reason, options=_options(factory))
+    return status(available=available, reason=reason, options=_declared_options(factory))
 
 
 def backend_statuses() -> tuple[BackendStatus, ...]:

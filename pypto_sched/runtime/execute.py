@@ -207,9 +207,8 @@ def execute_schedule_with_options(
             return_logits=return_logits and has_final,
             return_greedy=return_greedy and has_final,
         )
-        where = (
-            f"dispatch {dispatch.index} of {schedule.num_dispatches} ({_describe(dispatch, names)})"
-        )
+        rows = _describe_dispatch(dispatch, names)
+        where = f"dispatch {dispatch.index} of {schedule.num_dispatches} ({rows})"
         output = run_dispatch_checked(
             backend, batch, cache, index=dispatch.index, where=where, names=names
         )
@@ -520,7 +519,7 @@ def _array_problem(
 _KIND_NAMES = {"f": "float", "iu": "integer"}
 
 
-def _describe(dispatch: Dispatch, names: Sequence[int] | None, *, limit: int = 3) -> str:
+def _describe_dispatch(dispatch: Dispatch, names: Sequence[int] | None, *, limit: int = 3) -> str:
     rows = [
         f"request {c.request if names is None else names[c.request]} tokens {c.start}:{c.end}"
         for c in dispatch.rows[:limit]

@@ -435,7 +435,7 @@ def _draw(
         prompts=prompts,
         others=others,
         computed=computed,
-        config=_draw_config(rng, policy, int(lengths.sum()), count, page_size),
+        config=_random_config(rng, policy, int(lengths.sum()), count, page_size),
         page_size=page_size,
         spare_pages=int(rng.integers(0, _MAX_SPARE_PAGES + 1)),
     )
@@ -456,7 +456,7 @@ def _prompt_lengths(
     return lengths if longest is None else np.minimum(lengths, longest)
 
 
-def _draw_config(
+def _random_config(
     rng: np.random.Generator, policy: Policy, total: int, count: int, page_size: int
 ) -> PlannerConfig:
     """A config that usually splits the batch: a budget below the total, an optional
@@ -515,7 +515,7 @@ def _draw_generation(
     if longest is not None:  # a request runs P + N - 1 positions
         news = np.maximum(np.minimum(news, longest - lengths + 1), 1)
     prompts = tuple(rng.integers(0, vocab_size, size=int(n)).astype(np.int64) for n in lengths)
-    config = _draw_config(rng, policy, int(lengths.sum()), count, page_size)
+    config = _random_config(rng, policy, int(lengths.sum()), count, page_size)
     # The last generated token is never cached: a request holds P + N - 1 tokens of KV.
     needed = [-(-int(n + m - 1) // page_size) for n, m in zip(lengths, news, strict=True)]
     smallest, room_for_all = max(needed), sum(needed)
