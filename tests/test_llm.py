@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
 from pypto_sched import (
     LLM,
     IncompleteGenerationError,
+    InvalidConfigError,
     InvalidInputError,
     PlannerConfig,
     SamplingParams,
@@ -246,3 +248,56 @@ def test_a_backend_object_and_numpy_ids_are_taken(model: Path) -> None:
     (output,) = llm.generate(np.array([5, 9, 13]), SamplingParams(max_tokens=2))
     assert output.prompt is None
     assert output.prompt_token_ids == (5, 9, 13)
+
+
+def test_outputs_holds_the_completion_as_vllm_does(model: Path) -> None:
+    llm = LLM(model)
+    (output,) = llm.generate("the cat", SamplingParams(max_tokens=4, logprobs=1))
+    (completion,) = output.outputs
+    assert output.request_id == "0"
+    assert output.finished
+    assert completion.index == 0
+    assert (completion.text, completion.token_ids) == (output.text, output.token_ids)
+    assert (completion.finish_reason, completion.stop_reason) == (
+        output.finish_reason,
+        output.stop_reason,
+    )
+    assert completion.logprobs == output.logprobs
+    assert completion.logprobs is not None
+    assert completion.cumulative_logprob == pytest.approx(sum(completion.logprobs))
+    (plain,) = llm.generate("the cat", SamplingParams(max_tokens=4))
+    assert plain.outputs[0].cumulative_logprob is None
+
+
+def test_n_completions_of_a_prompt_leave_the_other_prompts_alone(model: Path) -> None:
+    llm = LLM(model, config=PlannerConfig(max_num_batched_tokens=8))
+    prompts = [[5, 9, 13], [8, 8], [4, 6, 7, 7]]
+    hot = SamplingParams(temperature=5.0, seed=3, max_tokens=6, ignore_eos=True)
+    alone = llm.generate(prompts, hot)
+    params = [hot, attrs.evolve(hot, n=4), hot]
+    seen: list[int] = []
+    outputs = llm.generate(prompts, params, on_finish=lambda o: seen.append(o.index))
+    assert sorted(seen) == [0, 1, 2]  # each prompt heard of once, with all its completions
+    assert [len(o.outputs) for o in outputs] == [1, 4, 1]
+    for one, many in zip(alone, outputs, strict=True):
+        assert many.outputs[0] == one.outputs[0]  # completion 0 is the request without n
+        assert many.token_ids == one.token_ids
+    completions = outputs[1].outputs
+    assert [c.index for c in completions] == [0, 1, 2, 3]
+    assert len({c.token_ids for c in completions}) > 1  # sampled apart
+    again = llm.generate(prompts, params)
+    assert again == outputs  # and reproducibly
+
+
+def test_n_greedy_completions_are_equal(model: Path) -> None:
+    llm = LLM(model)
+    (output,) = llm.generate([5, 9, 13], SamplingParams(max_tokens=5, n=3))
+    assert len({(c.token_ids, c.text) for c in output.outputs}) == 1
+
+
+def test_n_is_checked_and_generate_runs_one_sequence_a_request(model: Path) -> None:
+    with pytest.raises(InvalidConfigError, match="'n' must be >= 1: 0"):
+        SamplingParams(n=0)
+    llm = LLM(model)
+    with pytest.raises(InvalidInputError, match=r"'sampling\[0\].n' must be 1"):
+        generate(llm.backend, [[5, 9]], config=llm.config, sampling=SamplingParams(n=2))

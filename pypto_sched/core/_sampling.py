@@ -153,6 +153,9 @@ class SamplingParams:
     )
     #: Do not stop on the ids every request stops on (the model's EOS ids).
     ignore_eos: bool = attrs.field(default=False, validator=_bool)
+    #: Completions of the prompt (:class:`~pypto_sched.LLM` draws each as a request of its
+    #: own; :func:`~pypto_sched.generate` runs one a request and refuses more).
+    n: int = attrs.field(default=1, validator=count_validator(1))
     #: Report each generated token's log-probability and the ``logprobs`` likeliest
     #: tokens' (``0``: the chosen token's only; ``None``: none), from the model's raw
     #: logits, as vLLM reports them.

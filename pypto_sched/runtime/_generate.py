@@ -218,19 +218,26 @@ def sampling_list(sampling: object, count: int) -> list[SamplingParams]:
     if sampling is None:
         return [SamplingParams()] * count
     if isinstance(sampling, SamplingParams):
-        return [sampling] * count
-    if not isinstance(sampling, Sequence) or isinstance(sampling, str | bytes):
+        params = [sampling] * count
+    elif not isinstance(sampling, Sequence) or isinstance(sampling, str | bytes):
         raise InvalidInputError(
             f"'sampling' must be SamplingParams, one per prompt, or None: {type(sampling).__name__}"
         )
-    if len(sampling) != count:
+    elif len(sampling) != count:
         raise InvalidInputError(
             f"'sampling' must have one SamplingParams per prompt ({count}): {len(sampling)}"
         )
-    for r, p in enumerate(sampling):
+    else:
+        params = list(sampling)
+    for r, p in enumerate(params):
         if not isinstance(p, SamplingParams):
             raise InvalidInputError(f"'sampling[{r}]' must be SamplingParams: {type(p).__name__}")
-    return list(sampling)
+        if p.n != 1:
+            raise InvalidInputError(
+                f"'sampling[{r}].n' must be 1: generate runs one sequence a request "
+                f"(LLM.generate runs n of a prompt): {p.n}"
+            )
+    return params
 
 
 def _max_new_tokens(

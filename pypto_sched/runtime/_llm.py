@@ -12,6 +12,7 @@ pure planner and every token chosen by :func:`~pypto_sched.sample_token`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "GENERATION_CONFIG_FILE",
     "LLM",
+    "CompletionOutput",
     "IncompleteGenerationError",
     "RequestOutput",
     "generation_defaults",
@@ -64,14 +66,11 @@ Prompt = (
 
 
 @attrs.frozen(kw_only=True)
-class RequestOutput:
-    """What one request gave: vLLM's ``RequestOutput`` with its one completion inlined."""
+class CompletionOutput:
+    """One completion of a prompt, as vLLM's ``CompletionOutput``."""
 
-    #: Its place in the batch.
+    #: Its place among the prompt's ``n`` completions.
     index: int
-    #: The prompt text (a conversation's rendered by the chat template); ``None`` for ids.
-    prompt: str | None
-    prompt_token_ids: tuple[int, ...]
     #: The generated text, a stop string and what follows it left out; ``None`` without a
     #: tokenizer.
     text: str | None
@@ -83,7 +82,42 @@ class RequestOutput:
     #: each the likeliest tokens' ``{id: log-probability}``.
     logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[dict[int, float], ...] | None = None
+    #: The sum of ``logprobs`` (``None`` without them).
+    cumulative_logprob: float | None = None
+    #: Times the scheduler preempted it (its KV pages taken back, its prefill redone).
     num_preemptions: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class RequestOutput:
+    """What one prompt gave: vLLM's ``RequestOutput``. ``outputs`` holds its ``n``
+    completions; the fields from ``text`` on are the first one's, for the common ``n == 1``
+    (``output.text`` is ``output.outputs[0].text``)."""
+
+    #: Its place in the batch.
+    index: int
+    #: The prompt text (a conversation's rendered by the chat template); ``None`` for ids.
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    #: The prompt's completions, ``SamplingParams.n`` of them, in order.
+    outputs: tuple[CompletionOutput, ...]
+    text: str | None
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    stop_reason: int | str | None
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[dict[int, float], ...] | None = None
+    num_preemptions: int = 0
+
+    @property
+    def request_id(self) -> str:
+        """vLLM's name for the request: its index, as text."""
+        return str(self.index)
+
+    @property
+    def finished(self) -> bool:
+        """Always ``True``: an output is handed over when every completion has finished."""
+        return True
 
 
 class IncompleteGenerationError(BackendError):
@@ -205,21 +239,30 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         on_finish: Callable[[RequestOutput], None] | None,
     ) -> list[RequestOutput]:
-        items = encoded
-        params = self._sampling(sampling_params, len(items))
-        outputs: list[RequestOutput | None] = [None] * len(items)
+        params = self._sampling(sampling_params, len(encoded))
+        # Completion 0 of prompt r is request r, as without n; the others follow the batch,
+        # so that asking for more completions of one prompt changes no other's tokens.
+        owners = [(r, 0) for r in range(len(encoded))]
+        owners += [(r, j) for r, p in enumerate(params) for j in range(1, p.n)]
+        completions: list[list[CompletionOutput | None]] = [[None] * p.n for p in params]
+        single = [p if p.n == 1 else attrs.evolve(p, n=1) for p in params]  # one each
+        outputs: list[RequestOutput | None] = [None] * len(encoded)
 
-        def finished(r: int, sequence: GeneratedSequence) -> None:
-            outputs[r] = self._output(r, encoded[r], sequence, params[r])
-            if on_finish is not None:
-                on_finish(outputs[r])  # type: ignore[arg-type]
+        def finished(request: int, sequence: GeneratedSequence) -> None:
+            r, j = owners[request]
+            completions[r][j] = self._completion(j, sequence)
+            if all(c is not None for c in completions[r]):
+                done = tuple(c for c in completions[r] if c is not None)
+                outputs[r] = _request_output(r, encoded[r], done)
+                if on_finish is not None:
+                    on_finish(outputs[r])  # type: ignore[arg-type]
 
         try:
             generate(
                 self.backend,
-                [ids for _, ids in encoded],
+                [encoded[r][1] for r, _ in owners],
                 config=self.config,
-                sampling=params,
+                sampling=[single[r] for r, _ in owners],
                 stop_token_ids=self.eos_token_ids,
                 num_pages=self.num_kv_pages,
                 page_size=self.kv_page_size,
@@ -230,7 +273,7 @@ class LLM:
             missing = [r for r, output in enumerate(outputs) if output is None]
             shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
             raise IncompleteGenerationError(
-                f"{error}; {len(items) - len(missing)} of {len(items)} requests finished; "
+                f"{error}; {len(encoded) - len(missing)} of {len(encoded)} requests finished; "
                 f"not finished: requests {shown}",
                 outputs=outputs,
                 unfinished=missing,
@@ -330,13 +373,7 @@ class LLM:
             )
         return params
 
-    def _output(
-        self,
-        index: int,
-        encoded: tuple[str | None, list[int]],
-        sequence: GeneratedSequence,
-        params: SamplingParams,
-    ) -> RequestOutput:
+    def _completion(self, index: int, sequence: GeneratedSequence) -> CompletionOutput:
         ids = sequence.token_ids.tolist()
         top = None
         if sequence.top_token_ids is not None and sequence.top_logprobs is not None:
@@ -344,23 +381,42 @@ class LLM:
                 dict(zip(row.tolist(), values.tolist(), strict=True))
                 for row, values in zip(sequence.top_token_ids, sequence.top_logprobs, strict=True)
             )
-        return RequestOutput(
+        logprobs = None if sequence.logprobs is None else tuple(sequence.logprobs.tolist())
+        return CompletionOutput(
             index=index,
-            prompt=encoded[0],
-            prompt_token_ids=tuple(encoded[1]),
             text=None
             if self.tokenizer is None
             else generated_text(self.tokenizer, ids, sequence.stop_reason),
             token_ids=tuple(ids),
             finish_reason=sequence.finish_reason,
             stop_reason=sequence.stop_reason,
-            logprobs=None if sequence.logprobs is None else tuple(sequence.logprobs.tolist()),
+            logprobs=logprobs,
             top_logprobs=top,
+            cumulative_logprob=None if logprobs is None else math.fsum(logprobs),
             num_preemptions=sequence.num_preemptions,
         )
 
     def __repr__(self) -> str:
         return f"LLM({str(self.model)!r}, backend={self.backend.name!r})"
+
+
+def _request_output(
+    index: int, encoded: tuple[str | None, list[int]], completions: tuple[CompletionOutput, ...]
+) -> RequestOutput:
+    first = completions[0]
+    return RequestOutput(
+        index=index,
+        prompt=encoded[0],
+        prompt_token_ids=tuple(encoded[1]),
+        outputs=completions,
+        text=first.text,
+        token_ids=first.token_ids,
+        finish_reason=first.finish_reason,
+        stop_reason=first.stop_reason,
+        logprobs=first.logprobs,
+        top_logprobs=first.top_logprobs,
+        num_preemptions=sum(c.num_preemptions for c in completions),
+    )
 
 
 def _is_conversation(item: object) -> bool:
