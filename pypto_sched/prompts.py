@@ -6,6 +6,9 @@ Everything that module exports is importable from here, as before the layering.
 from __future__ import annotations
 
 from .runtime.prompts import (
+    LINE_ALIASES as LINE_ALIASES,
+)
+from .runtime.prompts import (
     LINE_SAMPLING as LINE_SAMPLING,
 )
 from .runtime.prompts import (
@@ -55,6 +58,7 @@ from .runtime.prompts import (
 )
 
 __all__ = [
+    "LINE_ALIASES",
     "LINE_SAMPLING",
     "MAX_LINE_BYTES",
     "TOKENIZER_FILE",

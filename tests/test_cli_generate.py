@@ -301,7 +301,9 @@ def test_a_bad_sampling_option_is_named_by_its_flag(
 @pytest.mark.parametrize(
     ("line", "fragment"),
     [
-        ('{"token_ids": [1], "max_tokens": 3}', "unknown keys ['max_tokens']"),
+        ('{"token_ids": [1], "max_token": 3}', "unknown keys ['max_token']"),
+        ('{"token_ids": [1], "max_tokens": 3, "max_new_tokens": 3}', "not both"),
+        ('{"token_ids": [1], "prompt_token_ids": [1]}', "give one of 'token_ids' and"),
         ('{"token_ids": [1], "prompt": "hi"}', "exactly one of"),
         ('{"token_ids": []}', "at least one token"),
         ('{"token_ids": [1, true]}', "'token_ids'[1] must be an int"),

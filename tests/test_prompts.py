@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pypto_sched import InvalidInputError
-from pypto_sched.prompts import Tokenizer, eos_token_ids, output_lines
+from pypto_sched.prompts import Tokenizer, eos_token_ids, output_lines, read_prompts
 from pypto_sched.runtime import prompts
 from pypto_sched.runtime._generate import GeneratedSequence, GenerationResult, GenerationStats
 
@@ -71,3 +71,15 @@ def test_an_eos_config_over_the_limit_is_refused(
     monkeypatch.setattr(prompts, "_MAX_CONFIG_BYTES", 20)
     with pytest.raises(InvalidInputError, match=r"is larger than the limit of 20 bytes"):
         eos_token_ids(tmp_path)
+
+
+def test_vllms_key_names_are_taken_for_ours() -> None:
+    ours = read_prompts(
+        '{"token_ids": [1, 2], "max_new_tokens": 3}', max_new_tokens=8, vocab_size=9
+    )
+    theirs = read_prompts(
+        '{"prompt_token_ids": [1, 2], "max_tokens": 3}', max_new_tokens=8, vocab_size=9
+    )
+    assert theirs == ours
+    with pytest.raises(InvalidInputError, match="'max_new_tokens' must be an int in"):
+        read_prompts('{"prompt_token_ids": [1], "max_tokens": 0}', max_new_tokens=8, vocab_size=9)

@@ -15,8 +15,10 @@ special tokens, as transformers' ``apply_chat_template`` does), and optionally
 (a list of token ids that end the request when generated, on top of the caller's), and the
 request's own :class:`~pypto_sched.SamplingParams` fields by their names (:data:`LINE_SAMPLING`:
 ``temperature``, ``top_k``, ``top_p``, ``seed``, ``min_tokens``, ``stop``, ``ignore_eos``,
-``logprobs``), which replace the caller's. Any other key is an error, so a typo is not
-silently ignored.
+``logprobs``), which replace the caller's. vLLM's names ``"prompt_token_ids"`` and
+``"max_tokens"`` are taken for ``"token_ids"`` and ``"max_new_tokens"`` (:data:`LINE_ALIASES`;
+a line giving both names is an error). Any other key is an error, so a typo is not silently
+ignored.
 
 :func:`read_prompts` reads every line through :func:`~pypto_sched._json.load_json` (strict,
 bounded) and checks what a backend would otherwise fail on mid-run: token ids inside the
@@ -47,6 +49,7 @@ from ..core._validate import MAX_TOKENS, check_int, check_positions, utf8_error
 from ._generate import GeneratedSequence, GenerationResult
 
 __all__ = [
+    "LINE_ALIASES",
     "LINE_SAMPLING",
     "MAX_LINE_BYTES",
     "TOKENIZER_FILE",
@@ -79,7 +82,9 @@ _EOS_FILES = ("generation_config.json", "config.json")
 LINE_SAMPLING = ("temperature", "top_k", "top_p", "seed", "min_tokens", "stop", "ignore_eos",
                  "logprobs")  # fmt: skip
 _PROMPTS = ("token_ids", "prompt", "messages")
-_KEYS = frozenset({*_PROMPTS, "max_new_tokens", "stop_token_ids", *LINE_SAMPLING})
+#: vLLM's names for two keys, taken as ours: a line may use either name, not both.
+LINE_ALIASES = {"prompt_token_ids": "token_ids", "max_tokens": "max_new_tokens"}
+_KEYS = frozenset({*_PROMPTS, "max_new_tokens", "stop_token_ids", *LINE_SAMPLING, *LINE_ALIASES})
 
 
 class MissingDependencyError(PyptoSchedError, ImportError):
@@ -348,6 +353,12 @@ def _request(fields: object, where: str, context: _Context) -> PromptRequest:
     unknown = sorted(set(fields) - _KEYS)
     if unknown:
         raise InvalidInputError(f"{where}: unknown keys {unknown}; known: {sorted(_KEYS)}")
+    for alias, key in LINE_ALIASES.items():
+        if alias in fields:
+            if key in fields:
+                raise InvalidInputError(f"{where}: give one of {key!r} and {alias!r}, not both")
+            fields = {**fields, key: fields[alias]}
+            del fields[alias]
     given = [key for key in _PROMPTS if key in fields]
     if len(given) != 1:
         raise InvalidInputError(
