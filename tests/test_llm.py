@@ -301,3 +301,33 @@ def test_n_is_checked_and_generate_runs_one_sequence_a_request(model: Path) -> N
     llm = LLM(model)
     with pytest.raises(InvalidInputError, match=r"'sampling\[0\].n' must be 1"):
         generate(llm.backend, [[5, 9]], config=llm.config, sampling=SamplingParams(n=2))
+
+
+def test_vllms_scheduler_knobs_build_the_config(model: Path) -> None:
+    llm = LLM(
+        model, max_num_batched_tokens=16, max_num_seqs=2, long_prefill_token_threshold=8,
+        max_num_partial_prefills=1, block_size=4, num_gpu_blocks_override=64,
+    )  # fmt: skip
+    assert llm.config == PlannerConfig(
+        max_num_batched_tokens=16, max_num_seqs=2, long_prefill_token_threshold=8,
+        max_num_partial_prefills=1, policy="packed",
+    )  # fmt: skip
+    assert (llm.kv_page_size, llm.num_kv_pages) == (4, 64)
+    # vLLM's 0 is "off"; unset is packed with vLLM's offline budget.
+    assert LLM(model, long_prefill_token_threshold=0).config == PlannerConfig(
+        max_num_batched_tokens=8192, policy="packed"
+    )
+    assert LLM(model, policy="round_robin").config.policy == "round_robin"
+    outputs = llm.generate([[5, 9, 13, 4, 4, 4, 4, 4, 4, 4], [8, 8]], SamplingParams(max_tokens=3))
+    assert [len(o.token_ids) for o in outputs] == [3, 3]
+
+
+def test_knobs_and_a_config_or_two_names_of_one_knob_are_refused(model: Path) -> None:
+    with pytest.raises(InvalidInputError, match="give 'config' or 'max_num_seqs', not both"):
+        LLM(model, config=PlannerConfig(max_num_batched_tokens=8), max_num_seqs=2)
+    with pytest.raises(InvalidInputError, match="give 'kv_page_size' or vLLM's name"):
+        LLM(model, kv_page_size=8, block_size=4)
+    with pytest.raises(InvalidConfigError, match="'max_num_seqs' must be >= 1: 0"):
+        LLM(model, max_num_seqs=0)
+    with pytest.raises(InvalidConfigError, match="'long_prefill_token_threshold' must be >= 0"):
+        LLM(model, long_prefill_token_threshold=-1)

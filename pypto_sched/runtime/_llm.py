@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..core._config import PlannerConfig
+from ..core._config import PlannerConfig, Policy
 from ..core._errors import BackendError, ExecutionError, InvalidInputError
 from ..core._sampling import SamplingParams
 from ._generate import FinishReason, GeneratedSequence, generate
@@ -182,6 +182,13 @@ class LLM:
         num_kv_pages: int | None = None,
         kv_page_size: int = DEFAULT_PAGE_SIZE,
         generation_config: Literal["auto"] | None = "auto",
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+        long_prefill_token_threshold: int | None = None,
+        max_num_partial_prefills: int | None = None,
+        policy: Policy | None = None,
+        block_size: int | None = None,
+        num_gpu_blocks_override: int | None = None,
     ) -> None:
         self.model = Path(model)
         if not self.model.is_dir():
@@ -192,11 +199,19 @@ class LLM:
             )
         if config is not None and not isinstance(config, PlannerConfig):
             raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-        self.config = config or PlannerConfig(
-            max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, policy="packed"
-        )
-        self.num_kv_pages = num_kv_pages
-        self.kv_page_size = kv_page_size
+        knobs = {
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_num_seqs": max_num_seqs,
+            "long_prefill_token_threshold": long_prefill_token_threshold,
+            "max_num_partial_prefills": max_num_partial_prefills,
+            "policy": policy,
+        }
+        self.config = config or _vllm_config(knobs)
+        given = [name for name, value in knobs.items() if value is not None]
+        if config is not None and given:
+            raise InvalidInputError(f"give 'config' or {given[0]!r}, not both")
+        self.num_kv_pages = _one_of("num_kv_pages", num_kv_pages, num_gpu_blocks_override)
+        self.kv_page_size = _one_of("kv_page_size", kv_page_size, block_size, DEFAULT_PAGE_SIZE)
         self.tokenizer: Tokenizer | None = load_tokenizer(self.model)
         self.chat_template = ChatTemplate.from_directory(self.model)
         self._defaults = generation_defaults(self.model) if generation_config == "auto" else {}
@@ -417,6 +432,28 @@ def _request_output(
         top_logprobs=first.top_logprobs,
         num_preemptions=sum(c.num_preemptions for c in completions),
     )
+
+
+def _vllm_config(knobs: Mapping[str, Any]) -> PlannerConfig:
+    """The config of vLLM's scheduler knobs, named and valued as vLLM takes them (a
+    threshold of 0 is off); unset, ``packed`` with :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS`."""
+    budget = knobs["max_num_batched_tokens"]
+    return PlannerConfig.from_engine_args(
+        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if budget is None else budget,
+        max_num_seqs=knobs["max_num_seqs"],
+        long_prefill_token_threshold=knobs["long_prefill_token_threshold"] or 0,
+        max_num_partial_prefills=knobs["max_num_partial_prefills"],
+        policy=knobs["policy"] or "packed",
+    )
+
+
+def _one_of(name: str, ours: Any, vllms: Any, default: Any = None) -> Any:
+    """``name``'s value, given by our name or vLLM's (both only when they agree)."""
+    if vllms is None:
+        return ours
+    if ours not in (None, default, vllms):
+        raise InvalidInputError(f"give {name!r} or vLLM's name for it, not both: {ours}, {vllms}")
+    return vllms
 
 
 def _is_conversation(item: object) -> bool:
