@@ -21,6 +21,7 @@ below, so that a rule that stopped matching would fail here rather than pass qui
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -317,3 +318,29 @@ def test_a_private_name_means_one_thing_across_the_package() -> None:
             homes.setdefault(private, []).append(name)
     twice = {private: where for private, where in homes.items() if len(where) > 1}
     assert not twice, f"give each a name of its own: {twice}"
+
+
+#: The public module paths kept at the root, and each one's home in its layer.
+PUBLIC_PATHS = {
+    "pypto_sched.backends": "pypto_sched.runtime.backends",
+    "pypto_sched.execute": "pypto_sched.runtime.execute",
+    "pypto_sched.prompts": "pypto_sched.runtime.prompts",
+    "pypto_sched.chat": "pypto_sched.runtime.chat",
+    "pypto_sched.output": "pypto_sched.runtime.output",
+    "pypto_sched.checkpoints": "pypto_sched.models.qwen3",
+}
+
+
+@pytest.mark.parametrize(("path", "home"), PUBLIC_PATHS.items())
+def test_a_public_path_is_its_homes_names(path: str, home: str) -> None:
+    public, own = importlib.import_module(path), importlib.import_module(home)
+    assert public.__all__ == own.__all__
+    for name in own.__all__:
+        assert getattr(public, name) is getattr(own, name), name
+    # and nothing of its own: a function defined there would be a second home
+    defined = [
+        n
+        for n in ast.parse(MODULES[path].read_text()).body
+        if isinstance(n, ast.FunctionDef | ast.ClassDef)
+    ]
+    assert not defined
