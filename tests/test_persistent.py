@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pypto_sched.core._persistent import PersistentMap, PersistentQueue
+from pypto_sched import GenerationState, PagePool, PrefillState
+from pypto_sched.core._persistent import Frozen, PersistentMap, PersistentQueue
 
 
 class Collides:
@@ -186,3 +188,44 @@ def test_popping_one_queue_again_reverses_its_back_once(size: int, pops: int) ->
     assert list(popped[0]) == list(range(1, size))
     assert popped[0].best()[:3:2] == (size - 1, size - 2 if size > 2 else -1)
     assert list(queue) == list(range(size))  # the queue popped is unchanged
+
+
+class _Point(Frozen):
+    __slots__ = ("_x", "_y")
+
+    _x: int
+    _y: int
+
+
+def test_a_frozen_value_is_built_with_every_field_and_never_changed() -> None:
+    point = _Point._build(x=1, y=2)
+    assert (point._x, point._y) == (1, 2)
+    moved = point._replace(y=5)
+    assert (moved._x, moved._y, point._y) == (1, 5, 2)
+    with pytest.raises(TypeError, match=r"_Point needs every field: missing \['y'\]"):
+        _Point._build(x=1)
+    with pytest.raises(AttributeError, match="_Point is immutable: cannot set '_x'"):
+        point._x = 3
+    with pytest.raises(AttributeError, match="cannot delete"):
+        del point._y
+
+
+STATES: list[tuple[Frozen, set[str]]] = [
+    (PrefillState(), {"requests", "queue", "started", "num_tokens", "policy"}),
+    (
+        PagePool(num_pages=2, page_size=4),
+        {"num_pages", "page_size", "owned", "freed", "num_freed", "unused"},
+    ),
+    (
+        GenerationState(num_pages=2, page_size=4),
+        {"sequences", "prefill", "decoding", "pool", "next_arrival"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("value", "fields"), STATES)
+def test_the_three_states_are_built_by_the_one_mechanism(value: Frozen, fields: set[str]) -> None:
+    assert set(type(value)._setters) == fields
+    assert value._replace() is not value
+    with pytest.raises(AttributeError, match="immutable"):
+        value._anything = 1

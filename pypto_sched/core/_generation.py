@@ -161,33 +161,13 @@ class GenerationState(Frozen, Generic[RequestId]):
 
     def __init__(self, *, num_pages: int, page_size: int) -> None:
         pool: PagePool[RequestId] = PagePool(num_pages=num_pages, page_size=page_size)
-        self._init(PersistentMap(), PrefillState(), (), pool, 0)
-
-    def _init(
-        self,
-        sequences: PersistentMap[RequestId, _Sequence],
-        prefill: PrefillState[RequestId],
-        decoding: tuple[tuple[int, RequestId], ...],
-        pool: PagePool[RequestId],
-        next_arrival: int,
-    ) -> None:
-        set_ = object.__setattr__
-        set_(self, "_sequences", sequences)
-        set_(self, "_prefill", prefill)
-        set_(self, "_decoding", decoding)
-        set_(self, "_pool", pool)
-        set_(self, "_next_arrival", next_arrival)
-
-    def _evolve(self, **changes: Any) -> GenerationState[RequestId]:
-        new: GenerationState[RequestId] = object.__new__(GenerationState)
-        new._init(
-            changes.get("sequences", self._sequences),
-            changes.get("prefill", self._prefill),
-            changes.get("decoding", self._decoding),
-            changes.get("pool", self._pool),
-            changes.get("next_arrival", self._next_arrival),
+        self._fill(
+            sequences=PersistentMap(),
+            prefill=PrefillState(),
+            decoding=(),
+            pool=pool,
+            next_arrival=0,
         )
-        return new
 
     @classmethod
     def from_prompt_lengths(
@@ -227,7 +207,7 @@ class GenerationState(Frozen, Generic[RequestId]):
             (r, _Sequence(r, length, new, 0, False))
             for r, (length, new) in enumerate(zip(lengths.tolist(), news.tolist(), strict=True))
         )
-        return state._evolve(
+        return state._replace(
             sequences=sequences,
             prefill=PrefillState.from_prompt_lengths(lengths),
             next_arrival=lengths.size,
@@ -259,7 +239,7 @@ class GenerationState(Frozen, Generic[RequestId]):
                 f"'request_id' must not be in the state already: {request_id!r} is"
             )
         sequence = _Sequence(self._next_arrival, length, new, 0, False)
-        return self._evolve(
+        return self._replace(
             sequences=self._sequences.set(request_id, sequence),
             prefill=self._prefill.add(request_id, length),
             next_arrival=self._next_arrival + 1,
@@ -275,7 +255,7 @@ class GenerationState(Frozen, Generic[RequestId]):
         return self._without(request_id, sequence)
 
     def _without(self, request_id: RequestId, sequence: _Sequence) -> GenerationState[RequestId]:
-        return self._evolve(
+        return self._replace(
             sequences=self._sequences.delete(request_id),
             prefill=self._prefill.discard(request_id),
             decoding=_remove(self._decoding, sequence.rank, request_id),
@@ -377,11 +357,15 @@ def _restore_state(
     pool: PagePool[Any],
     next_arrival: int,
 ) -> GenerationState[Any]:
-    state: GenerationState[Any] = object.__new__(GenerationState)
     restored: PersistentMap[Any, _Sequence] = PersistentMap()
     restored = restored.update((rid, _Sequence(*fields)) for rid, fields in sequences)
-    state._init(restored, prefill, decoding, pool, next_arrival)
-    return state
+    return GenerationState._build(
+        sequences=restored,
+        prefill=prefill,
+        decoding=decoding,
+        pool=pool,
+        next_arrival=next_arrival,
+    )
 
 
 def _index(decoding: tuple[tuple[int, Any], ...], rank: int, request_id: object) -> int | None:
@@ -669,8 +653,13 @@ class _GenerationStep(Generic[RequestId]):
             decoding = tuple(pair for pair in decoding if pair[0] not in gone)
         if started:  # by rank: ranks are unique
             decoding = tuple(sorted((*decoding, *started), key=lambda pair: pair[0]))
-        after: GenerationState[RequestId] = object.__new__(GenerationState)
-        after._init(sequences, prefill_after, decoding, pool, self.next_arrival)
+        after: GenerationState[RequestId] = GenerationState._build(
+            sequences=sequences,
+            prefill=prefill_after,
+            decoding=decoding,
+            pool=pool,
+            next_arrival=self.next_arrival,
+        )
         return GenerationStep(
             rows=StepRows(rows),
             num_decode_rows=num_decode,

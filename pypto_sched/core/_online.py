@@ -211,24 +211,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
     def __init__(self: PrefillState[Any]) -> None:
         # `self: PrefillState[Any]` types a bare `PrefillState()` as taking any ids; annotate
         # the variable (`state: PrefillState[str] = PrefillState()`) to narrow them.
-        self._init(PersistentMap(), _NO_QUEUE, (), 0, None)
-
-    def _init(
-        self,
-        requests: PersistentMap[RequestId, RequestRecord],
-        queue: PersistentQueue[RequestRecord],
-        started: tuple[RequestRecord, ...],
-        num_tokens: int,
-        policy: Policy | None,
-    ) -> None:
-        if not requests and not started:  # drained: the run is over
-            queue, policy = _NO_QUEUE, None
-        # (Through the slots' descriptors: a state is built on every planned step.)
-        _set_requests(self, requests)
-        _set_queue(self, queue)
-        _set_started(self, started)
-        _set_num_tokens(self, num_tokens)
-        _set_policy(self, policy)
+        self._fill(requests=PersistentMap(), queue=_NO_QUEUE, started=(), num_tokens=0, policy=None)
 
     def _evolve(
         self,
@@ -239,9 +222,11 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         policy: Policy | None,
     ) -> PrefillState[RequestId]:
         """A new state made of these parts (this one is not changed)."""
-        new: PrefillState[RequestId] = object.__new__(PrefillState)
-        new._init(requests, queue, started, num_tokens, policy)
-        return new
+        if not requests and not started:  # drained: the run is over
+            queue, policy = _NO_QUEUE, None
+        return self._build(
+            requests=requests, queue=queue, started=started, num_tokens=num_tokens, policy=policy
+        )
 
     # -- named constructor -------------------------------------------------------------------
 
@@ -545,14 +530,6 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             f"PrefillState(requests={len(self)}, tokens={self._num_tokens}, "
             f"policy={self._policy!r})"
         )
-
-
-# PrefillState's slots, set through their descriptors by PrefillState._init.
-_set_requests = PrefillState.__dict__["_requests"].__set__
-_set_queue = PrefillState.__dict__["_queue"].__set__
-_set_started = PrefillState.__dict__["_started"].__set__
-_set_num_tokens = PrefillState.__dict__["_num_tokens"].__set__
-_set_policy = PrefillState.__dict__["_policy"].__set__
 
 
 def _index_of(positions: dict[Any, int], request_id: object) -> int | None:

@@ -83,31 +83,14 @@ class PagePool(Frozen, Generic[RequestId]):
     _unused: int  # pages _unused .. num_pages - 1 were never handed out
 
     def __init__(self, *, num_pages: int, page_size: int) -> None:
-        self._init(
-            check_int("num_pages", num_pages, min_value=1),
-            check_int("page_size", page_size, min_value=1),
-            WideMap(),
-            None,
-            0,
-            0,
+        self._fill(
+            num_pages=check_int("num_pages", num_pages, min_value=1),
+            page_size=check_int("page_size", page_size, min_value=1),
+            owned=WideMap(),
+            freed=None,
+            num_freed=0,
+            unused=0,
         )
-
-    def _init(
-        self,
-        num_pages: int,
-        page_size: int,
-        owned: PersistentMap[RequestId, _Table],
-        freed: _FreeList,
-        num_freed: int,
-        unused: int,
-    ) -> None:
-        # (Through the slots' descriptors: a pool is built on every planned step.)
-        _set_num_pages(self, num_pages)
-        _set_page_size(self, page_size)
-        _set_owned(self, owned)
-        _set_freed(self, freed)
-        _set_num_freed(self, num_freed)
-        _set_unused(self, unused)
 
     def _evolve(
         self,
@@ -116,9 +99,14 @@ class PagePool(Frozen, Generic[RequestId]):
         num_freed: int,
         unused: int,
     ) -> PagePool[RequestId]:
-        new: PagePool[RequestId] = object.__new__(PagePool)
-        new._init(self._num_pages, self._page_size, owned, freed, num_freed, unused)
-        return new
+        return self._build(
+            num_pages=self._num_pages,
+            page_size=self._page_size,
+            owned=owned,
+            freed=freed,
+            num_freed=num_freed,
+            unused=unused,
+        )
 
     # -- reading ------------------------------------------------------------------------
 
@@ -222,28 +210,7 @@ class PagePool(Frozen, Generic[RequestId]):
                 else:
                     got += part
             assert got is not None, "a grow takes at least one page"
-            # The pages got, at the end of the table: appended in place when this is the
-            # newest table over its array (nothing past its length), so that a table grows
-            # in time in the pages it gets, not in those it has. No other table sees the
-            # change, for none reads past its own length. Otherwise (another pool grew this
-            # table first, or a view of the array is held) the table is copied. Two threads
-            # growing one table at once: at most one keeps the array, the other finds it
-            # longer than it made it and copies (an append and a length read are each one
-            # atomic step under the GIL).
-            pages, length = table
-            if not length:
-                tables[request_id] = (got, len(got))  # (got is an array of its own)
-                continue
-            if len(pages) == length:
-                try:
-                    pages += got
-                except BufferError:  # a view of it is held: it cannot move
-                    pass
-                else:
-                    if len(pages) == length + len(got):  # (nobody appended meanwhile)
-                        tables[request_id] = (pages, len(pages))
-                        continue
-            tables[request_id] = (pages[:length] + got, length + len(got))
+            tables[request_id] = _appended(table, got)
         owned = owned.update(tables.items()) if flat is None else owned._make_flat(tables)
         return self._evolve(owned, freed, num_freed, unused)
 
@@ -438,15 +405,6 @@ def check_holds_alone(
         )
 
 
-# PagePool's slots, set through their descriptors by PagePool._init.
-_set_num_pages = PagePool.__dict__["_num_pages"].__set__
-_set_page_size = PagePool.__dict__["_page_size"].__set__
-_set_owned = PagePool.__dict__["_owned"].__set__
-_set_freed = PagePool.__dict__["_freed"].__set__
-_set_num_freed = PagePool.__dict__["_num_freed"].__set__
-_set_unused = PagePool.__dict__["_unused"].__set__
-
-
 class StepHolds(Generic[RequestId]):
     """The page holds of a step being planned on ``pool``, applied at once by :meth:`pool`.
 
@@ -485,6 +443,34 @@ class StepHolds(Generic[RequestId]):
     def pool(self) -> PagePool[RequestId]:
         """The pool with every hold made."""
         return self.base._grown(self.grows) if self.grows else self.base
+
+
+def _appended(table: _Table, got: _Pages) -> _Table:
+    """``table`` with the pages ``got`` (an array of its own) at its end.
+
+    The core's one change in place, kept here: when ``table`` is the newest table over its
+    array (nothing past its length), ``got`` is appended to that array, so that a table grows
+    in time in the pages it gets, not in those it has. It pays: with a copy instead, a step
+    holding pages for started requests cost 5.2 times as much at 1,048,576 tokens in as at
+    4,096; appended, the same (docs/benchmarks.md, ``bench_online.py``'s context sweep). No
+    other table sees the change, for none reads past its own length. Otherwise (another pool
+    grew this table first, or a view of the array is held) the table is copied. Two threads
+    growing one table at once: at most one keeps the array, the other finds it longer than
+    it made it and copies (an append and a length read are each one atomic step under the
+    GIL).
+    """
+    pages, length = table
+    if not length:
+        return got, len(got)
+    if len(pages) == length:
+        try:
+            pages += got
+        except BufferError:  # a view of it is held: it cannot move
+            pass
+        else:
+            if len(pages) == length + len(got):  # (nobody appended meanwhile)
+                return pages, len(pages)
+    return pages[:length] + got, length + len(got)
 
 
 def _page_range(start: int, stop: int) -> _Pages:
