@@ -668,7 +668,7 @@ def plan_step(
     left, or nothing that fits it, the plan has no rows and its state is ``state``.
 
     With a KV page ``pool`` (keyed by the same request ids), a chunk is planned only if the
-    pages it needs are free (:func:`~pypto_sched._policies.page_room`): a request runs at most
+    pages it needs are free (:func:`~pypto_sched.core._policies.page_room`): a request runs at most
     what its pages plus the free pages hold, requests are admitted only while pages last, and
     ``round_robin``'s whole batch runs at once only if the pool holds all of it. ``plan.pool``
     is the pool with the rows' pages held.

@@ -423,7 +423,7 @@ class StepHolds(Generic[RequestId]):
 
     def room(self, request_id: RequestId, position: int) -> int:
         """Tokens ``request_id``, at ``position``, may run with its pages and the free ones
-        (:func:`~pypto_sched._policies.page_room`)."""
+        (:func:`~pypto_sched.core._policies.page_room`)."""
         return page_room(position, self.get(request_id, _NO_TABLE)[1], self.free, self.page_size)
 
     def can_hold(self, request_id: RequestId, num_tokens: int) -> bool:

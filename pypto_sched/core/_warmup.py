@@ -50,7 +50,7 @@ def plan_warmup(
     smaller than the batch, it warms up fewer rows (one token each) rather than exceeding the
     budget, as the seed does. The single-row shape is a long prompt's chunk; under
     ``packed`` a last one-row shape is the chunk of a request left alone (the work-conserving
-    tail of :func:`~pypto_sched._policies.request_cap`), when it is longer.
+    tail of :func:`~pypto_sched.core._policies.request_cap`), when it is longer.
     """
     if not isinstance(config, PlannerConfig):
         raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")

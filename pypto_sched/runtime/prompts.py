@@ -20,7 +20,7 @@ request's own :class:`~pypto_sched.SamplingParams` fields by their names (:data:
 a line giving both names is an error). Any other key is an error, so a typo is not silently
 ignored.
 
-:func:`read_prompts` reads every line through :func:`~pypto_sched._json.load_json` (strict,
+:func:`read_prompts` reads every line through :func:`~pypto_sched.core._json.load_json` (strict,
 bounded) and checks what a backend would otherwise fail on mid-run: token ids inside the
 vocabulary, and a request that fits the model's positions. Every error is an
 :class:`~pypto_sched.InvalidInputError` naming the line. This module is what a server
