@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import struct
 import sys
 import xml.etree.ElementTree as ET
@@ -844,3 +845,19 @@ def test_a_closed_standard_stream_is_one_line_not_a_traceback(
     status, out, err = run(capsys, *argv, "--max-num-batched-tokens", "8")
     assert (status, out) == (EXIT_USAGE, "")
     assert err == f"pypto-sched: {message}\n"
+
+
+def test_the_command_takes_sigterm_only_while_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    seen: list[object] = []
+
+    def plan_and_look(args: Any) -> int:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return 0
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pypto_sched.cli.plan.handle", plan_and_look)
+        assert main(["plan", "--lengths", "8", "--max-num-batched-tokens", "8"]) == 0
+    assert len(seen) == 1
+    assert seen[0] is not before  # raising Terminated while the command ran
+    assert signal.getsignal(signal.SIGTERM) is before  # and given back after

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pypto_sched.cli import EXIT_FAILED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE, main
 from pypto_sched.output import OutputFile
 from pypto_sched_reference import TINY_MODEL, ReferenceBackend
 
@@ -101,8 +101,9 @@ def finished_lines(partial: Path) -> int:
     return max(partial.read_bytes().count(b"\n") - 1, 0)
 
 
-def stop_part_way(argv: Sequence[str], output: Path, sig: signal.Signals) -> None:
-    """Run ``argv`` in a child and send it ``sig`` once three requests have finished."""
+def stop_part_way(argv: Sequence[str], output: Path, sig: signal.Signals) -> str:
+    """Run ``argv`` in a child and send it ``sig`` once three requests have finished; its
+    stderr."""
     partial = output.with_name(output.name + ".partial")
     process = child(argv, DELAY="0.05")
     deadline = time.monotonic() + 120
@@ -111,9 +112,11 @@ def stop_part_way(argv: Sequence[str], output: Path, sig: signal.Signals) -> Non
         assert time.monotonic() < deadline
         time.sleep(0.01)
     process.send_signal(sig)
-    out, _ = process.communicate(timeout=60)
-    assert process.returncode == -sig
+    out, err = process.communicate(timeout=60)
+    # SIGKILL cannot be caught; SIGTERM ends the run as Ctrl-C does, with 128 + 15.
+    assert process.returncode == (-sig if sig == signal.SIGKILL else EXIT_TERMINATED), err
     assert out == ""  # stdout carries data only, and the data goes to the file
+    return err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -128,10 +131,16 @@ def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_one(
     output = tmp_path / "out.jsonl"
     expected = uninterrupted(capsys, command(prompts, output, *sampling))
     output.write_text("an earlier run's results\n")
-    stop_part_way(command(prompts, output, *POOL, *sampling), output, sig)
+    err = stop_part_way(command(prompts, output, *POOL, *sampling), output, sig)
     partial = output.with_name("out.jsonl.partial")
     kept = finished_lines(partial)
     assert 3 <= kept < len(PROMPTS)
+    if sig == signal.SIGTERM:  # one line: what was kept, where, and how to finish
+        assert err.count("\n") == 1, err
+        assert err.startswith(
+            f"pypto-sched: error: terminated by SIGTERM; {kept} of {len(PROMPTS)} requests "
+            f"finished, kept in {str(partial)!r} (rerun with --resume to finish); not finished"
+        ), err
     assert output.read_text() == "an earlier run's results\n"  # untouched until the end
     # Another budget and pool on the way back: they change when tokens come, not which.
     resumed = command(prompts, output, "--policy", "round_robin", *sampling, "--resume")

@@ -23,12 +23,20 @@ verification, one-shot plans, "0 means off") is the library's, not this package'
 
 Exit status: 0 on success; 1 when the work itself failed (a verification mismatch, a backend
 error, a missing optional dependency); 2 for bad input, input too large for the machine, and
-interrupts. Failures print one line on stderr, never a traceback.
+Ctrl-C; 143 for SIGTERM. Failures print one line on stderr, never a traceback.
 """
 
-from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ._errors import EXIT_FAILED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from ._lengths import parse_lengths
 from ._main import main
 from ._parser import build_parser
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "parse_lengths"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+    "parse_lengths",
+]

@@ -20,8 +20,10 @@ from ..runtime.backends import installed_entry_point, load_factory
 __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "CommandFailed",
+    "Terminated",
     "UsageError",
     "building_backend",
     "check_counts",
@@ -41,8 +43,18 @@ class UsageError(Exception):
     """Bad command-line input; exit status 2, reported as one line."""
 
 
+#: Stopped by SIGTERM (128 + 15, as a shell reports a process the signal ended).
+EXIT_TERMINATED = 143
+
+
 class CommandFailed(Exception):
     """The command could not do its work; exit status 1, reported as one line."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command was (as Ctrl-C raises ``KeyboardInterrupt``), so that
+    a run a supervisor stops ends as an interrupted one does: what finished is kept and said,
+    and the status is :data:`EXIT_TERMINATED`."""
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from ..runtime._generate import GeneratedSequence, GenerationResult
 from ..runtime.output import PARTIAL_SUFFIX, OutputFile, ResumeError, fingerprint
 from ..runtime.prompts import PromptRequest, TextCodec, output_line
 from . import _render
-from ._errors import CommandFailed, UsageError
+from ._errors import CommandFailed, Terminated, UsageError
 
 __all__ = [
     "Sink",
@@ -228,6 +228,8 @@ def _failure(error: BaseException, sink: Sink, output: str | None) -> BaseExcept
         if not missing
         else f"{done} of {total} requests finished, {where}; not finished: requests {shown}"
     )
+    if isinstance(error, Terminated):
+        return Terminated(f"terminated by SIGTERM; {kept}")
     if isinstance(error, KeyboardInterrupt):
         return UsageError(f"interrupted; {kept}")
     if isinstance(error, OSError):

@@ -4,12 +4,23 @@ not a bug of ours is one line on stderr and an exit status, never a traceback.""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from ..core._errors import PyptoSchedError
-from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, UsageError
+from ._errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    CommandFailed,
+    Terminated,
+    UsageError,
+)
 from ._parser import build_parser
 from ._progress import wanted
 from ._render import console
@@ -28,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             wanted(args)  # --progress without rich
         handler: Callable[[argparse.Namespace], int] = args.handler
         try:
-            status = handler(args)
+            with _sigterm_raises():
+                status = handler(args)
         except SystemExit as error:  # a plugin's (a backend's factory, say): never a success
             raise CommandFailed(
                 f"the run was stopped by SystemExit({error.code!r}), raised by a backend or "
@@ -51,12 +63,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except MemoryError:
         return _fail("out of memory: the workload is too large for this machine", EXIT_USAGE)
+    except Terminated as error:
+        return _fail(error if str(error) else "terminated by SIGTERM", EXIT_TERMINATED)
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_USAGE)
     except OSError as error:
         if error.filename is not None:
             raise  # a file we did not mean to touch: a bug of ours, with its traceback
         return _fail(f"cannot write the output: {error.strerror or error}", EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While the command runs, SIGTERM raises :class:`Terminated` (restored after; only the
+    main thread may handle a signal, so elsewhere SIGTERM keeps its own action)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(_signum: int, _frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fail(error: object, status: int) -> int:
