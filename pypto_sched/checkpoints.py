@@ -9,10 +9,22 @@ from .models.qwen3 import (
     CONFIG_FILE as CONFIG_FILE,
 )
 from .models.qwen3 import (
+    EMBED_TOKENS as EMBED_TOKENS,
+)
+from .models.qwen3 import (
+    FINAL_NORM as FINAL_NORM,
+)
+from .models.qwen3 import (
     FLOAT_DTYPES as FLOAT_DTYPES,
 )
 from .models.qwen3 import (
     INDEX_FILE as INDEX_FILE,
+)
+from .models.qwen3 import (
+    LAYER_TENSORS as LAYER_TENSORS,
+)
+from .models.qwen3 import (
+    LM_HEAD as LM_HEAD,
 )
 from .models.qwen3 import (
     MAX_DIMENSION as MAX_DIMENSION,
@@ -51,6 +63,9 @@ from .models.qwen3 import (
     expected_tensors as expected_tensors,
 )
 from .models.qwen3 import (
+    layer_tensor_names as layer_tensor_names,
+)
+from .models.qwen3 import (
     load_checkpoint as load_checkpoint,
 )
 from .models.qwen3 import (
@@ -71,8 +86,12 @@ from .models.qwen3 import (
 
 __all__ = [
     "CONFIG_FILE",
+    "EMBED_TOKENS",
+    "FINAL_NORM",
     "FLOAT_DTYPES",
     "INDEX_FILE",
+    "LAYER_TENSORS",
+    "LM_HEAD",
     "MAX_DIMENSION",
     "MAX_HEADER_BYTES",
     "MAX_JSON_BYTES",
@@ -85,6 +104,7 @@ __all__ = [
     "TensorInfo",
     "encode_safetensors",
     "expected_tensors",
+    "layer_tensor_names",
     "load_checkpoint",
     "parse_safetensors_header",
     "parse_shard_index",
