@@ -33,6 +33,7 @@ from .core._generation import (
     GenerationRequest,
     GenerationState,
     GenerationStep,
+    decode_rows_first,
     plan_generation_step,
     step_arrays,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "Verification",
     "WarmupShape",
     "compare_results",
+    "decode_rows_first",
     "dispatch_arrays",
     "execute_schedule",
     "generate",

@@ -9,9 +9,11 @@ CheckpointError), agreement with the ``safetensors`` library, and parity with
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -34,7 +36,11 @@ from pypto_sched import (
 )
 from pypto_sched.checkpoints import (
     CONFIG_FILE,
+    EMBED_TOKENS,
+    FINAL_NORM,
     INDEX_FILE,
+    LAYER_TENSORS,
+    LM_HEAD,
     MAX_HEADER_BYTES,
     SAFETENSORS_DTYPES,
     WEIGHTS_FILE,
@@ -42,6 +48,7 @@ from pypto_sched.checkpoints import (
     Tensor,
     encode_safetensors,
     expected_tensors,
+    layer_tensor_names,
     load_checkpoint,
     read_config,
     read_safetensors,
@@ -539,6 +546,83 @@ def test_a_base_model_transformers_saved_gives_its_causal_lms_logits(tmp_path: P
     result = execute_schedule(plan_one_shot([len(ids)]), backend, [np.array(ids)])
     assert result.logits is not None
     np.testing.assert_allclose(result.logits[0], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_tensor_table_is_what_transformers_saves(tied: bool, bias: bool) -> None:
+    transformers = pytest.importorskip("transformers", reason="the oracle of the names")
+    pytest.importorskip("torch", reason="transformers runs on torch")
+    config = attrs.evolve(TINY, tie_word_embeddings=tied, attention_bias=bias)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config.to_hf_config()))
+    saved = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    if tied:  # the state dict lists the tied head; the checkpoint need not store it
+        del saved[LM_HEAD]
+    assert expected_tensors(config) == saved
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_layers_tensors_and_the_three_others_are_every_expected_tensor(bias: bool) -> None:
+    config = attrs.evolve(TINY, tie_word_embeddings=False, attention_bias=bias)
+    layers = [layer_tensor_names(config, i) for i in range(config.num_hidden_layers)]
+    for i, names in enumerate(layers):
+        assert list(names) == [r for r in LAYER_TENSORS if bias or not r.endswith("_bias")]
+        assert all(name.startswith(f"model.layers.{i}.") for name in names.values())
+    named = [EMBED_TOKENS, FINAL_NORM, LM_HEAD, *(n for names in layers for n in names.values())]
+    assert named == list(expected_tensors(config))
+
+
+#: Where a Qwen3 tensor name may be spelled: the tensor table, and nowhere else.
+TABLE = Path(__file__).resolve().parent.parent / "pypto_sched" / "models" / "qwen3.py"
+#: What only a tensor name contains (a role such as ``"q_proj"`` is not a name).
+TENSOR_NAME_PART = re.compile(r"\.weight\b|\.bias\b|model\.layers|embed_tokens\.|lm_head\.|"
+                              r"layernorm|_proj\.|_norm\.")  # fmt: skip
+
+
+def _spelled_tensor_names(source: str) -> list[str]:
+    """The string literals of ``source`` (f-string parts included, docstrings not) that spell
+    part of a tensor name, as ``line: literal``."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and TENSOR_NAME_PART.search(node.value)
+    ]
+
+
+def test_only_the_tensor_table_spells_a_tensor_name() -> None:
+    repo = TABLE.parents[2]
+    sources = [
+        *(repo / "pypto_sched").rglob("*.py"),
+        *repo.glob("backends/*/pypto_sched_*/**/*.py"),
+    ]
+    assert len(sources) > 40
+    assert TABLE in sources
+    spelled = {
+        str(path.relative_to(repo)): found
+        for path in sources
+        if path != TABLE and (found := _spelled_tensor_names(path.read_text()))
+    }
+    assert not spelled, f"tensor names outside {TABLE.name}'s table: {spelled}"
+
+
+def test_the_tensor_name_checker_sees_names_and_passes_roles_and_docstrings() -> None:
+    assert _spelled_tensor_names(TABLE.read_text())
+    built = 'def f(i):\n    return f"model.layers.{i}.input_layernorm.weight"\n'
+    assert _spelled_tensor_names(built) == ["2: 'model.layers.'", "2: '.input_layernorm.weight'"]
+    assert _spelled_tensor_names('x = attn + "q_norm.weight"\n') == ["1: 'q_norm.weight'"]
+    documented = 'def f(names):\n    """Reads ``lm_head.weight``."""\n    return names["q_proj"]\n'
+    assert _spelled_tensor_names(documented) == []
 
 
 def test_an_untied_checkpoint_without_the_embedding_is_refused(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from pypto_sched import (
     PrefillState,
     StepChunk,
     UnknownRequestError,
+    decode_rows_first,
     plan_generation_step,
     plan_prefill,
     plan_step,
@@ -463,3 +464,77 @@ def test_a_step_with_many_preemptions_asks_the_rule_about_the_youngest_holder_on
     assert len(step.preempted) == n // 2
     assert list(step.preempted) == list(range(n - 1, n // 2 - 1, -1))  # youngest first
     assert max(asked) <= 1
+
+
+# -- the decode-first rule ----------------------------------------------------------------
+
+
+@given(
+    takes=st.lists(st.integers(min_value=0, max_value=3), max_size=12),
+    budget=st.integers(min_value=1, max_value=12),
+    max_rows=st.none() | st.integers(min_value=1, max_value=6),
+)
+def test_decode_rows_first_offers_rows_in_order_while_a_token_and_a_row_last(
+    takes: list[int], budget: int, max_rows: int | None
+) -> None:
+    config = PlannerConfig(max_num_batched_tokens=budget, max_num_seqs=max_rows)
+    offered: list[tuple[int, int]] = []
+
+    def take_row(request: int, tokens_left: int) -> int:
+        offered.append((request, tokens_left))
+        return min(takes[request], tokens_left)
+
+    tokens, rows = decode_rows_first(range(len(takes)), config, take_row=take_row)
+    # Offered in order, each with the tokens the rows before it left.
+    assert [r for r, _ in offered] == list(range(len(offered)))
+    taken = [min(takes[r], left) for r, left in offered]
+    assert [left for _, left in offered] == [budget - sum(taken[:i]) for i in range(len(offered))]
+    assert (tokens, rows) == (sum(taken), sum(1 for t in taken if t))
+    assert tokens <= budget
+    assert max_rows is None or rows <= max_rows
+    # The offers stop only when the tokens or the rows ran out, or the requests did.
+    if len(offered) < len(takes):
+        assert tokens == budget or rows == max_rows
+
+
+def test_decode_rows_first_skips_a_request_that_takes_no_row() -> None:
+    config = PlannerConfig(max_num_batched_tokens=2, max_num_seqs=2)
+    taken = decode_rows_first(
+        "abcd", config, take_row=lambda request, _: 0 if request in "ab" else 1
+    )
+    assert taken == (2, 2)  # "c" and "d", after "a" and "b" took nothing
+
+
+@pytest.mark.parametrize("bad", [4, -1, True, 1.0])
+def test_decode_rows_first_names_a_take_row_that_returns_what_is_not_a_row(bad: Any) -> None:
+    config = PlannerConfig(max_num_batched_tokens=3)
+    with pytest.raises(InvalidInputError, match=r"'take_row' must return an int in \[0, 3\]: "):
+        decode_rows_first([0], config, take_row=lambda *_: bad)
+
+
+def test_decode_rows_first_refuses_what_is_not_a_planner_config() -> None:
+    with pytest.raises(InvalidInputError, match="'config' must be a PlannerConfig: dict"):
+        decode_rows_first([0], {}, take_row=lambda *_: 1)  # type: ignore[arg-type]
+
+
+def test_plan_generation_step_builds_its_decode_rows_by_the_decode_first_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = GenerationState.from_prompt_lengths(
+        [4, 6, 5], max_new_tokens=3, num_pages=8, page_size=4
+    )
+    state = plan_generation_step(state, PlannerConfig(max_num_batched_tokens=64)).state
+    assert state.num_decoding == 3
+    config = PlannerConfig(max_num_batched_tokens=2)  # a server lowering its budget
+    asked: list[tuple[int, int]] = []
+
+    def spy(requests: Any, config: PlannerConfig, *, take_row: Any) -> tuple[int, int]:
+        taken = decode_rows_first(requests, config, take_row=take_row)
+        asked.append(taken)
+        return taken
+
+    monkeypatch.setattr("pypto_sched.core._generation.decode_rows_first", spy)
+    step = plan_generation_step(state, config)
+    assert asked == [(2, 2)]  # two of the three decoding requests: the budget is 2 tokens
+    assert step.num_decode_rows == 2
+    assert list(step.rows) == [0, 1]  # oldest first

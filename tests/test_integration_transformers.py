@@ -29,7 +29,13 @@ from transformers.generation.continuous_batching.scheduler import (  # noqa: E40
     FIFOScheduler,
 )
 
-from pypto_sched import POLICIES, InvalidConfigError, PlannerConfig, PrefillState  # noqa: E402
+from pypto_sched import (  # noqa: E402
+    POLICIES,
+    InvalidConfigError,
+    PlannerConfig,
+    PrefillState,
+    decode_rows_first,
+)
 from pypto_sched.integrations.transformers import (  # noqa: E402
     ORDERS,
     PyptoScheduler,
@@ -1080,3 +1086,28 @@ def test_the_class_put_in_the_mapping_by_hand_fails_each_request_saying_to_regis
             "pypto_sched.integrations.transformers.register(config, name=...), not by hand, "
             "and ask for scheduler_type=name"
         )
+
+
+def test_the_decode_rows_follow_the_planners_decode_first_rule(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode rows are built by :func:`pypto_sched.decode_rows_first`, the rule the
+    generation planner uses: what it reports taken is every batch's decode rows."""
+    taken: list[tuple[int, int]] = []
+
+    def spy(requests: Any, config: PlannerConfig, *, take_row: Any) -> tuple[int, int]:
+        result = decode_rows_first(requests, config, take_row=take_row)
+        taken.append(result)
+        return result
+
+    monkeypatch.setattr("pypto_sched.integrations.transformers.decode_rows_first", spy)
+    batches: list[ScheduledBatch] = []
+    config = PlannerConfig(max_num_batched_tokens=16, max_num_seqs=3)
+    register(config, on_batch=batches.append)
+    server = ContinuousBatchingConfig(page_size=PAGE, num_blocks=64, max_batch_tokens=16)
+    run_batch(model, random_prompts(5, [5, 9, 3, 7]), 4, "pypto_sched", server)
+    decodes = [[row for row in batch.rows if not row.is_prefill] for batch in batches]
+    ran = [(sum(row.length for row in rows), len(rows)) for rows in decodes]
+    assert [t for t in taken if t != (0, 0)] == [r for r in ran if r != (0, 0)]
+    assert max(rows for _, rows in ran) == 3  # four requests decode, three rows a batch
+    check_batches(batches, config, max_batch_tokens=16)

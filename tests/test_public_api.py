@@ -9,6 +9,8 @@ import re
 import types
 from pathlib import Path
 
+import attrs
+import numpy as np
 import pytest
 
 import pypto_sched
@@ -133,6 +135,44 @@ def test_every_public_function_takes_options_by_keyword() -> None:
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
             ]
             assert len(positional) <= 3, name
+
+
+def _public_value_classes() -> list[tuple[str, type]]:
+    classes: dict[type, str] = {}
+    submodules = [importlib.import_module(f"pypto_sched.{name}") for name in PUBLIC_SUBMODULES]
+    for module in (pypto_sched, *submodules):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isclass(value) and attrs.has(value):
+                classes.setdefault(value, f"{module.__name__}.{name}")
+    return [(name, cls) for cls, name in classes.items()]
+
+
+@pytest.mark.parametrize(("name", "cls"), _public_value_classes())
+def test_every_public_value_class_is_keyword_only(name: str, cls: type) -> None:
+    positional = [f.name for f in attrs.fields(cls) if f.init and not f.kw_only]
+    assert not positional, f"{name} takes {positional} by position"
+
+
+def test_the_dispatch_and_result_values_refuse_positional_arguments() -> None:
+    # The four that were positional until issue #35; positional construction is a TypeError.
+    arrays = pypto_sched.dispatch_arrays(
+        pypto_sched.plan_one_shot([2]).dispatches[0],
+        pypto_sched.plan_pages([2], page_size=2, num_pages=1),
+    )
+    ids = np.zeros(2, dtype=np.int64)
+    tables = pypto_sched.plan_pages([2], page_size=2, num_pages=1)
+    fields = {
+        pypto_sched.DispatchArrays: [getattr(arrays, f.name) for f in attrs.fields(type(arrays))],
+        pypto_sched.DispatchInput: [arrays, ids, None, False, False],
+        pypto_sched.DispatchOutput: [None, None],
+        pypto_sched.ExecutionResult: [None, None, tables, None],
+    }
+    for cls, values in fields.items():
+        with pytest.raises(TypeError):
+            cls(*values)
+        built = cls(**{f.name: v for f, v in zip(attrs.fields(cls), values, strict=True)})
+        assert isinstance(built, cls)
 
 
 def test_the_driver_and_verification_names_are_public() -> None:

@@ -26,7 +26,7 @@ I64 = npt.NDArray[np.int64]
 
 
 @arrays_stay_read_only
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class DispatchArrays:
     """One dispatch in the layout attention kernels expect (rows in dispatch order).
 

@@ -67,7 +67,7 @@ exactly those of :func:`~pypto_sched.plan_step` (and of :func:`~pypto_sched.plan
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 import attrs
@@ -96,9 +96,17 @@ from ._pool import PagePool, StepHolds, check_holds_alone
 from ._schedule import Dispatch
 from ._validate import MAX_TOKENS, as_count_array, check_hashable, check_int, read_only
 
-__all__ = ["GenerationRequest", "GenerationState", "GenerationStep", "plan_generation_step"]
+__all__ = [
+    "GenerationRequest",
+    "GenerationState",
+    "GenerationStep",
+    "decode_rows_first",
+    "plan_generation_step",
+]
 
 RequestId = TypeVar("RequestId", bound=Hashable)
+#: What :func:`decode_rows_first` offers rows to: whatever the caller names a request by.
+Decoding = TypeVar("Decoding")
 
 
 #: Added to a request's arrival to give its :attr:`_Sequence.rank` until it is preempted:
@@ -452,6 +460,48 @@ def _step_arrays(
     return dispatch_arrays_with_ids(dispatch, pool._block_tables(ids), request_ids=ids)
 
 
+def decode_rows_first(
+    requests: Iterable[Decoding],
+    config: PlannerConfig,
+    *,
+    take_row: Callable[[Decoding, int], int],
+) -> tuple[int, int]:
+    """The decode-first rule (step 1 of the module doc): a dispatch's decode rows come
+    before its prefill chunks, and the decoding ``requests``, in the order given (oldest
+    first), are offered a row each while the dispatch has a token and a row left under
+    ``config``'s ``max_num_batched_tokens`` and ``max_num_seqs``.
+
+    ``take_row(request, tokens_left)`` is the caller's: it puts the request's row into the
+    dispatch if it can (its pages, a server's own checks) and returns the tokens the row
+    takes, from 1 (a decode token) to ``tokens_left``, or 0 when the request takes no row.
+    Returns the tokens and the rows the decode rows took: the prefill chunks are planned in
+    the room they left (``plan_step(..., reserved_tokens=tokens, reserved_rows=rows)``).
+    :func:`plan_generation_step` and the transformers integration build their decode rows
+    with it.
+    """
+    if not isinstance(config, PlannerConfig):
+        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    tokens_left = config.max_num_batched_tokens
+    rows_left = config.max_num_seqs or MAX_TOKENS
+    for request in requests:
+        if tokens_left == 0 or rows_left == 0:
+            break
+        taken = take_row(request, tokens_left)
+        if taken:
+            if (
+                isinstance(taken, bool)
+                or not isinstance(taken, int)
+                or not 0 < taken <= tokens_left
+            ):
+                raise InvalidInputError(
+                    f"'take_row' must return an int in [0, {tokens_left}]: {taken!r}"
+                )
+            tokens_left -= taken
+            rows_left -= 1
+    rows = (config.max_num_seqs or MAX_TOKENS) - rows_left
+    return config.max_num_batched_tokens - tokens_left, rows
+
+
 def plan_generation_step(
     state: GenerationState[RequestId], config: PlannerConfig
 ) -> GenerationStep[RequestId]:
@@ -491,28 +541,27 @@ class _GenerationStep(Generic[RequestId]):
 
     def plan(self) -> GenerationStep[RequestId] | None:
         rows: dict[RequestId, StepChunk] = {}
-        tokens_left = self.config.max_num_batched_tokens
-        rows_left = self.config.max_num_seqs or MAX_TOKENS
         # The decode rows' holds are made at once, as plan_step makes its rows' (one new pool
         # a step, not one a row); a preemption first makes those noted so far.
         holds = StepHolds(self.pool)
-        for rank, request_id in list(self.decoding):
-            if tokens_left == 0 or rows_left == 0:
-                break
+
+        def decode_row(entry: tuple[int, RequestId], tokens_left: int) -> int:
+            nonlocal holds
+            rank, request_id = entry
             if rank in self.preempted_ranks:
-                continue  # preempted in this step, for a request ranked ahead of it
+                return 0  # preempted in this step, for a request ranked ahead of it
             context = self._sequence(request_id).context
             while not holds.can_hold(request_id, context):
                 self.pool = holds.pool()
                 victim = self.preempt_for(rank, request_id)
                 holds = StepHolds(self.pool)
                 if victim == request_id:
-                    break
-            else:
-                holds.hold(request_id, context)
-                rows[request_id] = step_chunk(context - 1, 1, True)
-                tokens_left -= 1
-                rows_left -= 1
+                    return 0
+            holds.hold(request_id, context)
+            rows[request_id] = step_chunk(context - 1, 1, True)
+            return 1
+
+        decode_rows_first(self.decoding, self.config, take_row=decode_row)
         self.pool = holds.pool()
         num_decode = len(rows)
         prefill_after = self.prefill

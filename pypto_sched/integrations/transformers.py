@@ -23,7 +23,8 @@ prefill decisions. Every ``schedule_batch(token_budget, cache_budget)``:
    the server offloaded to the CPU, which its own schedulers serve first; a request it
    reset to its start (prefilling or decoding) joins at the back, as the server queues it.
 2. *Decode first.* Decoding requests run one token each, in the server's order, within the
-   dispatch's tokens and rows (below).
+   dispatch's tokens and rows (below), by the planner's rule,
+   :func:`~pypto_sched.decode_rows_first`.
 3. *Prefill.* :func:`~pypto_sched.plan_step` plans the prefill rows with the decode tokens
    and rows reserved: the policy, the chunk cap, page alignment and the partial-prefill
    limit all come from the planner.
@@ -99,7 +100,14 @@ from transformers.generation.continuous_batching.requests import (
 )
 from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, Scheduler
 
-from .. import InvalidConfigError, PlannerConfig, PrefillState, StepChunk, plan_step
+from .. import (
+    InvalidConfigError,
+    PlannerConfig,
+    PrefillState,
+    StepChunk,
+    decode_rows_first,
+    plan_step,
+)
 from ..core._validate import check_callback, check_int
 
 __all__ = ["ORDERS", "Order", "PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
@@ -298,7 +306,7 @@ class PyptoScheduler(Scheduler):
             rows=[] if self.batch_observers else None,
         )
         self.starved_requests = []
-        self._schedule_decodes(batch)
+        self._schedule_decodes(config, batch)
         self._schedule_prefill(config, batch)
         self._cleanup_waiting_queue(batch.leaving_waiting)
         if not batch.scheduled and batch.allocation_failed:
@@ -407,13 +415,23 @@ class PyptoScheduler(Scheduler):
     def _server_request(self, request_id: str) -> RequestState | None:
         return self.active_requests.get(request_id) or self.waiting_requests.get(request_id)
 
-    def _schedule_decodes(self, batch: _Batch) -> None:
-        for state in list(self.active_requests.values()):
-            if batch.tokens_left <= 0 or batch.rows_left <= 0:
-                return
-            if state.status == RequestStatus.DECODING:
-                tokens = self._infer_request_tokens(state, batch.leaving_waiting)
-                self._run_row(state, tokens, min(len(tokens), batch.tokens_left), batch)
+    def _schedule_decodes(self, config: PlannerConfig, batch: _Batch) -> None:
+        """The decoding requests' rows, in the server's order, by the planner's decode-first
+        rule (:func:`~pypto_sched.decode_rows_first`) within the dispatch's tokens and rows,
+        each if the server's checks let it run."""
+
+        def decode_row(state: RequestState, tokens_left: int) -> int:
+            tokens = self._infer_request_tokens(state, batch.leaving_waiting)
+            before = batch.tokens_left
+            self._run_row(state, tokens, min(len(tokens), tokens_left), batch)
+            return before - batch.tokens_left
+
+        decoding = [
+            state
+            for state in self.active_requests.values()
+            if state.status == RequestStatus.DECODING
+        ]
+        decode_rows_first(decoding, config, take_row=decode_row)
 
     def _schedule_prefill(self, config: PlannerConfig, batch: _Batch) -> None:
         """Plan the prefill rows in the room the decodes left, and run those the server

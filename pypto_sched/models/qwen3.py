@@ -46,6 +46,7 @@ import stat
 import struct
 from collections.abc import Container, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from types import MappingProxyType
 from typing import Any, BinaryIO
 
 import attrs
@@ -57,8 +58,12 @@ from ..core._json import load_json
 
 __all__ = [
     "CONFIG_FILE",
+    "EMBED_TOKENS",
+    "FINAL_NORM",
     "FLOAT_DTYPES",
     "INDEX_FILE",
+    "LAYER_TENSORS",
+    "LM_HEAD",
     "MAX_DIMENSION",
     "MAX_HEADER_BYTES",
     "MAX_JSON_BYTES",
@@ -71,6 +76,7 @@ __all__ = [
     "TensorInfo",
     "encode_safetensors",
     "expected_tensors",
+    "layer_tensor_names",
     "load_checkpoint",
     "parse_safetensors_header",
     "parse_shard_index",
@@ -356,37 +362,84 @@ def _rope_theta(data: Mapping[str, Any], source: str) -> Any:
 # -- the tensors a Qwen3 model reads -------------------------------------------------------
 
 
-_EMBED, _LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+#: The token embedding, ``[vocab_size, hidden_size]``.
+EMBED_TOKENS = "model.embed_tokens.weight"
+#: The final RMSNorm's gain, ``[hidden_size]``.
+FINAL_NORM = "model.norm.weight"
+#: The LM head, ``[vocab_size, hidden_size]``; not read when the embeddings are tied.
+LM_HEAD = "lm_head.weight"
 #: The prefix of the base model's tensors in a causal LM's checkpoint.
 _BASE_PREFIX = "model."
+#: One decoder layer's tensors: role -> name after the layer's prefix
+#: ``model.layers.{layer}.``, in checkpoint order. The ``*_bias`` roles exist only with
+#: ``attention_bias``. Both bundled backends name their weights by these roles.
+LAYER_TENSORS: Mapping[str, str] = MappingProxyType(
+    {
+        "input_norm": "input_layernorm.weight",
+        "q_proj": "self_attn.q_proj.weight",
+        "k_proj": "self_attn.k_proj.weight",
+        "v_proj": "self_attn.v_proj.weight",
+        "o_proj": "self_attn.o_proj.weight",
+        "q_bias": "self_attn.q_proj.bias",
+        "k_bias": "self_attn.k_proj.bias",
+        "v_bias": "self_attn.v_proj.bias",
+        "o_bias": "self_attn.o_proj.bias",
+        "q_norm": "self_attn.q_norm.weight",
+        "k_norm": "self_attn.k_norm.weight",
+        "post_norm": "post_attention_layernorm.weight",
+        "gate_proj": "mlp.gate_proj.weight",
+        "up_proj": "mlp.up_proj.weight",
+        "down_proj": "mlp.down_proj.weight",
+    }
+)
+_BIASES = ("q_bias", "k_bias", "v_bias", "o_bias")
 
 
-def _expected(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+def layer_tensor_names(config: ModelConfig, layer: int) -> dict[str, str]:
+    """Layer ``layer``'s tensors in a model of ``config``: role (a key of
+    :data:`LAYER_TENSORS`) -> checkpoint name, in checkpoint order; the bias roles only with
+    ``attention_bias``."""
+    prefix = f"{_BASE_PREFIX}layers.{layer}."
+    return {
+        role: prefix + name
+        for role, name in LAYER_TENSORS.items()
+        if config.attention_bias or role not in _BIASES
+    }
+
+
+def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every layer's tensors' shapes, by role."""
     hidden, inner, head = config.hidden_size, config.intermediate_size, config.head_dim
     q_size = config.num_attention_heads * head
     kv_size = config.num_key_value_heads * head
-    yield _EMBED, (config.vocab_size, hidden)
-    yield "model.norm.weight", (hidden,)
+    return {
+        "input_norm": (hidden,),
+        "q_proj": (q_size, hidden),
+        "k_proj": (kv_size, hidden),
+        "v_proj": (kv_size, hidden),
+        "o_proj": (hidden, q_size),
+        "q_bias": (q_size,),
+        "k_bias": (kv_size,),
+        "v_bias": (kv_size,),
+        "o_bias": (hidden,),
+        "q_norm": (head,),
+        "k_norm": (head,),
+        "post_norm": (hidden,),
+        "gate_proj": (inner, hidden),
+        "up_proj": (inner, hidden),
+        "down_proj": (hidden, inner),
+    }
+
+
+def _expected(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    yield EMBED_TOKENS, (config.vocab_size, config.hidden_size)
+    yield FINAL_NORM, (config.hidden_size,)
     if not config.tie_word_embeddings:
-        yield _LM_HEAD, (config.vocab_size, hidden)
-    for i in range(config.num_hidden_layers):
-        layer = f"model.layers.{i}."
-        yield layer + "input_layernorm.weight", (hidden,)
-        yield layer + "self_attn.q_proj.weight", (q_size, hidden)
-        yield layer + "self_attn.k_proj.weight", (kv_size, hidden)
-        yield layer + "self_attn.v_proj.weight", (kv_size, hidden)
-        yield layer + "self_attn.o_proj.weight", (hidden, q_size)
-        if config.attention_bias:
-            yield layer + "self_attn.q_proj.bias", (q_size,)
-            yield layer + "self_attn.k_proj.bias", (kv_size,)
-            yield layer + "self_attn.v_proj.bias", (kv_size,)
-            yield layer + "self_attn.o_proj.bias", (hidden,)
-        yield layer + "self_attn.q_norm.weight", (head,)
-        yield layer + "self_attn.k_norm.weight", (head,)
-        yield layer + "post_attention_layernorm.weight", (hidden,)
-        yield layer + "mlp.gate_proj.weight", (inner, hidden)
-        yield layer + "mlp.up_proj.weight", (inner, hidden)
-        yield layer + "mlp.down_proj.weight", (hidden, inner)
+        yield LM_HEAD, (config.vocab_size, config.hidden_size)
+    shapes = _layer_shapes(config)
+    for layer in range(config.num_hidden_layers):
+        for role, name in layer_tensor_names(config, layer).items():
+            yield name, shapes[role]
 
 
 def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -835,11 +888,11 @@ def _tied_as_stored(
     uses the stored head), and a tied checkpoint that stores only ``lm_head.weight`` has it as
     the embedding too.
     """
-    if not config.tie_word_embeddings or _LM_HEAD not in stored:
+    if not config.tie_word_embeddings or LM_HEAD not in stored:
         return config, {}
-    if _EMBED in stored:
+    if EMBED_TOKENS in stored:
         return attrs.evolve(config, tie_word_embeddings=False), {}
-    return config, {_EMBED: _LM_HEAD}
+    return config, {EMBED_TOKENS: LM_HEAD}
 
 
 def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
@@ -862,8 +915,8 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     # The model's name of each stored tensor: a base model's checkpoint (Qwen3Model's
     # save_pretrained) stores its tensors without the "model." prefix, which transformers
     # adds when Qwen3ForCausalLM loads it.
-    base = _EMBED not in stored and _EMBED.removeprefix(_BASE_PREFIX) in stored
-    named = {(_BASE_PREFIX + n if base and n != _LM_HEAD else n): n for n in stored}
+    base = EMBED_TOKENS not in stored and EMBED_TOKENS.removeprefix(_BASE_PREFIX) in stored
+    named = {(_BASE_PREFIX + n if base and n != LM_HEAD else n): n for n in stored}
     config, stored_as = _tied_as_stored(config, named)
     by_file: dict[Path, tuple[SafetensorsHeader, list[str]]] = {}
     # Lazily, so a config claiming billions of layers fails at the first missing tensor.
@@ -874,7 +927,7 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
             hint = (
                 " (the checkpoint of a base model, without an LM head: an untied config "
                 "needs lm_head.weight)"
-                if base and name == _LM_HEAD
+                if base and name == LM_HEAD
                 else ""
             )
             raise CheckpointError(f"{root}: tensor {name!r} is in none of {files}{hint}")

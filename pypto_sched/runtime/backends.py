@@ -100,7 +100,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "pypto_sched.backends"
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class DispatchInput:
     """Everything a backend is told for one dispatch.
 
@@ -130,7 +130,7 @@ class DispatchInput:
         return int(self.arrays.logits_indices.size)
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class DispatchOutput:
     """What a backend returns for one dispatch: host arrays for its final rows only.
 

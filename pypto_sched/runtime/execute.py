@@ -85,7 +85,7 @@ class DispatchDone:
 
 
 @arrays_stay_read_only
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class ExecutionResult:
     """The outcome of a complete run, in request order."""
 

@@ -25,7 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from pypto_sched import DispatchArrays
-from pypto_sched.checkpoints import ModelConfig
+from pypto_sched.checkpoints import (
+    EMBED_TOKENS,
+    FINAL_NORM,
+    LM_HEAD,
+    ModelConfig,
+    layer_tensor_names,
+)
 
 from ._kv_cache import LayerKV, PagedKVCache
 from ._loader import Checkpoint
@@ -125,33 +131,31 @@ class Qwen3Model:
 
         layers = []
         for i in range(config.num_hidden_layers):
-            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            name = layer_tensor_names(config, i)  # role -> checkpoint name
             bias = config.attention_bias
             layers.append(
                 LayerWeights(
-                    input_norm=get(f"model.layers.{i}.input_layernorm.weight"),
-                    qkv=projection(*(attn + f"{p}_proj.weight" for p in "qkv")),
-                    qkv_bias=cat(*(attn + f"{p}_proj.bias" for p in "qkv")) if bias else None,
-                    q_norm=get(attn + "q_norm.weight"),
-                    k_norm=get(attn + "k_norm.weight"),
-                    o_proj=projection(attn + "o_proj.weight"),
-                    o_bias=get(attn + "o_proj.bias") if bias else None,
-                    post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
-                    gate_up=projection(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
-                    down=projection(mlp + "down_proj.weight"),
+                    input_norm=get(name["input_norm"]),
+                    qkv=projection(name["q_proj"], name["k_proj"], name["v_proj"]),
+                    qkv_bias=cat(name["q_bias"], name["k_bias"], name["v_bias"]) if bias else None,
+                    q_norm=get(name["q_norm"]),
+                    k_norm=get(name["k_norm"]),
+                    o_proj=projection(name["o_proj"]),
+                    o_bias=get(name["o_bias"]) if bias else None,
+                    post_norm=get(name["post_norm"]),
+                    gate_up=projection(name["gate_proj"], name["up_proj"]),
+                    down=projection(name["down_proj"]),
                 )
             )
-        embed = get("model.embed_tokens.weight")
+        embed = get(EMBED_TOKENS)
         half = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=device)
         return cls(
             config=config,
             ops=ops,
             embed_tokens=embed,
             layers=tuple(layers),
-            norm=get("model.norm.weight"),
-            lm_head=ops.projection_weight(
-                embed if config.tie_word_embeddings else get("lm_head.weight")
-            ),
+            norm=get(FINAL_NORM),
+            lm_head=ops.projection_weight(embed if config.tie_word_embeddings else get(LM_HEAD)),
             inv_freq=1.0 / (config.rope_theta ** (half / config.head_dim)),
         )
 

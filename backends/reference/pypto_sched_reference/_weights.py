@@ -3,8 +3,9 @@
 
 Projection matrices keep the checkpoint layout ``[out_features, in_features]``; the model
 multiplies by their transpose. Every array is a read-only copy in the model's dtype. Which
-tensors exist and their shapes come from :func:`pypto_sched.checkpoints.expected_tensors`;
-this module only names the fields they fill.
+tensors exist, their names and their shapes come from the tensor table of
+:mod:`pypto_sched.checkpoints` (:func:`~pypto_sched.checkpoints.expected_tensors`,
+:func:`~pypto_sched.checkpoints.layer_tensor_names`); a layer's fields are its roles there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import numpy.typing as npt
 
 from pypto_sched import CheckpointError
 from pypto_sched import checkpoints as hf
-from pypto_sched.checkpoints import ModelConfig
+from pypto_sched.checkpoints import (
+    EMBED_TOKENS,
+    FINAL_NORM,
+    LM_HEAD,
+    ModelConfig,
+    layer_tensor_names,
+)
 
 from ._errors import InvalidModelError
 
@@ -44,30 +51,12 @@ TINY_MODEL = ModelConfig(
     rope_theta=1_000_000.0,
 )
 
-#: Per-layer tensors: field name -> checkpoint name after ``model.layers.{i}.``.
-_LAYER_NAMES = {
-    "input_norm": "input_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight",
-    "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-    "o_proj": "self_attn.o_proj.weight",
-    "post_norm": "post_attention_layernorm.weight",
-    "gate_proj": "mlp.gate_proj.weight",
-    "up_proj": "mlp.up_proj.weight",
-    "down_proj": "mlp.down_proj.weight",
-    "q_bias": "self_attn.q_proj.bias",
-    "k_bias": "self_attn.k_proj.bias",
-    "v_bias": "self_attn.v_proj.bias",
-    "o_bias": "self_attn.o_proj.bias",
-}
-_EMBED, _NORM, _LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
-
 
 @attrs.frozen(kw_only=True, eq=False)
 class LayerWeights:
-    """One decoder layer. The biases are ``None`` unless the config has ``attention_bias``."""
+    """One decoder layer. The biases are ``None`` unless the config has ``attention_bias``.
+    The fields are the roles of :data:`pypto_sched.checkpoints.LAYER_TENSORS`, which name
+    their tensors."""
 
     input_norm: Array
     q_proj: Array
@@ -113,22 +102,24 @@ class Weights:
             raise InvalidModelError(f"'seed' must be an int >= 0: {seed!r} ({type(seed).__name__})")
         rng = np.random.default_rng(seed)
 
-        def draw(name: str, shape: tuple[int, ...]) -> Array:
-            if name == _EMBED:
+        def draw(role: str, shape: tuple[int, ...]) -> Array:
+            if role == "embed":
                 return rng.standard_normal(shape)
-            if name.endswith(".bias"):
+            if role.endswith("_bias"):
                 return 0.1 * rng.standard_normal(shape)
             if len(shape) == 1:  # a norm's gain
                 return 1.0 + 0.1 * rng.standard_normal(shape)
             return rng.standard_normal(shape) / np.sqrt(shape[1])  # type: ignore[no-any-return]
 
         shapes = hf.expected_tensors(config)
-        # Drawn layer by layer, then the embedding, norm and lm_head: the order seeds have
-        # always meant, so a seed keeps naming the same model.
-        per_layer = [f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers)
-                     for name in _LAYER_NAMES.values()]  # fmt: skip
-        order = [name for name in [*per_layer, _EMBED, _NORM, _LM_HEAD] if name in shapes]
-        tensors = {name: draw(name, shapes[name]) for name in order}
+        # Drawn layer by layer in LayerWeights' field order, then the embedding, norm and
+        # lm_head: the order seeds have always meant, so a seed keeps naming the same model.
+        roles: dict[str, str] = {}  # checkpoint name -> role, in drawing order
+        for i in range(config.num_hidden_layers):
+            names = layer_tensor_names(config, i)
+            roles.update({names[field]: field for field in _FIELDS if field in names})
+        roles |= {EMBED_TOKENS: "embed", FINAL_NORM: "norm", LM_HEAD: "lm_head"}
+        tensors = {name: draw(role, shapes[name]) for name, role in roles.items() if name in shapes}
         return cls.from_tensors(config, tensors, dtype=dtype)
 
     @classmethod
@@ -149,36 +140,33 @@ class Weights:
         def take(name: str) -> Array:
             return _frozen(tensors[name], target)
 
-        fields = {
-            field: name
-            for field, name in _LAYER_NAMES.items()
-            if config.attention_bias or not name.endswith(".bias")
-        }
         layers = tuple(
             LayerWeights(
-                **{field: take(f"model.layers.{i}.{name}") for field, name in fields.items()}
+                **{field: take(name) for field, name in layer_tensor_names(config, i).items()}
             )
             for i in range(config.num_hidden_layers)
         )
         return cls(
             config=config,
-            embed=take(_EMBED),
+            embed=take(EMBED_TOKENS),
             layers=layers,
-            norm=take(_NORM),
-            lm_head=None if config.tie_word_embeddings else take(_LM_HEAD),
+            norm=take(FINAL_NORM),
+            lm_head=None if config.tie_word_embeddings else take(LM_HEAD),
         )
 
     def to_tensors(self) -> dict[str, Array]:
         """The weights under their Hugging Face checkpoint names."""
-        tensors = {_EMBED: self.embed, _NORM: self.norm}
+        tensors = {EMBED_TOKENS: self.embed, FINAL_NORM: self.norm}
         if self.lm_head is not None:
-            tensors[_LM_HEAD] = self.lm_head
+            tensors[LM_HEAD] = self.lm_head
         for i, layer in enumerate(self.layers):
-            for field, name in _LAYER_NAMES.items():
-                value = getattr(layer, field)
-                if value is not None:
-                    tensors[f"model.layers.{i}.{name}"] = value
+            for field, name in layer_tensor_names(self.config, i).items():
+                tensors[name] = getattr(layer, field)
         return tensors
+
+
+#: The roles of a layer's tensors in the order ``Weights.random`` draws them.
+_FIELDS = tuple(field.name for field in attrs.fields(LayerWeights))
 
 
 def _dtype(name: str) -> type[np.floating[Any]]:
