@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..core._config import PlannerConfig
+from ..core._config import PlannerConfig, check_config
 from ..core._errors import BackendError, ExecutionError, InvalidInputError
 from ..core._sampling import SamplingParams
 from ._generate import FinishReason, GeneratedSequence, generate
@@ -156,11 +156,11 @@ class LLM:
             raise InvalidInputError(
                 f"'generation_config' must be 'auto' or None: {generation_config!r}"
             )
-        if config is not None and not isinstance(config, PlannerConfig):
-            raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-        self.config = config or PlannerConfig(
-            max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, policy="packed"
-        )
+        if config is None:
+            config = PlannerConfig(
+                max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, policy="packed"
+            )
+        self.config = check_config(config)
         self.num_kv_pages = num_kv_pages
         self.kv_page_size = kv_page_size
         self.tokenizer: Tokenizer | None = load_tokenizer(self.model)
