@@ -38,7 +38,13 @@ EXIT_USAGE = 2
 
 
 class UsageError(Exception):
-    """Bad command-line input; exit status 2, reported as one line."""
+    """Bad command-line input; exit status 2, reported as one line. ``parameter`` is the
+    library's parameter it is about, when :func:`flags_named` made it from the library's
+    error (``None`` otherwise)."""
+
+    def __init__(self, *args: object, parameter: str | None = None) -> None:
+        super().__init__(*args)
+        self.parameter = parameter
 
 
 class CommandFailed(Exception):
@@ -61,7 +67,7 @@ def flags_named(**flags: str) -> Iterator[None]:
         flag = flags.get(error.parameter) if error.parameter is not None else None
         if flag is None or error.rule is None:
             raise
-        raise UsageError(f"{flag}: {error.rule}") from None
+        raise UsageError(f"{flag}: {error.rule}", parameter=error.parameter) from None
 
 
 def check_counts(args: argparse.Namespace, flags: Mapping[str, str]) -> None:
