@@ -6,7 +6,8 @@ command line, and the Ray workers it starts) finds them by name as it finds any 
 backend. Each is the reference backend (same tokens) with one fault:
 
 * ``dies-once``: its process is killed (``SIGKILL``) at its third dispatch, once per
-  marker file (``FAULTY_MARKER``): the actor that replaces it runs to the end;
+  marker file (``FAULTY_MARKER``, created by the one process killed, which it names): the
+  actor that replaces it runs to the end, and so does every other process that gets there;
 * ``exits``: raises ``SystemExit(FAULTY_CODE)`` at its second dispatch;
 * ``interrupts``: sends its own process ``SIGINT`` (Ctrl-C) at its second dispatch;
 * ``unbuildable``: its factory raises ``RuntimeError``;
@@ -26,7 +27,6 @@ NAMES = ("dies-once", "exits", "interrupts", "unbuildable", "refuses")
 _MODULE = """
 import os
 import signal
-from pathlib import Path
 
 from pypto_sched import InvalidInputError
 from pypto_sched_reference import ReferenceBackend, create_backend
@@ -51,10 +51,17 @@ def _faulty(name, fault):
 
 
 def _dies(count):
-    marker = Path(os.environ["FAULTY_MARKER"])
-    if count == 3 and not marker.exists():
-        marker.write_text(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGKILL)
+    if count != 3:
+        return
+    # Created or found in one step: two actors at their third dispatch together both saw
+    # no marker when it was looked for and then written, and both died.
+    try:
+        marker = os.open(os.environ["FAULTY_MARKER"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(marker, str(os.getpid()).encode())
+    os.close(marker)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _exits(count):

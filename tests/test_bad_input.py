@@ -468,11 +468,13 @@ def test_a_schedule_beyond_the_chunk_limit_is_refused_before_it_is_built(policy:
 def test_the_chunk_limit_admits_a_schedule_of_exactly_the_limit(
     policy: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Budget 4 and threshold 2: at least 3 + 1 + 2 = 6 chunks under packed (a request left
-    # alone may run all 4 tokens), 5 + 2 + 3 = 10 under round_robin.
+    # Budget 4 and threshold 2: chunks of at most 2 tokens, 5 + 2 + 3 = 10, under round_robin;
+    # under packed the request left alone at the end may run all 4 tokens, which saves the
+    # 9-token request 5 - 3 = 2 chunks: at least 8.
     config = PlannerConfig(max_num_batched_tokens=4, long_prefill_token_threshold=2, policy=policy)
     lengths = [9, 3, 5]
     fewest = _offline.fewest_chunks(np.array(lengths), config)
+    assert fewest == {"packed": 8, "round_robin": 10}[policy]
     assert plan_prefill(lengths, config).num_chunks >= fewest
     monkeypatch.setattr(_offline, "MAX_CHUNKS", fewest)
     plan_prefill(lengths, config)

@@ -278,7 +278,7 @@ def test_stdin_lengths_are_read(
         (["--lengths", "2000000000x2000000000"], "COUNT must be <= 10000000"),
         (
             ["--lengths", "2147483647x10000000"],
-            "need at least 335,544,319,843,751 chunks of at most 64 tokens; the command line "
+            "need at least 335,544,320,000,000 chunks of at most 64 tokens; the command line "
             "plans at most 10,000,000",
         ),
         (["--workload", "uniform", "--num-requests", "1000000000000"], "--num-requests"),

@@ -20,7 +20,14 @@ PUBLIC = list(pypto_sched.__all__)
 
 # Names in the ``__all__`` of a module the package draws from that are deliberately kept off
 # the public surface: argument checking and invariant checks shared between private modules.
-INTERNAL = {"MAX_TOKENS", "as_count_array", "check_int", "read_only", "check_schedule"}
+INTERNAL = {
+    "MAX_TOKENS",
+    "as_count_array",
+    "check_config",
+    "check_int",
+    "read_only",
+    "check_schedule",
+}
 PUBLIC_SUBMODULES = ["backends", "checkpoints", "execute"]
 
 

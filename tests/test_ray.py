@@ -137,8 +137,10 @@ def test_prefill_of_any_batch_equals_one_process(replicas: RayReplicas, lengths:
          "sampling": SamplingParams(temperature=0.9, top_k=20, seed=11)},
         {"config": CONFIGS["packed"], "max_new_tokens": 6, "page_size": 4, "num_pages": 30,
          "stop_token_ids": [5], "sampling": SamplingParams(temperature=1.3, seed=2)},
+        {"config": CONFIGS["packed"], "max_new_tokens": 5,
+         "sampling": [SamplingParams(temperature=0.7, seed=s) for s in range(10)]},
     ],
-    ids=["greedy", "sampled", "small pool, stop token"],
+    ids=["greedy", "sampled", "small pool, stop token", "one sampling a request"],
 )  # fmt: skip
 def test_generate_on_two_replicas_equals_one_process(
     replicas: RayReplicas, prompts: list[np.ndarray], options: dict[str, Any]

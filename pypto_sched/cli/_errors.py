@@ -40,7 +40,13 @@ EXIT_USAGE = 2
 
 
 class UsageError(Exception):
-    """Bad command-line input; exit status 2, reported as one line."""
+    """Bad command-line input; exit status 2, reported as one line. ``parameter`` is the
+    library's parameter it is about, when :func:`flags_named` made it from the library's
+    error (``None`` otherwise)."""
+
+    def __init__(self, *args: object, parameter: str | None = None) -> None:
+        super().__init__(*args)
+        self.parameter = parameter
 
 
 #: Stopped by SIGTERM (128 + 15, as a shell reports a process the signal ended).
@@ -61,19 +67,19 @@ class Terminated(KeyboardInterrupt):
 def flags_named(**flags: str) -> Iterator[None]:
     """Report the library's errors about a parameter as errors of the flag that gave it.
 
-    The library words them ``'num_pages' must be >= 1: 0``; with ``num_pages="--num-kv-pages"``
-    that reads ``--num-kv-pages: must be >= 1: 0``, the form of the command line's own
-    checks. Other errors pass through unchanged.
+    The library words them ``'num_pages' must be >= 1: 0`` and says which parameter and rule
+    they are about (``error.parameter``, ``error.rule``); with
+    ``num_pages="--num-kv-pages"`` that reads ``--num-kv-pages: must be >= 1: 0``, the form
+    of the command line's own checks. Other errors, and those about one item of a parameter,
+    pass through unchanged.
     """
     try:
         yield
     except (InvalidInputError, InvalidConfigError, BackendNotFoundError) as error:
-        message = str(error)
-        for name, flag in flags.items():
-            parameter = f"{name!r} "
-            if message.startswith(parameter):
-                raise UsageError(f"{flag}: {message.removeprefix(parameter)}") from None
-        raise
+        flag = flags.get(error.parameter) if error.parameter is not None else None
+        if flag is None or error.rule is None:
+            raise
+        raise UsageError(f"{flag}: {error.rule}", parameter=error.parameter) from None
 
 
 def check_counts(args: argparse.Namespace, flags: Mapping[str, str]) -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core._config import PlannerConfig
+from ..core._offline import fewest_chunks
 from ..core._plan import plan_prefill
-from ..core._policies import request_cap
 from ..core._schedule import Schedule
 from ..core._workloads import SEED_PROMPT_LENGTH, synthetic_lengths
 from ._errors import UsageError, flags_named
@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 #: Most chunks a command plans: planning 10 million takes about 0.7 GB and 4 s, their JSON
-#: several times that.
+#: several times that. (The command line's own limit, below the planner's ``MAX_CHUNKS``,
+#: 2**28, because it also renders what it plans.)
 MAX_CHUNKS = 10_000_000
 
 _WORKLOAD_DEFAULTS = {"num_requests": 16, "seed": 0, "min_length": 16, "max_length": 4096}
@@ -124,19 +125,13 @@ def config(args: argparse.Namespace) -> PlannerConfig:
 
 
 def check_size(lengths: Lengths, computed: Lengths | None, planner: PlannerConfig) -> None:
-    """Refuse, before planning, a workload whose schedule could not fit in memory.
-
-    Every chunk carries at most ``chunk_cap`` tokens but those of one request left alone
-    (``request_cap``), so the longest request's tokens over that cap plus the others' tokens
-    over ``chunk_cap`` is a lower bound on the chunks, whatever the policy.
-    """
+    """Refuse, before planning, a workload whose schedule holds more than :data:`MAX_CHUNKS`
+    chunks, by the planner's own count of the fewest a schedule can hold."""
     remaining = lengths.astype(np.int64)
     if computed is not None and computed.size == lengths.size:
         remaining = remaining - np.minimum(computed, lengths)
     tokens = int(remaining.sum())
-    longest = int(remaining.max()) if remaining.size else 0
-    lone = request_cap(planner, 1, 0, 0)
-    least = -(-(tokens - longest) // planner.chunk_cap) + -(-longest // lone)
+    least = fewest_chunks(remaining, planner)
     if least > MAX_CHUNKS:
         raise UsageError(
             f"the workload's {tokens:,} tokens need at least {least:,} chunks of at most "

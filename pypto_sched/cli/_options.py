@@ -15,7 +15,6 @@ from ._lengths import GRAMMAR
 
 __all__ = [
     "CONFIG_FLAGS",
-    "DEFAULT_GENERATE_BUDGET",
     "HELP_WIDTH",
     "SEED",
     "WORKLOAD_FLAGS",
@@ -172,11 +171,6 @@ WORKLOAD_FLAGS = {
     "max_length": "--max-length",
     "seed": "--seed",
 }
-
-
-#: ``generate``'s token budget when none is given: vLLM's offline default (``LLM``'s
-#: ``max_num_batched_tokens`` on a GPU), a few prompts' prefill at once.
-DEFAULT_GENERATE_BUDGET = 8192
 
 
 def add_config_options(

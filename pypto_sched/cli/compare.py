@@ -178,8 +178,8 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
             try:
                 with flags_named(**given, **sources):
                     configs.append(PlannerConfig.from_engine_args(**{**base, **overrides}))
-            except UsageError as error:  # about one setting: an option's, say in which row
-                if not overrides or str(error).startswith(("--config", "--vary")):
+            except UsageError as error:  # about one setting: a flag's, say in which row
+                if not overrides or error.parameter in sources:  # --config's or --vary's
                     raise
                 raise UsageError(f"{error} (in the row {_describe(overrides)})") from None
             except PyptoSchedError as error:  # about no one setting

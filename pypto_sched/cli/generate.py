@@ -20,6 +20,7 @@ from ..core._config import PlannerConfig
 from ..core._sampling import SamplingParams
 from ..integrations.hf_verify import verify_greedy_generation
 from ..runtime._generate import GeneratedSequence, GenerationResult, StepDone, generate
+from ..runtime._llm import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..runtime.backends import Backend, max_positions, relative_tolerance
 from ..runtime.execute import DEFAULT_PAGE_SIZE
 from ..runtime.output import PARTIAL_SUFFIX
@@ -28,7 +29,7 @@ from . import _job, _model, _replicas
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError, check_counts, flags_named
 from ._inputs import config as planner_config
 from ._lengths import read_text
-from ._options import DEFAULT_GENERATE_BUDGET, Example, Parser, add_command, add_config_options
+from ._options import Example, Parser, add_command, add_config_options
 from ._progress import generation_bar
 from ._render import generation_summary
 from ._specs import load_backend_from_args
@@ -113,7 +114,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     add_config_options(
         parser,
-        budget=DEFAULT_GENERATE_BUDGET,
+        budget=DEFAULT_MAX_NUM_BATCHED_TOKENS,  # LLM's: vLLM's offline default
         policy="packed",
         policy_help="packed (default): chunks of several prompts share a dispatch, so first "
         "tokens come sooner; round_robin: the seed's one prompt a dispatch",

@@ -66,7 +66,9 @@ EXAMPLES: list[Example] = [
     ),
 ]
 
-#: Most prompt tokens ``run`` draws token ids for.
+#: Most prompt tokens ``run`` draws random token ids for (100 million int64 ids: 0.8 GB).
+#: The command line's own limit, on the prompts it makes up; the library runs the prompts
+#: its caller has, and owns no such limit.
 MAX_RUN_TOKENS = 100_000_000
 
 

@@ -8,10 +8,10 @@ from typing import Any, Literal, get_args
 import attrs
 import numpy as np
 
-from ._errors import InvalidConfigError
+from ._errors import InvalidConfigError, InvalidInputError, PyptoSchedError
 from ._validate import check_int, count_validator
 
-__all__ = ["POLICIES", "PlannerConfig", "Policy"]
+__all__ = ["POLICIES", "PlannerConfig", "Policy", "check_config"]
 
 #: The name of a scheduling policy (the type of ``PlannerConfig.policy``).
 Policy = Literal["round_robin", "packed"]
@@ -36,7 +36,7 @@ def _policy(_self: object, _field: attrs.Attribute[Any], value: object) -> None:
     # (Not `value in POLICIES` alone: an array holding a policy name passes that test.)
     if not isinstance(value, str) or value not in POLICIES:
         choices = ", ".join(repr(p) for p in POLICIES)
-        raise InvalidConfigError(f"'policy' must be one of {choices}: {value!r}")
+        raise InvalidConfigError.about("policy", f"must be one of {choices}: {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -72,15 +72,16 @@ class PlannerConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.max_num_partial_prefills is not None and self.policy != "packed":
-            raise InvalidConfigError(
-                "'max_num_partial_prefills' applies only to policy 'packed': "
-                f"policy is {self.policy!r}"
+            raise InvalidConfigError.about(
+                "max_num_partial_prefills",
+                f"applies only to policy 'packed': policy is {self.policy!r}",
             )
         if self.page_size is not None and self.page_size > self.chunk_cap:
-            raise InvalidConfigError(
-                "'page_size' must be <= the largest chunk, min(max_num_batched_tokens, "
+            raise InvalidConfigError.about(
+                "page_size",
+                "must be <= the largest chunk, min(max_num_batched_tokens, "
                 f"long_prefill_token_threshold) = {self.chunk_cap}, or no chunk could end "
-                f"on a page boundary: {self.page_size}"
+                f"on a page boundary: {self.page_size}",
             )
 
     # Cached: the online planner reads them on every step. (attrs fills the slot on first use.)
@@ -146,11 +147,26 @@ class PlannerConfig:
     def from_dict(cls, data: object) -> PlannerConfig:
         """Build a config from :meth:`to_dict`'s output, rejecting unknown keys."""
         if not isinstance(data, dict):
-            raise InvalidConfigError(f"'data' must be a JSON object: {type(data).__name__}")
+            raise InvalidConfigError.about("data", f"must be a JSON object: {type(data).__name__}")
         known = {field.name for field in attrs.fields(cls)}
         unknown = sorted(set(data) - known, key=repr)  # keys of any type: sorted by repr
         if unknown:
-            raise InvalidConfigError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
+            raise InvalidConfigError(
+                f"unknown config keys {unknown}; known keys: {sorted(known)}", parameter="data"
+            )
         if "max_num_batched_tokens" not in data:
-            raise InvalidConfigError("'data' must set 'max_num_batched_tokens': it is missing")
+            raise InvalidConfigError.about(
+                "data", "must set 'max_num_batched_tokens': it is missing"
+            )
         return cls(**data)
+
+
+def check_config(
+    value: object, *, name: str = "config", error: type[PyptoSchedError] = InvalidInputError
+) -> PlannerConfig:
+    """``value`` if it is a :class:`PlannerConfig`, else ``error`` naming ``name``: the one
+    check of a config argument, at every entry point that takes one."""
+    if not isinstance(value, PlannerConfig):
+        hint = " (load a dict with PlannerConfig.from_dict)" if isinstance(value, dict) else ""
+        raise error.about(name, f"must be a PlannerConfig: {type(value).__name__}{hint}")
+    return value

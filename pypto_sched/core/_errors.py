@@ -1,12 +1,15 @@
 """The exception hierarchy: one base class, a few specific kinds.
 
 Every message names the parameter, the rule it broke and the value received, in the form
-``'max_num_batched_tokens' must be >= 1: 0``.
+``'max_num_batched_tokens' must be >= 1: 0``. An error about one parameter also says which in
+its ``parameter`` attribute, so that a caller that names parameters its own way (the command
+line, by its flags) never reads the message to find it.
 """
 
 from __future__ import annotations
 
 import pickle
+from typing import Self
 
 __all__ = [
     "BackendError",
@@ -24,7 +27,33 @@ __all__ = [
 
 
 class PyptoSchedError(Exception):
-    """Base class of every error raised by pypto_sched."""
+    """Base class of every error raised by pypto_sched.
+
+    ``parameter`` is the argument or config field the error is about (``"num_pages"``; for
+    an error about one of its items, such as ``max_new_tokens[2]``, the argument), ``None``
+    when it is not about one. An error about a parameter as a whole, built by :meth:`about`,
+    also keeps its ``rule``: the message after the parameter's quoted name, for a caller that
+    names the parameter its own way (``--num-kv-pages: must be >= 1: 0``).
+    """
+
+    #: The message after ``'<parameter>'`` when the error is about the parameter as a whole
+    #: (see :meth:`about`), else ``None``.
+    rule: str | None = None
+
+    def __init__(self, *args: object, parameter: str | None = None) -> None:
+        super().__init__(*args)
+        self.parameter = parameter
+
+    @classmethod
+    def about(cls, name: str, rule: str) -> Self:
+        """The error ``'<name>' <rule>`` (``about("num_pages", "must be >= 1: 0")``) about
+        the parameter ``name`` names: itself, or the argument it is an item or a field of
+        (``max_new_tokens[2]``, ``sampling[0].stop``: ``max_new_tokens``, ``sampling``)."""
+        parameter = name.split("[", 1)[0].split(".", 1)[0]
+        error = cls(f"{name!r} {rule}", parameter=parameter)
+        if parameter == name:
+            error.rule = rule
+        return error
 
 
 class InvalidConfigError(PyptoSchedError, ValueError):

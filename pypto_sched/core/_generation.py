@@ -73,7 +73,7 @@ from typing import Any, Generic, NamedTuple, TypeVar, cast
 import attrs
 import numpy as np
 
-from ._config import PlannerConfig
+from ._config import PlannerConfig, check_config
 from ._dispatch import DispatchArrays, dispatch_arrays_with_ids
 from ._errors import (
     DuplicateRequestError,
@@ -509,8 +509,7 @@ def plan_generation_step(
     module docstring states. ``state`` must not be empty."""
     if not isinstance(state, GenerationState):
         raise InvalidInputError(f"'state' must be a GenerationState: {type(state).__name__}")
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    check_config(config)
     if not state:
         raise InvalidInputError("'state' must hold a request to plan a step: it is empty")
     planner = _GenerationStep(state, config)

@@ -83,9 +83,14 @@ MAX_CHUNKS = 2**28
 
 def fewest_chunks(remaining: IntArray, config: PlannerConfig) -> int:
     """The fewest chunks any schedule of requests with ``remaining`` tokens each can hold
-    under ``config``: no chunk is above the :func:`request_cap` of a request alone."""
-    lone = request_cap(config, 1, 0, 0)
-    return int((-(-remaining // lone)).sum())
+    under ``config``: no chunk is above ``chunk_cap``, but those of the one request left
+    alone at the end (the last unfinished), which may run the :func:`request_cap` of a
+    request alone; that one is taken to be whichever saves the most chunks."""
+    cap, lone = config.chunk_cap, request_cap(config, 1, 0, 0)
+    shared = -(-remaining // cap)
+    if lone == cap or remaining.size == 0:
+        return int(shared.sum())
+    return int(shared.sum() - (shared - -(-remaining // lone)).max())
 
 
 def plan_rows(lengths: IntArray, computed: IntArray, config: PlannerConfig) -> Rows:

@@ -54,7 +54,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._config import PlannerConfig, Policy
+from ._config import PlannerConfig, Policy, check_config
 from ._errors import (
     CacheTooSmallError,
     DuplicateRequestError,
@@ -675,8 +675,7 @@ def plan_step(
     """
     if not isinstance(state, PrefillState):
         raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    check_config(config)
     reserved_tokens = _token_count("reserved_tokens", reserved_tokens)
     reserved_rows = _token_count("reserved_rows", reserved_rows)
     if config.max_num_seqs is None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._config import PlannerConfig
+from ._config import PlannerConfig, check_config
 from ._errors import InvalidInputError
 from ._offline import plan_rows, rows_kept_to_the_bound
 from ._policies import (
@@ -37,8 +37,7 @@ def plan_prefill(
     (``0 <= c < length``); that request's chunks start at ``c``. The inputs are not mutated;
     equal inputs give equal schedules.
     """
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    check_config(config)
     lengths = as_count_array("prompt_lengths", prompt_lengths, min_value=1)
     computed = check_num_computed_tokens(num_computed_tokens, lengths)
     rows = plan_rows(lengths, computed, config)
@@ -71,10 +70,11 @@ def plan_one_shot(
     computed = check_num_computed_tokens(num_computed_tokens, lengths)
     budget = max(int((lengths - computed).sum()), 1)
     if budget > MAX_TOKENS:
-        raise InvalidInputError(
-            f"'prompt_lengths' must leave at most {MAX_TOKENS:,} tokens to prefill for a "
-            f"one-shot dispatch, which would hold every remaining token: {budget:,} (plan "
-            f"these prompts in chunks, or in smaller batches)"
+        raise InvalidInputError.about(
+            "prompt_lengths",
+            f"must leave at most {MAX_TOKENS:,} tokens to prefill for a one-shot dispatch, "
+            f"which would hold every remaining token: {budget:,} (plan these prompts in "
+            "chunks, or in smaller batches)",
         )
     return plan_prefill(
         lengths, PlannerConfig(max_num_batched_tokens=budget), num_computed_tokens=computed

@@ -267,9 +267,10 @@ def leaves_tokens_to_prefill(num_computed_tokens: Any, prompt_length: Any) -> An
 def computed_tokens_error(computed: int, length: int, *, where: str = "") -> InvalidInputError:
     """The error for ``computed`` tokens of a ``length``-token prompt that break
     :func:`leaves_tokens_to_prefill` (``where`` says which request)."""
-    return InvalidInputError(
-        "'num_computed_tokens' must be < the prompt length, leaving at least one token to "
-        f"prefill: {where}{computed} for length {length}"
+    return InvalidInputError.about(
+        "num_computed_tokens",
+        "must be < the prompt length, leaving at least one token to prefill: "
+        f"{where}{computed} for length {length}",
     )
 
 
@@ -284,9 +285,9 @@ def check_num_computed_tokens(values: object, lengths: IntArray) -> IntArray:
         return read_only(np.zeros_like(lengths))
     computed = as_count_array("num_computed_tokens", values, min_value=0, allow_empty=True)
     if computed.size != lengths.size:
-        raise InvalidInputError(
-            f"'num_computed_tokens' must have one entry per prompt ({lengths.size}): "
-            f"{computed.size} entries"
+        raise InvalidInputError.about(
+            "num_computed_tokens",
+            f"must have one entry per prompt ({lengths.size}): {computed.size} entries",
         )
     full = ~leaves_tokens_to_prefill(computed, lengths)
     if full.any():

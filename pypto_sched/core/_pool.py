@@ -398,10 +398,10 @@ def check_holds_alone(
     request could never run to its end, even alone. The one statement of that rule."""
     needed = pool._pages_for(num_tokens)
     if needed > pool.num_pages:
-        raise error(
-            f"{name!r} must hold every request alone: request {request_id!r} needs "
-            f"{num_tokens} tokens of KV ({what}), {needed} pages of {pool.page_size}: "
-            f"{pool.num_pages}"
+        raise error.about(
+            name,
+            f"must hold every request alone: request {request_id!r} needs {num_tokens} tokens "
+            f"of KV ({what}), {needed} pages of {pool.page_size}: {pool.num_pages}",
         )
 
 

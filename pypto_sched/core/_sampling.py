@@ -49,18 +49,18 @@ def _python_number(value: object) -> object:
 
 def _finite_non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise InvalidConfigError(f"'{attribute.name}' must be a finite number: {value!r}")
+        raise InvalidConfigError.about(attribute.name, f"must be a finite number: {value!r}")
     try:
         finite = math.isfinite(value)
     except OverflowError:  # an int beyond every float (its repr may be too long to show)
         bits = int(value).bit_length()
-        raise InvalidConfigError(
-            f"'{attribute.name}' must be a finite number: an int of {bits} bits, beyond every float"
+        raise InvalidConfigError.about(
+            attribute.name, f"must be a finite number: an int of {bits} bits, beyond every float"
         ) from None
     if not finite:
-        raise InvalidConfigError(f"'{attribute.name}' must be a finite number: {value!r}")
+        raise InvalidConfigError.about(attribute.name, f"must be a finite number: {value!r}")
     if value < 0:
-        raise InvalidConfigError(f"'{attribute.name}' must be >= 0: {value!r}")
+        raise InvalidConfigError.about(attribute.name, f"must be >= 0: {value!r}")
 
 
 def _optional_top_k(
@@ -76,7 +76,7 @@ def _optional_top_p(
     if value is None:
         return
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-        raise InvalidConfigError(f"'top_p' must be a number in (0, 1]: {value!r}")
+        raise InvalidConfigError.about("top_p", f"must be a number in (0, 1]: {value!r}")
 
 
 def _seed(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -101,22 +101,22 @@ def _stop_strings(
     instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: object
 ) -> None:
     if not isinstance(value, tuple):
-        raise InvalidConfigError(f"'stop' must be a string or a list of strings: {value!r}")
+        raise InvalidConfigError.about("stop", f"must be a string or a list of strings: {value!r}")
     for i, stop in enumerate(value):
         if not isinstance(stop, str) or not stop:
-            raise InvalidConfigError(f"'stop[{i}]' must be a non-empty string: {stop!r}")
+            raise InvalidConfigError.about(f"stop[{i}]", f"must be a non-empty string: {stop!r}")
 
 
 def _stop_ids(instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: object) -> None:
     if not isinstance(value, tuple):
-        raise InvalidConfigError(f"'stop_token_ids' must be a list of token ids: {value!r}")
+        raise InvalidConfigError.about("stop_token_ids", f"must be a list of token ids: {value!r}")
     for i, token in enumerate(value):
         check_int(f"stop_token_ids[{i}]", token, min_value=0, error=InvalidConfigError)
 
 
 def _bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
     if not isinstance(value, bool):
-        raise InvalidConfigError(f"{attribute.name!r} must be a bool: {value!r}")
+        raise InvalidConfigError.about(attribute.name, f"must be a bool: {value!r}")
 
 
 @attrs.frozen(kw_only=True)

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._check import check_schedule
-from ._config import PlannerConfig
+from ._config import PlannerConfig, check_config
 from ._errors import InvalidConfigError, InvalidInputError, InvalidScheduleError
 from ._json import load_json
 from ._policies import dispatch_bound
@@ -429,11 +429,7 @@ class Schedule:
         schedule's own, say); ``dispatches`` is a list of dispatches, each a list of
         :class:`Chunk` values or ``[request, start, length, is_final]`` lists (the JSON form).
         """
-        if not isinstance(config, PlannerConfig):
-            raise InvalidScheduleError(
-                f"'config' must be a PlannerConfig: {type(config).__name__} (load a dict with "
-                f"PlannerConfig.from_dict)"
-            )
+        check_config(config, error=InvalidScheduleError)
         lengths = _int_list("prompt_lengths", prompt_lengths, min_value=1)
         if not lengths:
             raise InvalidScheduleError("'prompt_lengths' must hold at least one request: []")

@@ -50,12 +50,12 @@ def check_int(
 ) -> int:
     """Return ``value`` as an ``int`` or raise ``error`` naming ``name``."""
     if not is_int(value):
-        raise error(f"{name!r} must be an int: {value!r} ({type(value).__name__})")
+        raise error.about(name, f"must be an int: {value!r} ({type(value).__name__})")
     number: int = int(value)  # type: ignore[call-overload]
     if number < min_value:
-        raise error(f"{name!r} must be >= {min_value}: {number}")
+        raise error.about(name, f"must be >= {min_value}: {number}")
     if number > max_value:
-        raise error(f"{name!r} must be <= {max_value}: {number}")
+        raise error.about(name, f"must be <= {max_value}: {number}")
     return number
 
 
@@ -78,9 +78,9 @@ def check_index(name: str, value: object, count: int, *, from_end: bool = False)
     not read as 0 or 1) is an :class:`InvalidInputError` naming ``name``; an int out of range
     an ``IndexError``, as a sequence raises."""
     if isinstance(value, bool | np.bool_):  # operator.index would read True as 1
-        raise InvalidInputError(f"{name!r} must be an int, not a bool: {value!r}")
+        raise InvalidInputError.about(name, f"must be an int, not a bool: {value!r}")
     if not is_int(value):
-        raise InvalidInputError(f"{name!r} must be an int: {value!r} ({type(value).__name__})")
+        raise InvalidInputError.about(name, f"must be an int: {value!r} ({type(value).__name__})")
     index: int = int(value)  # type: ignore[call-overload]
     low = -count if from_end else 0
     if not low <= index < count:
@@ -99,9 +99,10 @@ def check_ids(value: object) -> Iterable[Any]:
     """``value`` as an iterable of request ids, named ``'request_ids'``; a str or bytes, an
     iterable of characters, is refused rather than read as one-character ids."""
     if not isinstance(value, Iterable) or isinstance(value, str | bytes):
-        raise InvalidInputError(
-            f"'request_ids' must be an iterable of request ids ([id] for one): "
-            f"{value!r} ({type(value).__name__})"
+        raise InvalidInputError.about(
+            "request_ids",
+            f"must be an iterable of request ids ([id] for one): {value!r} "
+            f"({type(value).__name__})",
         )
     return value
 
@@ -110,7 +111,7 @@ def check_bool(name: str, value: object) -> bool:
     """Return ``value`` as a ``bool`` (a NumPy bool too) or raise :class:`InvalidInputError`
     naming ``name``: a flag is not read from the truth of another value."""
     if not isinstance(value, bool | np.bool_):
-        raise InvalidInputError(f"{name!r} must be a bool: {value!r} ({type(value).__name__})")
+        raise InvalidInputError.about(name, f"must be a bool: {value!r} ({type(value).__name__})")
     return bool(value)
 
 
@@ -137,9 +138,10 @@ def chunk_is_final(value: object) -> bool:
     """A chunk's ``is_final`` checked (see :func:`chunk_start`)."""
     # An int is not a bool here, as a bool is not an int: 0 and 1 are refused, not guessed.
     if not isinstance(value, bool | np.bool_):
-        raise InvalidInputError(
-            f"'is_final' must be a bool (True or False, a NumPy bool too; convert 0/1 with "
-            f"bool()): {value!r} ({type(value).__name__})"
+        raise InvalidInputError.about(
+            "is_final",
+            "must be a bool (True or False, a NumPy bool too; convert 0/1 with bool()): "
+            f"{value!r} ({type(value).__name__})",
         )
     return bool(value)
 
@@ -150,7 +152,7 @@ def check_callback(
     """Raise ``error`` naming ``name`` unless ``value`` is callable or ``None`` (checked
     before anything runs, not when it is first called)."""
     if value is not None and not callable(value):
-        raise error(f"{name!r} must be callable or None: {value!r} ({type(value).__name__})")
+        raise error.about(name, f"must be callable or None: {value!r} ({type(value).__name__})")
 
 
 def check_positions(
@@ -159,11 +161,12 @@ def check_positions(
     max_positions: int | None,
     *,
     max_new_tokens: int | None = None,
+    parameter: str | None = None,
 ) -> None:
-    """Raise :class:`InvalidInputError` when a request runs more positions than the model's
-    ``max_positions`` (its ``max_position_embeddings``; ``None``: not said). A prefill runs
-    its prompt's ``P`` positions; generating ``N`` tokens runs ``P + N - 1`` (the last
-    generated token is never run)."""
+    """Raise :class:`InvalidInputError` (about ``parameter``) when a request runs more
+    positions than the model's ``max_positions`` (its ``max_position_embeddings``; ``None``:
+    not said). A prefill runs its prompt's ``P`` positions; generating ``N`` tokens runs
+    ``P + N - 1`` (the last generated token is never run)."""
     if max_positions is None:
         return
     new = 1 if max_new_tokens is None else max_new_tokens
@@ -174,7 +177,8 @@ def check_positions(
             request += f" and {max_new_tokens} new token{'s' * (max_new_tokens != 1)}"
         raise InvalidInputError(
             f"{where}: {request} runs {positions} positions, more than the model's "
-            f"{max_positions} (max_position_embeddings)"
+            f"{max_positions} (max_position_embeddings)",
+            parameter=parameter,
         )
 
 
@@ -218,35 +222,35 @@ def as_count_array(
     """Return ``values`` (a sequence or 1-D array of ints) as a new read-only int64 array."""
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
-            raise InvalidInputError(f"{name!r} must be 1-D: shape {values.shape}")
+            raise InvalidInputError.about(name, f"must be 1-D: shape {values.shape}")
         if values.dtype.kind not in "iu":
-            raise InvalidInputError(f"{name!r} must hold integers: dtype {values.dtype}")
+            raise InvalidInputError.about(name, f"must hold integers: dtype {values.dtype}")
         if values.dtype.kind == "u" and values.size and int(values.max()) > max_value:
             # (Before the int64 cast, which would wrap the largest unsigned values.)
             index = int(np.argmax(values))
-            raise InvalidInputError(
-                f"{name!r} values must be <= {max_value}: item {index} is {int(values[index])}"
+            raise InvalidInputError.about(
+                name, f"values must be <= {max_value}: item {index} is {int(values[index])}"
             )
         array = values.astype(np.int64, copy=True)
     elif is_sequence(values):
         array = ints_array(name, values, min_value=min_value, max_value=max_value)
     else:
-        raise InvalidInputError(
-            f"{name!r} must be a sequence or 1-D array of ints: {type(values).__name__}"
+        raise InvalidInputError.about(
+            name, f"must be a sequence or 1-D array of ints: {type(values).__name__}"
         )
     if not allow_empty and array.size == 0:
-        raise InvalidInputError(f"{name!r} must hold at least one value: []")
+        raise InvalidInputError.about(name, "must hold at least one value: []")
     if array.size:
         low, high = int(array.min()), int(array.max())
         if low < min_value:
             index = int(np.argmin(array))
-            raise InvalidInputError(
-                f"{name!r} values must be >= {min_value}: item {index} is {low}"
+            raise InvalidInputError.about(
+                name, f"values must be >= {min_value}: item {index} is {low}"
             )
         if high > max_value:
             index = int(np.argmax(array))
-            raise InvalidInputError(
-                f"{name!r} values must be <= {max_value}: item {index} is {high}"
+            raise InvalidInputError.about(
+                name, f"values must be <= {max_value}: item {index} is {high}"
             )
     return read_only(array)
 
@@ -282,12 +286,12 @@ def ints_array(
     # item by item, so that the error names the first bad item.
     for index, value in enumerate(values):
         if not is_int(value):
-            raise InvalidInputError(
-                f"{name!r} must hold ints: item {index} is {value!r} ({type(value).__name__})"
+            raise InvalidInputError.about(
+                name, f"must hold ints: item {index} is {value!r} ({type(value).__name__})"
             )
         if not min_value <= value <= max_value:
-            raise InvalidInputError(
-                f"{name!r} values must be in [{min_value}, {max_value}]: item {index} is {value}"
+            raise InvalidInputError.about(
+                name, f"values must be in [{min_value}, {max_value}]: item {index} is {value}"
             )
     return np.array(values, dtype=np.int64)
 
@@ -297,6 +301,6 @@ def check_hashable(request_id: object) -> None:
     try:
         hash(request_id)
     except TypeError:
-        raise InvalidInputError(
-            f"'request_id' must be hashable: {request_id!r} ({type(request_id).__name__})"
+        raise InvalidInputError.about(
+            "request_id", f"must be hashable: {request_id!r} ({type(request_id).__name__})"
         ) from None

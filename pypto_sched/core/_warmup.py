@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from ._config import PlannerConfig
+from ._config import PlannerConfig, check_config
 from ._errors import InvalidInputError
 from ._policies import request_cap
 from ._validate import MAX_TOKENS, check_int
@@ -52,8 +52,7 @@ def plan_warmup(
     ``packed`` a last one-row shape is the chunk of a request left alone (the work-conserving
     tail of :func:`~pypto_sched.core._policies.request_cap`), when it is longer.
     """
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    check_config(config)
     batch_size = check_int("batch_size", batch_size, min_value=1)
     max_seq_len = check_int("max_seq_len", max_seq_len, min_value=1)
     budget = config.effective_budget

@@ -50,12 +50,12 @@ def synthetic_lengths(
     """
     if name not in WORKLOADS:
         choices = ", ".join(repr(w) for w in WORKLOADS)
-        raise InvalidInputError(f"'workload' must be one of {choices}: {name!r}")
+        raise InvalidInputError.about("workload", f"must be one of {choices}: {name!r}")
     count = check_int("num_requests", num_requests, min_value=1, max_value=10_000_000)
     low = check_int("min_length", min_length, min_value=1)
     high = check_int("max_length", max_length, min_value=1)
     if low > high:
-        raise InvalidInputError(f"'min_length' must be <= max_length = {high}: {low}")
+        raise InvalidInputError.about("min_length", f"must be <= max_length = {high}: {low}")
     seed = check_int("seed", seed, min_value=0, max_value=2**63 - 1)
     rng = np.random.default_rng(seed)
     draw = _DRAWS[name]

@@ -72,7 +72,7 @@ import numpy.typing as npt
 import ray
 import ray.exceptions
 
-from ..core._config import PlannerConfig
+from ..core._config import PlannerConfig, check_config
 from ..core._errors import BackendError, InvalidInputError
 from ..core._partition import Partition, partition_requests
 from ..core._plan import plan_prefill
@@ -80,17 +80,17 @@ from ..core._sampling import SamplingParams
 from ..core._validate import check_bool, check_callback, check_int, check_positions, read_only
 from ..runtime._generate import (
     GeneratedSequence,
+    GenerationInputs,
     GenerationStats,
     StepDone,
-    generate,
-    initial_state,
-    per_request_counts,
-    stop_sets,
-    token_lists,
+    prepare_generation,
+    run_generation,
+    token_arrays,
 )
 from ..runtime.backends import (
     Backend,
     BackendFactory,
+    check_is_backend,
     load_backend,
     max_positions,
     relative_tolerance,
@@ -196,27 +196,27 @@ def ray_session(address: str | None = None, **init_options: Any) -> Iterator[Non
     ``init_options`` go to :func:`ray.init` when this call connects. Ray's own output goes
     to stderr (:func:`ray_output_to_stderr`): stdout is the caller's."""
     if address is not None and not isinstance(address, str):
-        raise InvalidInputError(
-            f"'address' must be a string or None: {address!r} ({type(address).__name__})"
+        raise InvalidInputError.about(
+            "address", f"must be a string or None: {address!r} ({type(address).__name__})"
         )
     ray_output_to_stderr()  # (before ray.init, which binds the printer of log_to_driver)
     if ray.is_initialized() and address is None:
         yield
         return
     if ray.is_initialized():
-        raise InvalidInputError(
-            f"'address' must be None when Ray is already connected: {address!r}"
+        raise InvalidInputError.about(
+            "address", f"must be None when Ray is already connected: {address!r}"
         )
     _probe(address)
     try:
         ray.init(address=address, **init_options)
     except (TypeError, AssertionError) as error:  # ray.init checks its options by assert
-        raise InvalidInputError(
-            f"'init_options' were refused by ray.init: {_first_line(error)}"
+        raise InvalidInputError.about(
+            "init_options", f"were refused by ray.init: {_first_line(error)}"
         ) from None
     except RuntimeError as error:
         if str(error).startswith("Unknown keyword argument"):
-            raise InvalidInputError(f"'init_options' {_first_line(error)}") from None
+            raise InvalidInputError.about("init_options", _first_line(error)) from None
         raise ReplicaError(
             f"could not join the Ray cluster at {address!r}: {_first_line(error)}"
         ) from None
@@ -377,9 +377,11 @@ class _Replica:
         self._error: Exception | None = None
         self._backend: Backend | None = None
         try:
-            self._backend = (
+            built = (
                 load_backend(backend, **options) if isinstance(backend, str) else backend(**options)
             )
+            check_is_backend(built)
+            self._backend = built
         except Exception as error:
             self._error = error
         self._done = (-1, 0, 0)  # part, requests done, tokens done
@@ -436,14 +438,14 @@ class _Replica:
         return result.greedy_token_ids, result.logits, schedule.num_dispatches
 
     def generate(
-        self, part: int, prompts: list[IntArray], indices: list[int], options: dict[str, Any]
+        self, part: int, inputs: GenerationInputs
     ) -> tuple[tuple[GeneratedSequence, ...], GenerationStats]:
         self._done = (part, 0, 0)
 
         def on_step(done: StepDone) -> None:
             self._done = (part, done.num_finished, done.num_generated_tokens)
 
-        result = generate(self._get(), prompts, request_indices=indices, on_step=on_step, **options)
+        result = run_generation(self._get(), attrs.evolve(inputs, on_step=on_step))
         return result.sequences, result.stats
 
     def _get(self) -> Backend:
@@ -508,9 +510,9 @@ class RayReplicas:
         poll_seconds: float = 0.2,
     ) -> None:
         if not isinstance(backend, str) and not callable(backend):
-            raise InvalidInputError(
-                f"'backend' must be a backend's name or a factory: {backend!r} "
-                f"({type(backend).__name__})"
+            raise InvalidInputError.about(
+                "backend",
+                f"must be a backend's name or a factory: {backend!r} ({type(backend).__name__})",
             )
         self.num_replicas = check_int("num_replicas", num_replicas, min_value=1)
         self.max_restarts = check_int("max_restarts", max_restarts, min_value=0)
@@ -518,8 +520,8 @@ class RayReplicas:
         self.poll_seconds = _seconds("poll_seconds", poll_seconds)
         for name, value in (("options", options), ("resources", resources)):
             if value is not None and not isinstance(value, Mapping):
-                raise InvalidInputError(
-                    f"{name!r} must be a mapping or None: {value!r} ({type(value).__name__})"
+                raise InvalidInputError.about(
+                    name, f"must be a mapping or None: {value!r} ({type(value).__name__})"
                 )
         if not ray.is_initialized():
             raise ReplicaError("Ray is not connected: use ray_session() or ray.init() first")
@@ -529,13 +531,14 @@ class RayReplicas:
         self.resources = dict(resources)
         for key, amount in self.resources.items():
             if not isinstance(amount, int | float) or not math.isfinite(amount) or amount < 0:
-                raise InvalidInputError(
-                    f"'resources' must map names to finite amounts >= 0: {key!r}: {amount!r}"
+                raise InvalidInputError.about(
+                    "resources", f"must map names to finite amounts >= 0: {key!r}: {amount!r}"
                 )
             if key in _NOT_ACTOR_RESOURCES:
-                raise InvalidInputError(
-                    f"'resources' cannot ask for {key!r}: Ray reserves it (an actor asks for "
-                    "CPU, GPU, memory and custom resources)"
+                raise InvalidInputError.about(
+                    "resources",
+                    f"cannot ask for {key!r}: Ray reserves it (an actor asks for CPU, GPU, "
+                    "memory and custom resources)",
                 )
         _check_room(self.resources, self.num_replicas)
         cpus = self.resources.get("CPU", 0.0)
@@ -601,7 +604,7 @@ class RayReplicas:
         """Prefill every prompt on the replicas; greedy next tokens (and logits when asked)
         in input order."""
         tokens = self._prompts(prompts)
-        _check_config(config)
+        check_config(config)
         return_logits = check_bool("return_logits", return_logits)
         if page_size is not None:
             check_int("page_size", page_size, min_value=1)
@@ -651,7 +654,7 @@ class RayReplicas:
         *,
         config: PlannerConfig,
         max_new_tokens: int | Sequence[int],
-        sampling: SamplingParams | None = None,
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         stop_token_ids: Collection[int] = (),
         request_stop_token_ids: Sequence[Collection[int]] | None = None,
         num_pages: int | None = None,
@@ -661,52 +664,34 @@ class RayReplicas:
         """:func:`~pypto_sched.generate` on the replicas; ``num_pages`` is each replica's KV
         pool (default: what a step's rows can use, from its part's requests). Sequences in
         input order."""
-        tokens = self._prompts(prompts)
-        _check_config(config)
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InvalidInputError(
-                f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
-            )
-        check_callback("on_progress", on_progress)
-        news = np.array(per_request_counts(max_new_tokens, len(tokens)), dtype=np.int64)
-        stops = None if request_stop_token_ids is None else list(request_stop_token_ids)
-        stop_sets(stop_token_ids, stops, len(tokens), vocab_size=self.vocab_size)
-        lengths = np.array([p.size for p in tokens], dtype=np.int64)
-        # generate()'s own checks on the whole batch, before any part runs: a part would name
-        # its requests by their place in the part.
-        initial_state(
-            lengths.tolist(),
-            news.tolist(),
-            config=config,
+        # generate()'s checks, on the whole batch before any part runs: a part would name its
+        # requests by their place in the part.
+        inputs = prepare_generation(
+            prompts,
+            vocab_size=self.vocab_size,
             max_positions=self.max_position_embeddings,
+            config=config,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            request_stop_token_ids=request_stop_token_ids,
             num_pages=num_pages,
             page_size=page_size,
-            count=1,  # (every request is checked; the state itself is not needed)
         )
+        check_callback("on_progress", on_progress)
+        news = np.array(inputs.max_new_tokens, dtype=np.int64)
+        lengths = np.array([p.size for p in inputs.prompts], dtype=np.int64)
         partition = partition_requests(lengths, self.num_replicas, weights=lengths + news)
-        common = {
-            "config": config,
-            "sampling": sampling,
-            "stop_token_ids": tuple(stop_token_ids),
-            "num_pages": num_pages,
-            "page_size": page_size,
-        }
 
         def submit(actor: Any, i: int, part: IntArray) -> Any:
-            rows = part.tolist()
-            options = {
-                **common,
-                "max_new_tokens": [int(news[r]) for r in rows],
-                "request_stop_token_ids": None if stops is None else [stops[r] for r in rows],
-            }
-            return actor.generate.remote(i, [tokens[r] for r in rows], rows, options)
+            return actor.generate.remote(i, inputs.part(part.tolist()))
 
         start = time.perf_counter()
         outputs, restarts = self._run(
             "generate", partition, [int(news[part].sum()) for part in partition.parts],
             submit, on_progress,
         )  # fmt: skip
-        sequences: list[GeneratedSequence | None] = [None] * len(tokens)
+        sequences: list[GeneratedSequence | None] = [None] * len(lengths)
         stats: list[GenerationStats | None] = [None] * self.num_replicas
         for i, (part_sequences, part_stats) in outputs.items():
             for r, sequence in zip(partition.parts[i].tolist(), part_sequences, strict=True):
@@ -822,10 +807,7 @@ class RayReplicas:
 
     def _prompts(self, prompts: TokenIds) -> list[IntArray]:
         """``prompts`` as :func:`~pypto_sched.generate` reads them, as read-only arrays."""
-        return [
-            read_only(np.array(ids, dtype=np.int64))
-            for ids in token_lists("prompts", prompts, vocab_size=self.vocab_size)
-        ]
+        return token_arrays("prompts", prompts, vocab_size=self.vocab_size)
 
 
 #: Resource names an actor cannot ask Ray for.
@@ -834,14 +816,18 @@ _NOT_ACTOR_RESOURCES = frozenset({"object_store_memory", "bundle"})
 
 def _check_portable(backend: str | BackendFactory, options: Mapping[str, Any]) -> None:
     """Refuse a backend factory or an option that cannot be sent to the actors."""
-    named = [("'backend'", backend), *((f"option {key!r}", v) for key, v in options.items())]
-    for name, value in named:
+    named = [
+        ("backend", "'backend'", backend),
+        *(("options", f"option {key!r}", v) for key, v in options.items()),
+    ]
+    for parameter, name, value in named:
         try:
             ray.cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
         except Exception as error:
             raise InvalidInputError(
                 f"{name} cannot be sent to the Ray actors (it does not pickle): "
-                f"{_first_line(error)}"
+                f"{_first_line(error)}",
+                parameter=parameter,
             ) from None
 
 
@@ -849,21 +835,16 @@ def _seconds(name: str, value: object) -> float:
     """``value``, a finite number of seconds > 0, as a float; or an
     :class:`InvalidInputError` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise InvalidInputError(
-            f"{name!r} must be a number of seconds > 0: {value!r} ({type(value).__name__})"
+        raise InvalidInputError.about(
+            name, f"must be a number of seconds > 0: {value!r} ({type(value).__name__})"
         )
     try:
         seconds = float(value)
     except OverflowError:  # an int beyond every float
         seconds = math.inf
     if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidInputError(f"{name!r} must be a finite number of seconds > 0: {value!r}")
+        raise InvalidInputError.about(name, f"must be a finite number of seconds > 0: {value!r}")
     return seconds
-
-
-def _check_config(config: object) -> None:
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
 
 
 def _check_room(resources: Mapping[str, float], num_replicas: int) -> None:

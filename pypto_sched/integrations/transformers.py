@@ -108,6 +108,7 @@ from .. import (
     decode_rows_first,
     plan_step,
 )
+from ..core._config import check_config
 from ..core._validate import check_callback, check_int
 
 __all__ = ["ORDERS", "Order", "PyptoScheduler", "ScheduledBatch", "ScheduledRow", "register"]
@@ -174,8 +175,7 @@ def register(
     is refused), and returns it. The server picks it up for every
     continuous-batching run whose config says ``scheduler_type=name``.
     """
-    if not isinstance(config, PlannerConfig):
-        raise InvalidConfigError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    check_config(config, error=InvalidConfigError)
     if not isinstance(name, str) or not name:
         raise InvalidConfigError(f"'name' must be a non-empty string: {name!r}")
     if order not in ORDERS:

@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..core._config import PlannerConfig
+from ..core._config import PlannerConfig, check_config
 from ..core._errors import InvalidConfigError, InvalidInputError
 from ..core._generation import GenerationState, GenerationStep, plan_generation_step
 from ..core._pool import PagePool
@@ -165,22 +165,101 @@ def generate(
     they come keeps every finished request when a later dispatch fails.
     """
     check_is_backend(backend)
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
-    tokens = token_lists("prompts", prompts, vocab_size=backend.vocab_size)
+    inputs = prepare_generation(
+        prompts,
+        vocab_size=backend.vocab_size,
+        max_positions=max_positions(backend),
+        config=config,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop_token_ids=stop_token_ids,
+        request_stop_token_ids=request_stop_token_ids,
+        num_pages=num_pages,
+        page_size=page_size,
+        on_step=on_step,
+        request_indices=request_indices,
+        on_finish=on_finish,
+        detokenize=detokenize,
+    )
+    return run_generation(backend, inputs)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class GenerationInputs:
+    """The arguments of one :func:`generate` call, checked, one entry a request: what
+    :func:`prepare_generation` returns and :func:`run_generation` runs.
+
+    A driver that splits a batch (the Ray replicas) prepares the whole batch once, so that
+    every check runs once and an error names a request by its index in the batch, and runs
+    a :meth:`part` of it on each device.
+    """
+
+    config: PlannerConfig
+    #: Each request's prompt token ids (read-only arrays).
+    prompts: tuple[npt.NDArray[np.int64], ...]
+    #: Each request's new tokens: ``max_new_tokens``' or its params' ``max_tokens``.
+    max_new_tokens: tuple[int, ...]
+    params: tuple[SamplingParams, ...]
+    #: Each request's stop tokens: the common ones (unless its ``ignore_eos``), its own and
+    #: its params'.
+    stop_token_ids: tuple[frozenset[int], ...]
+    #: Each request's index in the batch: the seed of its random stream, its name in errors.
+    request_indices: tuple[int, ...]
+    #: The KV pool: ``None`` is :func:`default_num_pages` of the requests run.
+    num_pages: int | None
+    page_size: int
+    on_step: Callable[[StepDone], None] | None
+    on_finish: Callable[[int, GeneratedSequence], None] | None
+    detokenize: Callable[[Sequence[int]], str] | None
+
+    def part(self, rows: Sequence[int]) -> GenerationInputs:
+        """The requests ``rows`` alone, in that order, each keeping its index in the batch
+        (so its random stream and its name in errors); without the callbacks but
+        ``detokenize``, which are the caller's of the whole batch."""
+        return attrs.evolve(
+            self,
+            prompts=tuple(self.prompts[r] for r in rows),
+            max_new_tokens=tuple(self.max_new_tokens[r] for r in rows),
+            params=tuple(self.params[r] for r in rows),
+            stop_token_ids=tuple(self.stop_token_ids[r] for r in rows),
+            request_indices=tuple(self.request_indices[r] for r in rows),
+            on_step=None,
+            on_finish=None,
+        )
+
+
+def prepare_generation(
+    prompts: TokenIds,
+    *,
+    vocab_size: int,
+    max_positions: int | None,
+    config: PlannerConfig,
+    max_new_tokens: int | Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+    sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    stop_token_ids: Collection[int] = (),
+    request_stop_token_ids: Sequence[Collection[int]] | None = None,
+    num_pages: int | None = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    on_step: Callable[[StepDone], None] | None = None,
+    request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+    on_finish: Callable[[int, GeneratedSequence], None] | None = None,
+    detokenize: Callable[[Sequence[int]], str] | None = None,
+) -> GenerationInputs:
+    """:func:`generate`'s arguments checked for a backend of ``vocab_size`` tokens whose model
+    takes ``max_positions`` positions (``None``: it does not say), every request against the
+    model and, alone, against the KV pool; an :class:`InvalidInputError` (or
+    :class:`InvalidConfigError`) naming the argument and the request if not."""
+    check_config(config)
+    tokens = token_arrays("prompts", prompts, vocab_size=vocab_size)
     params = sampling_list(sampling, len(tokens))
-    stops = stop_sets(
-        stop_token_ids, request_stop_token_ids, len(tokens), vocab_size=backend.vocab_size
-    )
-    without_common = stop_sets(
-        (), request_stop_token_ids, len(tokens), vocab_size=backend.vocab_size
-    )
+    stops = stop_sets(stop_token_ids, request_stop_token_ids, len(tokens), vocab_size=vocab_size)
+    without_common = stop_sets((), request_stop_token_ids, len(tokens), vocab_size=vocab_size)
     for r, p in enumerate(params):
-        own = _token_set(f"sampling[{r}].stop_token_ids", p.stop_token_ids, backend.vocab_size)
+        own = _token_set(f"sampling[{r}].stop_token_ids", p.stop_token_ids, vocab_size)
         stops[r] = (without_common[r] if p.ignore_eos else stops[r]) | own
         if p.stop and detokenize is None:
-            raise InvalidInputError(
-                f"'sampling[{r}].stop' needs text: pass 'detokenize' (ids to text): {p.stop!r}"
+            raise InvalidInputError.about(
+                f"sampling[{r}].stop", f"needs text: pass 'detokenize' (ids to text): {p.stop!r}"
             )
     check_callback("on_step", on_step)
     check_callback("on_finish", on_finish)
@@ -192,24 +271,49 @@ def generate(
     )
     if len(set(seeds)) != len(seeds):  # two requests would draw the same random tokens
         again = next(r for r, seed in enumerate(seeds) if seed in seeds[:r])
-        raise InvalidInputError(
-            f"'request_indices' must be distinct: item {again} is {seeds[again]}, as is item "
-            f"{seeds.index(seeds[again])}"
+        raise InvalidInputError.about(
+            "request_indices",
+            f"must be distinct: item {again} is {seeds[again]}, as is item "
+            f"{seeds.index(seeds[again])}",
         )
     news = _max_new_tokens(max_new_tokens, params)
-    lengths = [len(prompt) for prompt in tokens]
-    state = initial_state(
-        lengths,
+    page_size = check_int("page_size", page_size, min_value=1)
+    check_requests(
+        [prompt.size for prompt in tokens],
         news,
         config=config,
-        max_positions=max_positions(backend),
+        max_positions=max_positions,
         num_pages=num_pages,
         page_size=page_size,
-        count=_admission_window(config, len(tokens)),
     )
-    run = _Run(backend, config, params, tokens, stops, seeds, news)
-    run.on_step, run.on_finish, run.detokenize = on_step, on_finish, detokenize
-    return run.until_done(state)
+    return GenerationInputs(
+        config=config,
+        prompts=tuple(tokens),
+        max_new_tokens=tuple(news),
+        params=tuple(params),
+        stop_token_ids=tuple(stops),
+        request_indices=tuple(seeds),
+        num_pages=num_pages,
+        page_size=page_size,
+        on_step=on_step,
+        on_finish=on_finish,
+        detokenize=detokenize,
+    )
+
+
+def run_generation(backend: Backend, inputs: GenerationInputs) -> GenerationResult:
+    """Run ``inputs``, checked by :func:`prepare_generation` for ``backend``'s vocabulary and
+    positions, on ``backend`` (see :func:`generate`)."""
+    lengths = [prompt.size for prompt in inputs.prompts]
+    state = initial_state(
+        lengths,
+        inputs.max_new_tokens,
+        config=inputs.config,
+        num_pages=inputs.num_pages,
+        page_size=inputs.page_size,
+        count=_admission_window(inputs.config, len(lengths)),
+    )
+    return _Run(backend, inputs).until_done(state)
 
 
 def sampling_list(sampling: object, count: int) -> list[SamplingParams]:
@@ -220,22 +324,26 @@ def sampling_list(sampling: object, count: int) -> list[SamplingParams]:
     if isinstance(sampling, SamplingParams):
         params = [sampling] * count
     elif not isinstance(sampling, Sequence) or isinstance(sampling, str | bytes):
-        raise InvalidInputError(
-            f"'sampling' must be SamplingParams, one per prompt, or None: {type(sampling).__name__}"
+        raise InvalidInputError.about(
+            "sampling",
+            f"must be SamplingParams, one per prompt, or None: {type(sampling).__name__}",
         )
     elif len(sampling) != count:
-        raise InvalidInputError(
-            f"'sampling' must have one SamplingParams per prompt ({count}): {len(sampling)}"
+        raise InvalidInputError.about(
+            "sampling", f"must have one SamplingParams per prompt ({count}): {len(sampling)}"
         )
     else:
         params = list(sampling)
     for r, p in enumerate(params):
         if not isinstance(p, SamplingParams):
-            raise InvalidInputError(f"'sampling[{r}]' must be SamplingParams: {type(p).__name__}")
+            raise InvalidInputError.about(
+                f"sampling[{r}]", f"must be SamplingParams: {type(p).__name__}"
+            )
         if p.n != 1:
-            raise InvalidInputError(
-                f"'sampling[{r}].n' must be 1: generate runs one sequence a request "
-                f"(LLM.generate runs n of a prompt): {p.n}"
+            raise InvalidInputError.about(
+                f"sampling[{r}].n",
+                "must be 1: generate runs one sequence a request (LLM.generate runs n of a "
+                f"prompt): {p.n}",
             )
     return params
 
@@ -250,9 +358,10 @@ def _max_new_tokens(
     resolved = []
     for r, (new, p) in enumerate(zip(news, params, strict=True)):
         if new is not None and p.max_tokens is not None:
-            raise InvalidInputError(
-                f"'max_new_tokens' and 'sampling[{r}].max_tokens' both give request {r}'s new "
-                f"tokens ({new} and {p.max_tokens}): give one"
+            raise InvalidInputError.about(
+                "max_new_tokens",
+                f"and 'sampling[{r}].max_tokens' both give request {r}'s new tokens ({new} and "
+                f"{p.max_tokens}): give one",
             )
         resolved.append(next(n for n in (new, p.max_tokens, DEFAULT_MAX_TOKENS) if n is not None))
     return resolved
@@ -300,7 +409,7 @@ def default_num_pages(
     return int(min(pages.sum(), rows * pages.max()))
 
 
-def initial_state(
+def check_requests(
     lengths: Sequence[int],
     news: Sequence[int],
     *,
@@ -308,33 +417,42 @@ def initial_state(
     max_positions: int | None,
     num_pages: int | None,
     page_size: int,
-    count: int | None = None,
-) -> GenerationState[int]:
-    """The state a generation of prompts of ``lengths`` starts from, ``news[r]`` new tokens
-    for prompt ``r``, in a pool of ``num_pages`` pages of ``page_size`` tokens (default:
-    :func:`default_num_pages`), holding the first ``count`` requests (default: all).
-
-    Every request is checked against the model's ``max_positions`` and, alone, against the
-    pool, those left out of the state too; errors name it by its index in ``lengths``. A
-    driver that splits a batch (Ray replicas) calls this on the whole batch first, so that
-    they name the request in the batch and come before any part runs.
-    """
-    page_size = check_int("page_size", page_size, min_value=1)
+) -> None:
+    """Check every request of a generation, prompts of ``lengths`` and ``news[r]`` new tokens
+    for prompt ``r``, against the model's ``max_positions`` and, alone, against a pool of
+    ``num_pages`` pages of ``page_size`` tokens (default: :func:`default_num_pages`); errors
+    name a request by its index in ``lengths``."""
     for r, (length, new) in enumerate(zip(lengths, news, strict=True)):
-        check_positions(f"'prompts[{r}]'", length, max_positions, max_new_tokens=new)
+        check_positions(
+            f"'prompts[{r}]'", length, max_positions, max_new_tokens=new, parameter="prompts"
+        )
     if num_pages is None:
         num_pages = default_num_pages(lengths, news, config=config, page_size=page_size)
-    count = len(lengths) if count is None else count
-    if count < len(lengths):
-        # The checks of the requests left out: the state of the requests up to the first
-        # that fails raises its error (GenerationState.add's, naming its index).
-        contexts = np.asarray(lengths, dtype=np.int64) + np.asarray(news, dtype=np.int64) - 1
-        limit = num_pages * page_size if is_int(num_pages) else 0
-        failing = np.flatnonzero(contexts > min(limit, MAX_TOKENS))
-        end = int(failing[0]) + 1 if failing.size else 1
-        GenerationState.from_prompt_lengths(
-            lengths[:end], max_new_tokens=news[:end], num_pages=num_pages, page_size=page_size
-        )
+    # The state of the requests up to the first that fails raises its error
+    # (GenerationState.add's, naming its index); of the first request alone, the pool's.
+    contexts = np.asarray(lengths, dtype=np.int64) + np.asarray(news, dtype=np.int64) - 1
+    limit = num_pages * page_size if is_int(num_pages) else 0
+    failing = np.flatnonzero(contexts > min(limit, MAX_TOKENS))
+    end = int(failing[0]) + 1 if failing.size else 1
+    GenerationState.from_prompt_lengths(
+        lengths[:end], max_new_tokens=news[:end], num_pages=num_pages, page_size=page_size
+    )
+
+
+def initial_state(
+    lengths: Sequence[int],
+    news: Sequence[int],
+    *,
+    config: PlannerConfig,
+    num_pages: int | None,
+    page_size: int,
+    count: int,
+) -> GenerationState[int]:
+    """The state a generation of requests checked by :func:`check_requests` starts from,
+    holding the first ``count`` of them, in a pool of ``num_pages`` pages (default:
+    :func:`default_num_pages` of every request)."""
+    if num_pages is None:
+        num_pages = default_num_pages(lengths, news, config=config, page_size=page_size)
     return GenerationState.from_prompt_lengths(
         lengths[:count], max_new_tokens=news[:count], num_pages=num_pages, page_size=page_size
     )
@@ -343,27 +461,39 @@ def initial_state(
 def token_lists(
     name: str, values: object, *, vocab_size: int, allow_empty: bool = False
 ) -> list[list[int]]:
+    """:func:`token_arrays` as lists of ids."""
+    return [
+        ids.tolist()
+        for ids in token_arrays(name, values, vocab_size=vocab_size, allow_empty=allow_empty)
+    ]
+
+
+def token_arrays(
+    name: str, values: object, *, vocab_size: int, allow_empty: bool = False
+) -> list[npt.NDArray[np.int64]]:
     """``values``, a non-empty sequence of token id arrays (one per request) or a 2-D array of
-    one request per row, as lists of ids in ``[0, vocab_size)``, each holding at least one
-    unless ``allow_empty``; or an :class:`InvalidInputError` naming ``name`` and the
-    request."""
+    one request per row, as read-only arrays of ids in ``[0, vocab_size)``, each holding at
+    least one unless ``allow_empty``; or an :class:`InvalidInputError` naming ``name`` and
+    the request."""
     if isinstance(values, np.ndarray) and values.ndim == 2 and len(values):
         values = list(values)  # equal-length prompts, one a row; token_array checks the dtype
     if not isinstance(values, Sequence) or isinstance(values, str | bytes) or not values:
         found = type(values).__name__
         if isinstance(values, np.ndarray):
             found += f" of shape {values.shape}"
-        raise InvalidInputError(
-            f"{name!r} must be a non-empty sequence of token id arrays, or a 2-D array of one "
-            f"per row: {found}"
+        raise InvalidInputError.about(
+            name,
+            "must be a non-empty sequence of token id arrays, or a 2-D array of one per row: "
+            f"{found}",
         )
     tokens = [
-        token_array(f"{name}[{r}]", ids, vocab_size=vocab_size).tolist()
-        for r, ids in enumerate(values)
+        token_array(f"{name}[{r}]", ids, vocab_size=vocab_size) for r, ids in enumerate(values)
     ]
     for r, ids in enumerate(tokens):
-        if not ids and not allow_empty:
-            raise InvalidInputError(f"'{name}[{r}]' must hold at least one token: it is empty")
+        if not ids.size and not allow_empty:
+            raise InvalidInputError.about(
+                f"{name}[{r}]", "must hold at least one token: it is empty"
+            )
     return tokens
 
 
@@ -381,8 +511,8 @@ def per_request_counts(
     if isinstance(values, np.ndarray) and values.ndim == 1:
         values = values.tolist()  # NumPy ints become ints; anything else fails check_int
     if not isinstance(values, Sequence) or len(values) != count:
-        raise InvalidInputError(
-            f"'{name}' must be an int or one int per prompt ({count}): {values!r}"
+        raise InvalidInputError.about(
+            name, f"must be an int or one int per prompt ({count}): {values!r}"
         )
     return [check_int(f"{name}[{r}]", v, min_value=low) for r, v in enumerate(values)]
 
@@ -401,14 +531,15 @@ def stop_sets(
     if per_request is None:
         return [shared] * count
     if not isinstance(per_request, Sequence) or isinstance(per_request, str | bytes):
-        raise InvalidInputError(
-            f"'request_stop_token_ids' must be None or one collection of token ids per prompt: "
-            f"{per_request!r} ({type(per_request).__name__})"
+        raise InvalidInputError.about(
+            "request_stop_token_ids",
+            "must be None or one collection of token ids per prompt: "
+            f"{per_request!r} ({type(per_request).__name__})",
         )
     if len(per_request) != count:
-        raise InvalidInputError(
-            f"'request_stop_token_ids' must have one entry per prompt ({count}): "
-            f"{len(per_request)} entries"
+        raise InvalidInputError.about(
+            "request_stop_token_ids",
+            f"must have one entry per prompt ({count}): {len(per_request)} entries",
         )
     return [
         shared | _token_set(f"request_stop_token_ids[{r}]", ids, vocab_size)
@@ -421,9 +552,8 @@ def _token_set(name: str, ids: object, vocab_size: int) -> frozenset[int]:
     # (A 0-d array claims to be a collection and is not iterable.)
     zero_d = isinstance(ids, np.ndarray) and ids.ndim == 0
     if not isinstance(ids, Collection) or isinstance(ids, str | bytes | Mapping) or zero_d:
-        raise InvalidInputError(
-            f"{name!r} must be a collection of token ids (ints >= 0): {ids!r} "
-            f"({type(ids).__name__})"
+        raise InvalidInputError.about(
+            name, f"must be a collection of token ids (ints >= 0): {ids!r} ({type(ids).__name__})"
         )
     checked = sorted({check_int(name, t, min_value=0) for t in ids})
     return frozenset(token_array(name, checked, vocab_size=vocab_size).tolist())
@@ -432,28 +562,20 @@ def _token_set(name: str, ids: object, vocab_size: int) -> frozenset[int]:
 class _Run:
     """One generation in progress: the tokens so far and what to report."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        config: PlannerConfig,
-        params: list[SamplingParams],
-        tokens: list[list[int]],
-        stops: list[frozenset[int]],
-        seeds: list[int],
-        news: list[int],
-    ) -> None:
+    def __init__(self, backend: Backend, inputs: GenerationInputs) -> None:
         self.backend = backend
-        self.news = news
-        self.config = config
-        self.params = params
-        self.tokens = tokens
-        self.prompt_lengths = [len(t) for t in tokens]
-        self.stops = stops
-        self.seeds = seeds
-        self.on_step: Callable[[StepDone], None] | None = None
-        self.on_finish: Callable[[int, GeneratedSequence], None] | None = None
-        self.detokenize: Callable[[Sequence[int]], str] | None = None
-        count = len(tokens)
+        self.news = inputs.max_new_tokens
+        self.config = inputs.config
+        self.params = inputs.params
+        # Each request's tokens so far: its prompt's, then those it generated.
+        self.tokens: list[list[int]] = [prompt.tolist() for prompt in inputs.prompts]
+        self.prompt_lengths = [len(t) for t in self.tokens]
+        self.stops = inputs.stop_token_ids
+        self.seeds = inputs.request_indices
+        self.on_step = inputs.on_step
+        self.on_finish = inputs.on_finish
+        self.detokenize = inputs.detokenize
+        count = len(self.tokens)
         self.reasons: list[FinishReason | None] = [None] * count
         self.stop_reasons: list[int | str | None] = [None] * count
         self.first_token: list[int] = [-1] * count
@@ -463,7 +585,7 @@ class _Run:
         self.logprobs = [[] for _ in range(count)]
         self.num_dispatches = self.num_mixed = self.num_computed = self.num_generated = 0
         self.num_finished = 0
-        self.window = _admission_window(config, count)
+        self.window = _admission_window(self.config, count)
 
     def until_done(self, state: GenerationState[int]) -> GenerationResult:
         cache = self.new_cache(state.pool)
@@ -502,10 +624,11 @@ class _Run:
         try:
             return make_cache(self.backend, num_pages=pool.num_pages, page_size=pool.page_size)
         except MemoryError:
-            raise InvalidConfigError(
-                f"'num_pages' must fit in memory: backend {self.backend.name!r} cannot allocate "
-                f"a KV cache of {pool.num_pages:,} pages of {pool.page_size} tokens; give "
-                "fewer pages (the default is what a step's rows can use at once)"
+            raise InvalidConfigError.about(
+                "num_pages",
+                f"must fit in memory: backend {self.backend.name!r} cannot allocate a KV cache "
+                f"of {pool.num_pages:,} pages of {pool.page_size} tokens; give fewer pages (the "
+                "default is what a step's rows can use at once)",
             ) from None
 
     def admit(self, state: GenerationState[int], joined: int) -> tuple[GenerationState[int], int]:

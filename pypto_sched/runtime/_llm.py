@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..core._config import PlannerConfig, Policy
+from ..core._config import PlannerConfig, Policy, check_config
 from ..core._errors import BackendError, ExecutionError, InvalidInputError
 from ..core._sampling import SamplingParams
 from ._generate import FinishReason, GeneratedSequence, generate
@@ -197,8 +197,6 @@ class LLM:
             raise InvalidInputError(
                 f"'generation_config' must be 'auto' or None: {generation_config!r}"
             )
-        if config is not None and not isinstance(config, PlannerConfig):
-            raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
         knobs = {
             "max_num_batched_tokens": max_num_batched_tokens,
             "max_num_seqs": max_num_seqs,
@@ -206,7 +204,7 @@ class LLM:
             "max_num_partial_prefills": max_num_partial_prefills,
             "policy": policy,
         }
-        self.config = config or _vllm_config(knobs)
+        self.config = _vllm_config(knobs) if config is None else check_config(config)
         given = [name for name, value in knobs.items() if value is not None]
         if config is not None and given:
             raise InvalidInputError(f"give 'config' or {given[0]!r}, not both")

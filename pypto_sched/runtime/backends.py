@@ -230,8 +230,8 @@ def check_is_backend(value: object) -> None:
     the :class:`Backend` protocol."""
     gaps = protocol_gaps(value)
     if gaps:
-        raise InvalidInputError(
-            f"'backend' must implement the Backend protocol: {type(value).__name__} ({gaps})"
+        raise InvalidInputError.about(
+            "backend", f"must implement the Backend protocol: {type(value).__name__} ({gaps})"
         )
 
 
@@ -322,8 +322,8 @@ def installed_entry_point(name: str) -> EntryPoint:
     entry_point = installed.get(name)
     if entry_point is None:
         known = ", ".join(repr(n) for n in installed) or "none"
-        raise BackendNotFoundError(
-            f"'name' must be an installed backend (installed: {known}): {name!r}"
+        raise BackendNotFoundError.about(
+            "name", f"must be an installed backend (installed: {known}): {name!r}"
         )
     return entry_point
 

@@ -295,14 +295,15 @@ def token_array(name: str, values: object, *, vocab_size: int) -> npt.NDArray[np
     :class:`InvalidInputError` naming ``name``."""
     array = ints_array(name, values) if is_sequence(values) else np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise InvalidInputError(
-            f"{name!r} must be a 1-D sequence of ints: shape {array.shape}, dtype {array.dtype}"
+        raise InvalidInputError.about(
+            name, f"must be a 1-D sequence of ints: shape {array.shape}, dtype {array.dtype}"
         )
     outside = (array < 0) | (array >= vocab_size)
     if outside.any():
-        raise InvalidInputError(
-            f"{name!r} values must be in [0, {vocab_size}), the backend's vocabulary: "
-            f"{int(array[outside][0])}"
+        raise InvalidInputError.about(
+            name,
+            f"values must be in [0, {vocab_size}), the backend's vocabulary: "
+            f"{int(array[outside][0])}",
         )
     return read_only(array.astype(np.int64))
 

@@ -44,11 +44,13 @@ import numpy as np
 from pypto_sched import (
     POLICIES,
     InvalidConfigError,
+    InvalidInputError,
     PlannerConfig,
     Policy,
     Schedule,
     plan_prefill,
 )
+from pypto_sched.core._config import check_config
 from pypto_sched.core._online import PrefillState, plan_step
 from pypto_sched.core._policies import request_cap
 from pypto_sched.core._validate import MAX_TOKENS
@@ -254,9 +256,10 @@ def _draw_planner_config(
     if configs is None:
         return _draw_config(draw, _FieldStrategies(), min_chunk_cap=min_chunk_cap)
     value = draw(configs)
-    if not isinstance(value, PlannerConfig):
-        raise _drew("configs", value, "a config must be a PlannerConfig")
-    return value
+    try:
+        return check_config(value, name="configs")
+    except InvalidInputError:
+        raise _drew("configs", value, "a config must be a PlannerConfig") from None
 
 
 # -- schedules ----------------------------------------------------------------------------------
