@@ -306,3 +306,43 @@ def test_preempted_requests_come_back_first_and_finish() -> None:
         assert len(driver.steps) < 500
     assert preempted > 0
     assert driver.finished == {"0", "1", "2"}
+
+
+# -- cost ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["packed", "round_robin"])
+def test_a_step_that_ran_as_planned_takes_the_plans_state(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Applying a plan to the state it was made from gives ``plan.state``: a step in which
+    every planned row ran as planned, and nothing joined or left meanwhile, takes it without
+    applying the plan again (the planner's state lives across steps, never rebuilt).
+    (Steps where vLLM runs other chunks apply what ran: the lifecycle tests above.)"""
+    planned: list[int] = []
+    applied: list[int] = []
+    plan_step, apply = integration.plan_step, integration.PrefillState.apply
+
+    def counting_plan_step(*args: Any, **kwargs: Any) -> Any:
+        plan = plan_step(*args, **kwargs)
+        planned.append(len(plan.rows))
+        return plan
+
+    def counting_apply(self: Any, plan: Any) -> Any:
+        applied.append(len(plan.rows))
+        return apply(self, plan)
+
+    monkeypatch.setattr(integration, "plan_step", counting_plan_step)
+    monkeypatch.setattr(integration.PrefillState, "apply", counting_apply)
+    knobs = Knobs(max_num_batched_tokens=256, long_prefill_token_threshold=64)
+    driver = Driver(build(OURS[policy], knobs))
+    lengths = [300, 50, 700, 20, 129, 400, 90, 1000]
+    for index, length in enumerate(lengths):
+        driver.add(str(index), length, max_tokens=4)
+    while driver.scheduler.has_requests():
+        driver.step()
+        check_in_step(driver)
+        assert len(driver.steps) < 500
+    assert driver.finished == {str(index) for index in range(len(lengths))}
+    assert sum(map(bool, planned)) > 5
+    assert applied == []

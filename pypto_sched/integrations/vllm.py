@@ -74,6 +74,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections import deque
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -175,6 +177,9 @@ class _Step(NamedTuple):
     """What one ``schedule()`` planned, and vLLM's waiting queue put aside meanwhile."""
 
     plan: StepPlan[str]
+    #: The state the plan was made from: while it is the planner's, ``plan.state`` is that
+    #: state once every row has run as planned.
+    planned_from: PrefillState[str]
     waiting: Any
     #: The planned requests that were waiting when the step began.
     admissions: tuple[str, ...]
@@ -203,6 +208,8 @@ class _Planner:
         #: Whether the last step refused a planned admission (see the module doc).
         self.admission_refused = False
         self.step: _Step | None = None
+        #: The rows of the step in progress (``None`` between steps).
+        self.rows: Mapping[str, StepChunk] | None = None
 
     # -- events ------------------------------------------------------------------------------
 
@@ -252,22 +259,40 @@ class _Planner:
             reserved_tokens=reserved_tokens,
             reserved_rows=reserved_rows,
         )
-        rows = plan.rows
+        self.rows = rows = plan.rows
         waiting = sched.waiting
-        admitted = create_request_queue(sched.policy)
-        # The run of planned requests at vLLM's head, and the blocked ones among them (vLLM
-        # checks whether they are ready, and passes over those that are not): only these
-        # can start, and any request not in the state, which vLLM's own rules start.
-        while waiting:
-            head = waiting.peek_request()
-            if head.request_id in progress and not (
-                head.request_id in rows or sched._is_blocked_waiting_status(head.status)
-            ):
-                break
-            admitted.add_request(waiting.pop_request())
-        sched.waiting = admitted
+        sched.waiting = self.startable_head(sched, rows)
         admissions = tuple(r for r in rows if r in self.waiting)
-        self.step = _Step(plan, waiting, admissions)
+        self.step = _Step(plan, state, waiting, admissions)
+
+    def startable_head(self, sched: Any, rows: Mapping[str, StepChunk]) -> Any:
+        """Take off vLLM's waiting queue, as a queue of their own, the requests at its head
+        that its waiting loop may see in this step: the run of requests the plan starts,
+        blocked ones (vLLM checks whether they are ready, and passes over those that are
+        not) and ones not in the state (vLLM's own rules start them)."""
+
+        def may_start(request: Any) -> bool:
+            request_id = request.request_id
+            return (
+                request_id not in progress
+                or request_id in rows
+                or sched._is_blocked_waiting_status(request.status)
+            )
+
+        progress = self.progress
+        waiting = sched.waiting
+        head = create_request_queue(sched.policy)
+        if isinstance(waiting, deque):  # "fcfs": read and moved by the deque's own methods
+            count = 0
+            for request in waiting:
+                if not may_start(request):
+                    break
+                count += 1
+            head.extend([waiting.popleft() for _ in range(count)])
+        else:
+            while waiting and may_start(waiting.peek_request()):
+                head.add_request(waiting.pop_request())
+        return head
 
     def follow_vllms_order(self, sched: Any) -> set[str]:
         """Put the waiting requests vLLM would start first at the front of the state's
@@ -336,10 +361,12 @@ class _Planner:
 
     def chunk(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
         """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``."""
-        progress = self.progress.get(request.request_id)
-        if progress is None or self.step is None:
+        request_id = request.request_id
+        progress = self.progress.get(request_id)
+        rows = self.rows
+        if progress is None or rows is None:
             return num_new_tokens  # a decode (or a request vLLM recomputes on its own)
-        chunk = self.step.plan.rows.get(request.request_id)
+        chunk = rows.get(request_id)
         if chunk is None:
             return 0
         length = progress[0]
@@ -356,7 +383,7 @@ class _Planner:
 
     def end(self, sched: Any, num_scheduled_tokens: dict[str, int] | None) -> None:
         """Put vLLM's waiting queue back whole and apply the chunks that ran."""
-        step, self.step = self.step, None
+        step, self.step, self.rows = self.step, None, None
         if step is None:
             return
         left = list(sched.waiting)  # planned admissions not admitted, preempted requests
@@ -365,6 +392,35 @@ class _Planner:
             sched.waiting.prepend_requests(reversed(left))
         if num_scheduled_tokens is None:  # schedule() raised
             return
+        plan = step.plan
+        requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
+        # The common step: every planned row ran as planned, and nothing joined or left the
+        # state while vLLM scheduled (a preemption would have). Then the state after it is
+        # the plan's own, and applying the plan again would only rebuild it.
+        as_planned = self.state is step.planned_from
+        if as_planned:
+            for request_id, chunk in plan.rows.items():
+                num_tokens = num_scheduled_tokens.get(request_id)
+                if num_tokens != chunk.length or (
+                    requests[request_id].num_computed_tokens != chunk.start + num_tokens
+                ):
+                    as_planned = False
+                    break
+        if as_planned:
+            self.state = plan.state
+            for request_id, ran in plan.rows.items():
+                waiting_ids.discard(request_id)
+                if ran.is_final:
+                    del progress[request_id]
+                else:
+                    progress[request_id] = (progress[request_id][0], ran.start + ran.length)
+            self.admission_refused = False
+            return
+        self.apply_what_ran(sched, step, num_scheduled_tokens)
+
+    def apply_what_ran(self, sched: Any, step: _Step, num_scheduled_tokens: dict[str, int]) -> None:
+        """Apply the chunks vLLM scheduled where they differ from the plan (a row refused
+        for KV blocks, a request moved by the prefix cache, a preemption)."""
         plan = step.plan
         requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
         rows: dict[str, StepChunk] = {}
@@ -446,7 +502,7 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
         step = self._planner.step
         if step is not None:  # the waiting requests set aside for the step count too
             waiting += len(step.waiting)
-        return int(running), int(waiting)
+        return running, waiting
 
     @property
     def prefill_state(self) -> PrefillState[str]:
@@ -466,7 +522,13 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
     def _reserve_prefill_lookahead(
         self, request: Any, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
-        planned = self._planner.chunk(request, num_computed_tokens, num_new_tokens)
+        planner = self._planner
+        if request.request_id not in planner.progress:  # a decode: vLLM's size stands
+            planned = num_new_tokens
+        else:
+            planned = planner.chunk(request, num_computed_tokens, num_new_tokens)
+        if self.num_prefill_lookahead <= 1:  # vLLM's rule below is a no-op (no MTP drafter)
+            return planned
         # vLLM's rule after ours: a multi-module MTP drafter's lookahead window.
         return int(super()._reserve_prefill_lookahead(request, num_computed_tokens, planned))
 
