@@ -52,11 +52,15 @@ Every ``schedule()``:
    ``SchedulerOutput``): a planned chunk that vLLM refused for KV blocks did not run, and its
    request keeps its place.
 
-A planned admission that vLLM refuses (no KV blocks, or ``max_num_seqs`` running) while
-started requests wait makes the next step plan the started requests only, so that they run
-and free blocks; the step after tries the admission again. Without it ``round_robin`` could
-give the turn to a request that can never get blocks while the partial prefills holding them
-wait for their turn: no request would ever finish.
+A planned admission that vLLM refuses (no KV blocks, or ``max_num_seqs`` running) in a
+step that planned no chunk for some started request makes the next step plan the started
+requests only, so that they run and free blocks; the step after tries the admission again.
+Without it ``round_robin`` could give the turn to a request that can never get blocks while
+the partial prefills holding them wait for their turn: no request would ever finish
+(``packed``'s fill that keeps to the bound can leave a started request without a chunk
+too). A step that planned a chunk for every started request, as
+``packed`` mostly does, ran them anyway: the next step tries the admission again at once,
+as vLLM does, and often has the blocks (those of requests that finished meanwhile).
 
 Refused at construction (``InvalidConfigError``): a vLLM version other than
 :data:`SUPPORTED_VLLM_VERSIONS`, and any config the planner refuses (say
@@ -457,7 +461,13 @@ class _Planner:
             for request_id in step.admissions
             if request_id in requests
         )
-        self.admission_refused = refused and len(waiting_ids) < len(progress)
+        # (Only if it cost a started request its chunk, as under round_robin, whose step runs
+        # one request's prefill: where every started request was planned one, as packed plans
+        # them before any admission, they ran anyway, and the refused admission may well fit
+        # in the next step, as vLLM would try it.)
+        self.admission_refused = refused and any(
+            request_id not in plan.rows for request_id in progress if request_id not in waiting_ids
+        )
 
 
 class PyptoScheduler(Scheduler):  # type: ignore[misc]
