@@ -26,7 +26,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import RequestStatus
 from vllm_driver import BLOCK_SIZE, Driver, Knobs, build, stock
 
-from pypto_sched import InvalidConfigError, PlannerConfig, plan_prefill
+import pypto_sched
+from pypto_sched import InvalidConfigError, PlannerConfig, PrefillState, plan_prefill
 from pypto_sched.integrations import vllm as integration
 from pypto_sched.integrations.vllm import (
     SUPPORTED_VLLM_VERSIONS,
@@ -349,10 +350,10 @@ def test_a_step_that_ran_as_planned_takes_the_plans_state(
     (Steps where vLLM runs other chunks apply what ran: the lifecycle tests above.)"""
     planned: list[int] = []
     applied: list[int] = []
-    plan_step, apply = integration.plan_step, integration.PrefillState.apply
+    apply = PrefillState.apply
 
     def counting_plan_step(*args: Any, **kwargs: Any) -> Any:
-        plan = plan_step(*args, **kwargs)
+        plan = pypto_sched.plan_step(*args, **kwargs)
         planned.append(len(plan.rows))
         return plan
 
@@ -361,7 +362,7 @@ def test_a_step_that_ran_as_planned_takes_the_plans_state(
         return apply(self, plan)
 
     monkeypatch.setattr(integration, "plan_step", counting_plan_step)
-    monkeypatch.setattr(integration.PrefillState, "apply", counting_apply)
+    monkeypatch.setattr(PrefillState, "apply", counting_apply)
     knobs = Knobs(max_num_batched_tokens=256, long_prefill_token_threshold=64)
     driver = Driver(build(OURS[policy], knobs))
     lengths = [300, 50, 700, 20, 129, 400, 90, 1000]

@@ -251,7 +251,13 @@ class _Planner:
         # waiting has run a chunk and is running: a preempted one is waiting again.)
         reserved_rows = max(len(sched.running) - (len(progress) - len(self.waiting)), 0)
         reserved_tokens = reserved_rows * (1 + sched.num_spec_tokens)
-        blocked = self.follow_vllms_order(sched)
+        blocked: set[str] = set()
+        if (
+            sched.policy != SchedulingPolicy.FCFS
+            or sched.kv_holding_waiting
+            or sched.deferred_waiting
+        ):
+            blocked = self.follow_vllms_order(sched)
         state = self.state
         if self.admission_refused:
             blocked = blocked | self.waiting
@@ -306,13 +312,11 @@ class _Planner:
         first, then its waiting queue's head (by priority under ``policy="priority"``),
         passing over blocked ones.
 
-        Without KV-holding or blocked requests, under ``"fcfs"``, the two orders are the
-        same by construction (both queue arrivals at the back and preempted requests at
-        the front) and nothing is read.
+        Called only when the orders can differ: without KV-holding or deferred requests,
+        under ``"fcfs"``, they are the same by construction (both queue arrivals at the back
+        and preempted requests at the front).
         """
         priority = sched.policy != SchedulingPolicy.FCFS
-        if not (priority or sched.kv_holding_waiting or sched.deferred_waiting):
-            return set()
         count = self.config.max_num_seqs or 1
         waiting = sched.waiting
         if priority:  # the heap's first `count`, in order (popped, then put back)
@@ -363,20 +367,28 @@ class _Planner:
             )
         return adapted
 
-    def chunk(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
-        """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``."""
-        request_id = request.request_id
-        progress = self.progress.get(request_id)
+    def chunk(
+        self,
+        request_id: str,
+        length: int,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+    ) -> int:
+        """The tokens request ``request_id`` of the state, ``length`` tokens to prefill,
+        runs in this step, given vLLM's ``num_new_tokens``."""
         rows = self.rows
-        if progress is None or rows is None:
-            return num_new_tokens  # a decode (or a request vLLM recomputes on its own)
+        if rows is None:
+            return num_new_tokens  # (outside schedule())
         chunk = rows.get(request_id)
         if chunk is None:
             return 0
-        length = progress[0]
         if num_computed_tokens >= length:
-            return num_new_tokens
-        size = chunk_size(num_computed_tokens, length, min(num_new_tokens, chunk.length), self.page)
+            return num_new_tokens  # a request vLLM recomputes on its own
+        if num_computed_tokens == chunk.start and num_new_tokens >= chunk.length:
+            size = chunk.length  # where the plan has it, with room for its chunk: that chunk
+        else:
+            limit = min(num_new_tokens, chunk.length)
+            size = chunk_size(num_computed_tokens, length, limit, self.page)
         left = length - num_computed_tokens
         if size == left and num_new_tokens > size:
             # The final chunk, which vLLM pads with speculative rows: those are not prefill.
@@ -533,10 +545,12 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
         planner = self._planner
-        if request.request_id not in planner.progress:  # a decode: vLLM's size stands
+        request_id = request.request_id
+        progress = planner.progress.get(request_id)
+        if progress is None:  # a decode: vLLM's size stands
             planned = num_new_tokens
         else:
-            planned = planner.chunk(request, num_computed_tokens, num_new_tokens)
+            planned = planner.chunk(request_id, progress[0], num_computed_tokens, num_new_tokens)
         if self.num_prefill_lookahead <= 1:  # vLLM's rule below is a no-op (no MTP drafter)
             return planned
         # vLLM's rule after ours: a multi-module MTP drafter's lookahead window.
