@@ -50,7 +50,9 @@ Every ``schedule()``:
    is, ending on a block boundary unless final when chunks are aligned.
 4. *Apply.* After the step, the state advances by the chunks vLLM scheduled (read from the
    ``SchedulerOutput``): a planned chunk that vLLM refused for KV blocks did not run, and its
-   request keeps its place.
+   request keeps its place. In the common step, where every planned chunk ran as planned and
+   no request joined or left meanwhile, that is the plan's own ``plan.state``, taken as it
+   is (applying a plan to the state it was made from gives it).
 
 A planned admission that vLLM refuses (no KV blocks, or ``max_num_seqs`` running) in a
 step that planned no chunk for some started request makes the next step plan the started
@@ -187,6 +189,8 @@ class _Step(NamedTuple):
     waiting: Any
     #: The planned requests that were waiting when the step began.
     admissions: tuple[str, ...]
+    #: Whether the plan gave some started request no chunk.
+    skips_started: bool
 
 
 class _Planner:
@@ -249,7 +253,8 @@ class _Planner:
         # The running requests that are not in the state decode: a row each, and a token
         # each plus the speculative ones at most. (Every request in the state that is not
         # waiting has run a chunk and is running: a preempted one is waiting again.)
-        reserved_rows = max(len(sched.running) - (len(progress) - len(self.waiting)), 0)
+        num_started = len(progress) - len(self.waiting)
+        reserved_rows = max(len(sched.running) - num_started, 0)
         reserved_tokens = reserved_rows * (1 + sched.num_spec_tokens)
         blocked: set[str] = set()
         if (
@@ -273,7 +278,8 @@ class _Planner:
         waiting = sched.waiting
         sched.waiting = self.startable_head(sched, rows)
         admissions = tuple(r for r in rows if r in self.waiting)
-        self.step = _Step(plan, state, waiting, admissions)
+        skips_started = len(rows) - len(admissions) < num_started
+        self.step = _Step(plan, state, waiting, admissions, skips_started)
 
     def startable_head(self, sched: Any, rows: Mapping[str, StepChunk]) -> Any:
         """Take off vLLM's waiting queue, as a queue of their own, the requests at its head
@@ -473,13 +479,11 @@ class _Planner:
             for request_id in step.admissions
             if request_id in requests
         )
-        # (Only if it cost a started request its chunk, as under round_robin, whose step runs
-        # one request's prefill: where every started request was planned one, as packed plans
-        # them before any admission, they ran anyway, and the refused admission may well fit
-        # in the next step, as vLLM would try it.)
-        self.admission_refused = refused and any(
-            request_id not in plan.rows for request_id in progress if request_id not in waiting_ids
-        )
+        # (Only if the plan gave some started request no chunk, as under round_robin, whose
+        # step runs one request's prefill: where every started request was planned one, as
+        # packed plans them before any admission, they ran anyway, and the refused admission
+        # may well fit in the next step, as vLLM would try it.)
+        self.admission_refused = refused and step.skips_started
 
 
 class PyptoScheduler(Scheduler):  # type: ignore[misc]
