@@ -60,9 +60,9 @@ requests only, so that they run and free blocks; the step after tries the admiss
 Without it ``round_robin`` could give the turn to a request that can never get blocks while
 the partial prefills holding them wait for their turn: no request would ever finish
 (``packed``'s fill that keeps to the bound can leave a started request without a chunk
-too). A step that planned a chunk for every started request, as
-``packed`` mostly does, ran them anyway: the next step tries the admission again at once,
-as vLLM does, and often has the blocks (those of requests that finished meanwhile).
+too). A step that planned a chunk for every started request, as ``packed`` mostly does, ran
+them anyway: the next step tries the admission again at once, as vLLM does, and often has
+the blocks (those of requests that finished meanwhile).
 
 Refused at construction (``InvalidConfigError``): a vLLM version other than
 :data:`SUPPORTED_VLLM_VERSIONS`, and any config the planner refuses (say
