@@ -10,6 +10,7 @@ runs them in ``.venv-vllm``).
 from __future__ import annotations
 
 import os
+import random
 import re
 from typing import Any
 
@@ -25,7 +26,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import RequestStatus
 from vllm_driver import BLOCK_SIZE, Driver, Knobs, build, stock
 
-from pypto_sched import InvalidConfigError, PlannerConfig, plan_prefill
+import pypto_sched
+from pypto_sched import InvalidConfigError, PlannerConfig, PrefillState, plan_prefill
 from pypto_sched.integrations import vllm as integration
 from pypto_sched.integrations.vllm import (
     SUPPORTED_VLLM_VERSIONS,
@@ -190,6 +192,33 @@ def test_packed_takes_no_more_steps_than_vllm(name: str) -> None:
     assert steps["packed"] <= steps["stock"]
 
 
+def test_packed_takes_no_more_steps_than_vllm_with_arrivals_and_preemption() -> None:
+    """Requests arriving over 60 steps into a KV cache small enough that vLLM refuses
+    admissions and preempts: ``packed`` takes no more steps than vLLM. (A refused admission
+    used to make the next step plan the started requests only, under ``packed`` too, where
+    they had run anyway: a step lost when the next step had the blocks.)"""
+    rng = random.Random(7)
+    arrivals = [(rng.randint(0, 60), rng.choice([40, 300, 1500, 4000])) for _ in range(120)]
+    knobs = Knobs(
+        max_num_batched_tokens=1024,
+        long_prefill_token_threshold=256,
+        max_num_seqs=32,
+        num_blocks=1200,
+    )
+    steps = {}
+    for label, cls in (("stock", stock()), ("packed", PackedScheduler)):
+        driver = Driver(build(cls, knobs))
+        for step in range(61):
+            for index, (arrival, length) in enumerate(arrivals):
+                if arrival == step:
+                    driver.add(str(index), length, max_tokens=16, fill=index)
+            driver.step()
+        driver.run()
+        assert driver.finished == {str(index) for index in range(len(arrivals))}
+        steps[label] = sum(1 for scheduled in driver.steps if scheduled)
+    assert steps["packed"] <= steps["stock"]
+
+
 # -- lifecycle -------------------------------------------------------------------------------
 
 
@@ -306,3 +335,43 @@ def test_preempted_requests_come_back_first_and_finish() -> None:
         assert len(driver.steps) < 500
     assert preempted > 0
     assert driver.finished == {"0", "1", "2"}
+
+
+# -- cost ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["packed", "round_robin"])
+def test_a_step_that_ran_as_planned_takes_the_plans_state(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Applying a plan to the state it was made from gives ``plan.state``: a step in which
+    every planned row ran as planned, and nothing joined or left meanwhile, takes it without
+    applying the plan again (the planner's state lives across steps, never rebuilt).
+    (Steps where vLLM runs other chunks apply what ran: the lifecycle tests above.)"""
+    planned: list[int] = []
+    applied: list[int] = []
+    apply = PrefillState.apply
+
+    def counting_plan_step(*args: Any, **kwargs: Any) -> Any:
+        plan = pypto_sched.plan_step(*args, **kwargs)
+        planned.append(len(plan.rows))
+        return plan
+
+    def counting_apply(self: Any, plan: Any) -> Any:
+        applied.append(len(plan.rows))
+        return apply(self, plan)
+
+    monkeypatch.setattr(integration, "plan_step", counting_plan_step)
+    monkeypatch.setattr(PrefillState, "apply", counting_apply)
+    knobs = Knobs(max_num_batched_tokens=256, long_prefill_token_threshold=64)
+    driver = Driver(build(OURS[policy], knobs))
+    lengths = [300, 50, 700, 20, 129, 400, 90, 1000]
+    for index, length in enumerate(lengths):
+        driver.add(str(index), length, max_tokens=4)
+    while driver.scheduler.has_requests():
+        driver.step()
+        check_in_step(driver)
+        assert len(driver.steps) < 500
+    assert driver.finished == {str(index) for index in range(len(lengths))}
+    assert sum(map(bool, planned)) > 5
+    assert applied == []

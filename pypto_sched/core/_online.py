@@ -686,7 +686,8 @@ def plan_step(
             f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
             f"until the state drains: {config.policy!r}"
         )
-    _check_pool(None, None, pool)
+    if pool is not None:
+        _check_pool(None, None, pool)
     num_requests = len(state)
     if num_requests == 0 or room_tokens == 0 or room_rows == 0:
         return _step_plan(_NO_ROWS, state, pool)

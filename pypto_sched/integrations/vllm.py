@@ -50,13 +50,19 @@ Every ``schedule()``:
    is, ending on a block boundary unless final when chunks are aligned.
 4. *Apply.* After the step, the state advances by the chunks vLLM scheduled (read from the
    ``SchedulerOutput``): a planned chunk that vLLM refused for KV blocks did not run, and its
-   request keeps its place.
+   request keeps its place. In the common step, where every planned chunk ran as planned and
+   no request joined or left meanwhile, that is the plan's own ``plan.state``, taken as it
+   is (applying a plan to the state it was made from gives it).
 
-A planned admission that vLLM refuses (no KV blocks, or ``max_num_seqs`` running) while
-started requests wait makes the next step plan the started requests only, so that they run
-and free blocks; the step after tries the admission again. Without it ``round_robin`` could
-give the turn to a request that can never get blocks while the partial prefills holding them
-wait for their turn: no request would ever finish.
+A planned admission that vLLM refuses (no KV blocks, or ``max_num_seqs`` running) in a
+step that planned no chunk for some started request makes the next step plan the started
+requests only, so that they run and free blocks; the step after tries the admission again.
+Without it ``round_robin`` could give the turn to a request that can never get blocks while
+the partial prefills holding them wait for their turn: no request would ever finish
+(``packed``'s fill that keeps to the bound can leave a started request without a chunk
+too). A step that planned a chunk for every started request, as ``packed`` mostly does, ran
+them anyway: the next step tries the admission again at once, as vLLM does, and often has
+the blocks (those of requests that finished meanwhile).
 
 Refused at construction (``InvalidConfigError``): a vLLM version other than
 :data:`SUPPORTED_VLLM_VERSIONS`, and any config the planner refuses (say
@@ -74,6 +80,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections import deque
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
@@ -175,9 +183,14 @@ class _Step(NamedTuple):
     """What one ``schedule()`` planned, and vLLM's waiting queue put aside meanwhile."""
 
     plan: StepPlan[str]
+    #: The state the plan was made from: while it is the planner's, ``plan.state`` is that
+    #: state once every row has run as planned.
+    planned_from: PrefillState[str]
     waiting: Any
     #: The planned requests that were waiting when the step began.
     admissions: tuple[str, ...]
+    #: Whether the plan gave some started request no chunk.
+    skips_started: bool
 
 
 class _Planner:
@@ -203,6 +216,8 @@ class _Planner:
         #: Whether the last step refused a planned admission (see the module doc).
         self.admission_refused = False
         self.step: _Step | None = None
+        #: The rows of the step in progress (``None`` between steps).
+        self.rows: Mapping[str, StepChunk] | None = None
 
     # -- events ------------------------------------------------------------------------------
 
@@ -238,9 +253,16 @@ class _Planner:
         # The running requests that are not in the state decode: a row each, and a token
         # each plus the speculative ones at most. (Every request in the state that is not
         # waiting has run a chunk and is running: a preempted one is waiting again.)
-        reserved_rows = max(len(sched.running) - (len(progress) - len(self.waiting)), 0)
+        num_started = len(progress) - len(self.waiting)
+        reserved_rows = max(len(sched.running) - num_started, 0)
         reserved_tokens = reserved_rows * (1 + sched.num_spec_tokens)
-        blocked = self.follow_vllms_order(sched)
+        blocked: set[str] = set()
+        if (
+            sched.policy != SchedulingPolicy.FCFS
+            or sched.kv_holding_waiting
+            or sched.deferred_waiting
+        ):
+            blocked = self.follow_vllms_order(sched)
         state = self.state
         if self.admission_refused:
             blocked = blocked | self.waiting
@@ -252,22 +274,41 @@ class _Planner:
             reserved_tokens=reserved_tokens,
             reserved_rows=reserved_rows,
         )
-        rows = plan.rows
+        self.rows = rows = plan.rows
         waiting = sched.waiting
-        admitted = create_request_queue(sched.policy)
-        # The run of planned requests at vLLM's head, and the blocked ones among them (vLLM
-        # checks whether they are ready, and passes over those that are not): only these
-        # can start, and any request not in the state, which vLLM's own rules start.
-        while waiting:
-            head = waiting.peek_request()
-            if head.request_id in progress and not (
-                head.request_id in rows or sched._is_blocked_waiting_status(head.status)
-            ):
-                break
-            admitted.add_request(waiting.pop_request())
-        sched.waiting = admitted
+        sched.waiting = self.startable_head(sched, rows)
         admissions = tuple(r for r in rows if r in self.waiting)
-        self.step = _Step(plan, waiting, admissions)
+        skips_started = len(rows) - len(admissions) < num_started
+        self.step = _Step(plan, state, waiting, admissions, skips_started)
+
+    def startable_head(self, sched: Any, rows: Mapping[str, StepChunk]) -> Any:
+        """Take off vLLM's waiting queue, as a queue of their own, the requests at its head
+        that its waiting loop may see in this step: the run of requests the plan starts,
+        blocked ones (vLLM checks whether they are ready, and passes over those that are
+        not) and ones not in the state (vLLM's own rules start them)."""
+
+        def may_start(request: Any) -> bool:
+            request_id = request.request_id
+            return (
+                request_id not in progress
+                or request_id in rows
+                or sched._is_blocked_waiting_status(request.status)
+            )
+
+        progress = self.progress
+        waiting = sched.waiting
+        head = create_request_queue(sched.policy)
+        if isinstance(waiting, deque):  # "fcfs": read and moved by the deque's own methods
+            count = 0
+            for request in waiting:
+                if not may_start(request):
+                    break
+                count += 1
+            head.extend([waiting.popleft() for _ in range(count)])
+        else:
+            while waiting and may_start(waiting.peek_request()):
+                head.add_request(waiting.pop_request())
+        return head
 
     def follow_vllms_order(self, sched: Any) -> set[str]:
         """Put the waiting requests vLLM would start first at the front of the state's
@@ -277,13 +318,11 @@ class _Planner:
         first, then its waiting queue's head (by priority under ``policy="priority"``),
         passing over blocked ones.
 
-        Without KV-holding or blocked requests, under ``"fcfs"``, the two orders are the
-        same by construction (both queue arrivals at the back and preempted requests at
-        the front) and nothing is read.
+        Called only when the orders can differ: without KV-holding or deferred requests,
+        under ``"fcfs"``, they are the same by construction (both queue arrivals at the back
+        and preempted requests at the front).
         """
         priority = sched.policy != SchedulingPolicy.FCFS
-        if not (priority or sched.kv_holding_waiting or sched.deferred_waiting):
-            return set()
         count = self.config.max_num_seqs or 1
         waiting = sched.waiting
         if priority:  # the heap's first `count`, in order (popped, then put back)
@@ -334,18 +373,28 @@ class _Planner:
             )
         return adapted
 
-    def chunk(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
-        """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``."""
-        progress = self.progress.get(request.request_id)
-        if progress is None or self.step is None:
-            return num_new_tokens  # a decode (or a request vLLM recomputes on its own)
-        chunk = self.step.plan.rows.get(request.request_id)
+    def chunk(
+        self,
+        request_id: str,
+        length: int,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+    ) -> int:
+        """The tokens request ``request_id`` of the state, ``length`` tokens to prefill,
+        runs in this step, given vLLM's ``num_new_tokens``."""
+        rows = self.rows
+        if rows is None:
+            return num_new_tokens  # (outside schedule())
+        chunk = rows.get(request_id)
         if chunk is None:
             return 0
-        length = progress[0]
         if num_computed_tokens >= length:
-            return num_new_tokens
-        size = chunk_size(num_computed_tokens, length, min(num_new_tokens, chunk.length), self.page)
+            return num_new_tokens  # a request vLLM recomputes on its own
+        if num_computed_tokens == chunk.start and num_new_tokens >= chunk.length:
+            size = chunk.length  # where the plan has it, with room for its chunk: that chunk
+        else:
+            limit = min(num_new_tokens, chunk.length)
+            size = chunk_size(num_computed_tokens, length, limit, self.page)
         left = length - num_computed_tokens
         if size == left and num_new_tokens > size:
             # The final chunk, which vLLM pads with speculative rows: those are not prefill.
@@ -356,7 +405,7 @@ class _Planner:
 
     def end(self, sched: Any, num_scheduled_tokens: dict[str, int] | None) -> None:
         """Put vLLM's waiting queue back whole and apply the chunks that ran."""
-        step, self.step = self.step, None
+        step, self.step, self.rows = self.step, None, None
         if step is None:
             return
         left = list(sched.waiting)  # planned admissions not admitted, preempted requests
@@ -365,6 +414,35 @@ class _Planner:
             sched.waiting.prepend_requests(reversed(left))
         if num_scheduled_tokens is None:  # schedule() raised
             return
+        plan = step.plan
+        requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
+        # The common step: every planned row ran as planned, and nothing joined or left the
+        # state while vLLM scheduled (a preemption would have). Then the state after it is
+        # the plan's own, and applying the plan again would only rebuild it.
+        as_planned = self.state is step.planned_from
+        if as_planned:
+            for request_id, chunk in plan.rows.items():
+                num_tokens = num_scheduled_tokens.get(request_id)
+                if num_tokens != chunk.length or (
+                    requests[request_id].num_computed_tokens != chunk.start + num_tokens
+                ):
+                    as_planned = False
+                    break
+        if as_planned:
+            self.state = plan.state
+            for request_id, ran in plan.rows.items():
+                waiting_ids.discard(request_id)
+                if ran.is_final:
+                    del progress[request_id]
+                else:
+                    progress[request_id] = (progress[request_id][0], ran.start + ran.length)
+            self.admission_refused = False
+            return
+        self.apply_what_ran(sched, step, num_scheduled_tokens)
+
+    def apply_what_ran(self, sched: Any, step: _Step, num_scheduled_tokens: dict[str, int]) -> None:
+        """Apply the chunks vLLM scheduled where they differ from the plan (a row refused
+        for KV blocks, a request moved by the prefix cache, a preemption)."""
         plan = step.plan
         requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
         rows: dict[str, StepChunk] = {}
@@ -401,7 +479,11 @@ class _Planner:
             for request_id in step.admissions
             if request_id in requests
         )
-        self.admission_refused = refused and len(waiting_ids) < len(progress)
+        # (Only if the plan gave some started request no chunk, as under round_robin, whose
+        # step runs one request's prefill: where every started request was planned one, as
+        # packed plans them before any admission, they ran anyway, and the refused admission
+        # may well fit in the next step, as vLLM would try it.)
+        self.admission_refused = refused and step.skips_started
 
 
 class PyptoScheduler(Scheduler):  # type: ignore[misc]
@@ -446,7 +528,7 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
         step = self._planner.step
         if step is not None:  # the waiting requests set aside for the step count too
             waiting += len(step.waiting)
-        return int(running), int(waiting)
+        return running, waiting
 
     @property
     def prefill_state(self) -> PrefillState[str]:
@@ -466,7 +548,15 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
     def _reserve_prefill_lookahead(
         self, request: Any, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
-        planned = self._planner.chunk(request, num_computed_tokens, num_new_tokens)
+        planner = self._planner
+        request_id = request.request_id
+        progress = planner.progress.get(request_id)
+        if progress is None:  # a decode: vLLM's size stands
+            planned = num_new_tokens
+        else:
+            planned = planner.chunk(request_id, progress[0], num_computed_tokens, num_new_tokens)
+        if self.num_prefill_lookahead <= 1:  # vLLM's rule below is a no-op (no MTP drafter)
+            return planned
         # vLLM's rule after ours: a multi-module MTP drafter's lookahead window.
         return int(super()._reserve_prefill_lookahead(request, num_computed_tokens, planned))
 
