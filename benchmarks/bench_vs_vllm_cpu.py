@@ -25,15 +25,19 @@ enforce_eager=True, enable_prefix_caching=False)`` with ``VLLM_TARGET_DEVICE=cpu
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_CPU_KVCACHE_SPACE=1``) and ours
 (:func:`pypto_sched.generate` on the npu backend, ``packed``). Each process loads its model,
 then calls generate twice on the same prompts: the first call (nothing warmed up beyond what
-loading does) and the second are reported apart, in wall seconds and in the process's CPU
-seconds. Ours also reports its planning seconds (``GenerationStats.planning_seconds``).
+loading does) and the second are reported apart, in wall seconds, in the process's CPU
+seconds, and in the seconds its main thread waited, ready to run, for a CPU other
+processes held (``/proc/self/schedstat``): on a shared machine that wait, not the side's
+own work, is most of the gap between wall and CPU seconds. Ours also reports its planning
+seconds (``GenerationStats.planning_seconds``).
 
 The tables give output tokens per second and ours / vLLM's: the median over the rounds of
 the ratio of the two processes of a round, in CPU seconds (what each side itself spent,
-the figure least moved by other processes on a shared machine) and in wall seconds. Tokens:
-how many of each prompt's 64 agree with vLLM's; where a prompt's tokens first differ, the
-step is a *near tie* when transformers' float32 logits of the two tokens there differ by
-less than ``NEAR_TIE`` (rounding, not a bug), else a *real* difference.
+the figure least moved by other processes on a shared machine), in wall seconds, and in
+wall seconds less the wait for a CPU (``wall-wait``). Tokens: how many of each prompt's 64
+agree with vLLM's; where a prompt's tokens first differ, the step is a *near tie* when
+transformers' float32 logits of the two tokens there differ by less than ``NEAR_TIE``
+(rounding, not a bug), else a *real* difference.
 
 No target is checked (``--no-check`` is accepted for symmetry): the figures go to
 ``docs/benchmarks.md``. On a shared machine a single round moves by 30% or more; compare
@@ -52,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +127,22 @@ def new_tokens(*, quick: bool) -> int:
 # -- the sides, each in its own process -------------------------------------------------------
 
 
+def clocks() -> dict[str, float]:
+    """Now: wall and process CPU seconds, and the seconds the main thread has waited, ready
+    to run, for a CPU (``/proc/self/schedstat``, Linux; 0 elsewhere)."""
+    try:
+        waited = int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        waited = 0.0
+    return {"wall": time.perf_counter(), "cpu": time.process_time(), "waited": waited}
+
+
+def elapsed(start: dict[str, float]) -> dict[str, float]:
+    """Each of :func:`clocks` since ``start``."""
+    now = clocks()
+    return {name: now[name] - start[name] for name in now}
+
+
 def run_ours(checkpoint: Path, workload: str, dtype: str, *, quick: bool) -> dict[str, Any]:
     import torch
 
@@ -135,7 +155,7 @@ def run_ours(checkpoint: Path, workload: str, dtype: str, *, quick: bool) -> dic
     batch = prompts(workload, quick=quick)
     calls, tokens = [], []
     for _ in range(2):
-        wall, cpu = time.perf_counter(), time.process_time()
+        start = clocks()
         result = generate(
             backend,
             [np.array(p) for p in batch],
@@ -145,8 +165,7 @@ def run_ours(checkpoint: Path, workload: str, dtype: str, *, quick: bool) -> dic
         )
         calls.append(
             {
-                "wall": time.perf_counter() - wall,
-                "cpu": time.process_time() - cpu,
+                **elapsed(start),
                 "planning": result.stats.planning_seconds,
                 "steps": result.stats.num_dispatches,
             }
@@ -175,9 +194,9 @@ def run_vllm(checkpoint: Path, workload: str, dtype: str, *, quick: bool) -> dic
     )
     calls, tokens = [], []
     for _ in range(2):
-        wall, cpu = time.perf_counter(), time.process_time()
+        start = clocks()
         outputs = llm.generate(batch, sampling, use_tqdm=False)
-        calls.append({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu})
+        calls.append(elapsed(start))
         tokens = [list(output.outputs[0].token_ids) for output in outputs]
     return {"calls": calls, "tokens": tokens}
 
@@ -255,9 +274,18 @@ def first_differences(
     return gaps
 
 
+#: The seconds a ratio compares: CPU, wall, and wall less the wait for a CPU.
+UNITS: dict[str, Callable[[dict[str, float]], float]] = {
+    "cpu": lambda call: call["cpu"],
+    "wall": lambda call: call["wall"],
+    "wall-wait": lambda call: call["wall"] - call["waited"],
+}
+
+
 def describe(calls: list[dict[str, float]], generated: int) -> str:
     return " | ".join(
-        f"{c['wall']:.2f} s / {c['cpu']:.2f} s | {generated / c['cpu']:,.0f}" for c in calls
+        f"{c['wall']:.2f} / {c['cpu']:.2f} / {c['waited']:.2f} s | {generated / c['cpu']:,.0f}"
+        for c in calls
     )
 
 
@@ -284,8 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtypes = args.dtype or list(DTYPES)
     print(f"load average at start: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} CPUs")
     print(
-        "side | workload | dtype | first generate wall / CPU | tok/CPU-s | second generate "
-        "wall / CPU | tok/CPU-s | ours: steps, planning share"
+        "side | workload | dtype | first generate wall / CPU / waiting for a CPU | tok/CPU-s | "
+        "second generate wall / CPU / waiting | tok/CPU-s | ours: steps, planning share | "
+        "load average (1 min) after"
     )
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(scratch) / "qwen3"
@@ -294,8 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch = prompts(workload, quick=args.quick)
             generated = len(batch) * new_tokens(quick=args.quick)
             for dtype in dtypes:
-                ratios: dict[str, list[float]] = {"cpu 1st": [], "cpu 2nd": [], "wall 1st": []}
-                ratios["wall 2nd"] = []
+                ratios: dict[str, list[float]] = {
+                    f"{unit} {name}": [] for unit in UNITS for name in ("1st", "2nd")
+                }
                 results: dict[str, Any] = {}
                 for round_ in range(rounds):
                     order = ["vllm", "ours"] if round_ % 2 == 0 else ["ours", "vllm"]
@@ -307,13 +337,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             share = calls[1]["planning"] / calls[1]["wall"]
                             extra = f" | {calls[1]['steps']}, {share:.2%}"
                         print(
-                            f"{side} | {workload} | {dtype} | {describe(calls, generated)}{extra}",
+                            f"{side} | {workload} | {dtype} | {describe(calls, generated)}{extra}"
+                            f" | {os.getloadavg()[0]:.1f}",
                             flush=True,
                         )
                     ours, theirs = results["ours"]["calls"], results["vllm"]["calls"]
                     for i, name in enumerate(("1st", "2nd")):
-                        for unit in ("cpu", "wall"):
-                            ratios[f"{unit} {name}"].append(theirs[i][unit] / ours[i][unit])
+                        for unit, seconds in UNITS.items():
+                            ratio = seconds(theirs[i]) / seconds(ours[i])
+                            ratios[f"{unit} {name}"].append(ratio)
                 summary = ", ".join(
                     f"{name} {statistics.median(values):.2f}x" for name, values in ratios.items()
                 )

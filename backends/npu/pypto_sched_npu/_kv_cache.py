@@ -1,8 +1,11 @@
 """The paged KV cache: per layer, one key and one value tensor of pages on the device.
 
 Layout per layer: ``[num_pages, page_size, num_kv_heads, head_dim]`` (what
-``npu_scatter_pa_kv_cache`` calls the ``"Norm"`` cache mode). Slot ``s`` is page
-``s // page_size``, offset ``s % page_size``; a dispatch writes only its own slots
+``npu_scatter_pa_kv_cache`` calls the ``"Norm"`` cache mode). That is the shape every op
+path indexes; in memory the KV heads may come first instead (``heads_first``: each page holds
+one ``[page_size, head_dim]`` matrix a KV head, which the torch path's attention on the CPU
+reads in place, see :meth:`PagedKVCache.allocate`). Slot ``s`` is page ``s // page_size``,
+offset ``s % page_size``; a dispatch writes only its own slots
 (``DispatchArrays.slot_mapping``) and reads a row's context through its block table.
 :meth:`PagedKVCache.check_fits` enforces the first rule before any kernel runs, on every op
 path: a token's slot must be the one its row's block table gives its position, so a
@@ -77,18 +80,25 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        heads_first: bool = False,
     ) -> PagedKVCache:
-        """Zeroed pages for every layer."""
+        """Zeroed pages for every layer, ``[num_pages, page_size, num_kv_heads, head_dim]``.
+
+        With ``heads_first`` each tensor is a transposed view of ``[num_pages, num_kv_heads,
+        page_size, head_dim]`` memory: the same shape and values, with each (page, KV head)
+        one contiguous matrix (``Ops.kv_heads_first`` says which the ops read fastest).
+        """
         # Ordinary tensors (not inference tensors), so callers may read and edit the pages
         # outside inference mode; the dispatches write them from inside it.
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        layers = tuple(
-            LayerKV(
-                key=torch.zeros(shape, dtype=dtype, device=device),
-                value=torch.zeros(shape, dtype=dtype, device=device),
-            )
-            for _ in range(num_layers)
-        )
+
+        def pages() -> torch.Tensor:
+            if not heads_first:
+                return torch.zeros(shape, dtype=dtype, device=device)
+            stored = (num_pages, num_kv_heads, page_size, head_dim)
+            return torch.zeros(stored, dtype=dtype, device=device).transpose(1, 2)
+
+        layers = tuple(LayerKV(key=pages(), value=pages()) for _ in range(num_layers))
         return cls(num_pages=num_pages, page_size=page_size, layers=layers)
 
     def check_layout(
@@ -99,13 +109,16 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        heads_first: bool = False,
     ) -> None:
         """Raise :class:`InvalidInputError` unless every layer's key and value pages are
-        ``[num_pages, page_size, num_kv_heads, head_dim]`` of ``dtype`` on ``device`` (the
-        arguments :meth:`allocate` took): another model's cache would fail inside torch, or,
-        of another dtype, run and silently lose precision."""
+        ``[num_pages, page_size, num_kv_heads, head_dim]`` of ``dtype`` on ``device``, stored
+        in the order ``heads_first`` says (the arguments :meth:`allocate` took): another
+        model's cache would fail inside torch, of another dtype it would run and silently
+        lose precision, and in the other order the NPU kernels would misread it."""
         shape = (self.num_pages, self.page_size, num_kv_heads, head_dim)
-        expected = f"{num_layers} layers of {list(shape)} {dtype} on {device}"
+        order = "KV heads first" if heads_first else "slots first"
+        expected = f"{num_layers} layers of {list(shape)} {dtype} on {device}, {order}"
         if len(self.layers) != num_layers:
             raise InvalidInputError(
                 f"'cache' must have this backend's layout ({expected}): {len(self.layers)} layers"
@@ -113,10 +126,15 @@ class PagedKVCache:
         for index, layer in enumerate(self.layers):
             for name, pages in (("key", layer.key), ("value", layer.value)):
                 if (tuple(pages.shape), pages.dtype, pages.device) != (shape, dtype, device):
-                    raise InvalidInputError(
-                        f"'cache' must have this backend's layout ({expected}): layer {index} "
-                        f"{name} pages {list(pages.shape)} {pages.dtype} on {pages.device}"
-                    )
+                    found = f"{list(pages.shape)} {pages.dtype} on {pages.device}"
+                elif not _stored_in_order(pages, heads_first=heads_first):
+                    found = f"strides {list(pages.stride())}"
+                else:
+                    continue
+                raise InvalidInputError(
+                    f"'cache' must have this backend's layout ({expected}): layer {index} "
+                    f"{name} pages {found}"
+                )
 
     def check_fits(self, arrays: DispatchArrays) -> None:
         """Raise :class:`InvalidInputError` unless ``arrays`` addresses pages of this cache,
@@ -189,3 +207,9 @@ class PagedKVCache:
                 f"{int(arrays.requests[row])} to slot {slot} (page {slot // self.page_size}), "
                 f"outside its pages {table}"
             )
+
+
+def _stored_in_order(pages: torch.Tensor, *, heads_first: bool) -> bool:
+    """Whether ``pages`` (``[num_pages, page_size, kv_heads, head_dim]``) are one block of
+    memory, KV heads first or slots first."""
+    return (pages.transpose(1, 2) if heads_first else pages).is_contiguous()

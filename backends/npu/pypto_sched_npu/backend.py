@@ -182,6 +182,7 @@ class NpuBackend:
             "head_dim": config.head_dim,
             "dtype": self._model.ops.kv_cache_dtype(self.dtype, self.device),
             "device": self.device,
+            "heads_first": self._model.ops.kv_heads_first(self.device),
         }
 
     def embed(self, token_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.floating[Any]]:

@@ -332,7 +332,11 @@ def test_a_cache_of_another_layout_is_rejected_before_any_kernel_runs(backends: 
     # (A bfloat16 model's own pages are float32 on a CPU without bfloat16 kernels.)
     halved = PagedKVCache.allocate(
         num_layers=2, num_pages=2, page_size=4, num_kv_heads=2, head_dim=64,
-        dtype=torch.bfloat16, device=torch.device("cpu"),
+        dtype=torch.bfloat16, device=torch.device("cpu"), heads_first=True,
+    )  # fmt: skip
+    slots_first = PagedKVCache.allocate(
+        num_layers=2, num_pages=2, page_size=4, num_kv_heads=2, head_dim=64,
+        dtype=torch.float32, device=torch.device("cpu"),
     )  # fmt: skip
     others = {
         "KV heads": (
@@ -340,9 +344,13 @@ def test_a_cache_of_another_layout_is_rejected_before_any_kernel_runs(backends: 
             r"layer 0 key pages \[2, 4, 1, 128\]",
         ),
         "dtype": (halved, r"layer 0 key pages .* torch\.bfloat16"),
+        # The NPU kernels' order, slots first: the torch path keeps KV heads first on the CPU.
+        "memory order": (slots_first, r"layer 0 key pages strides \[512, 128, 64, 1\]"),
     }
     for other, found in others.values():
-        with pytest.raises(InvalidInputError, match=layout + r"torch\.float32 on cpu\): " + found):
+        with pytest.raises(
+            InvalidInputError, match=layout + r"torch\.float32 on cpu, KV heads first\): " + found
+        ):
             backend.run_dispatch(batch, other)
     with pytest.raises(InvalidInputError, match=layout + r".*\): 1 layers$"):
         backend.run_dispatch(batch, attrs.evolve(own, layers=own.layers[:1]))
@@ -355,11 +363,16 @@ def test_the_npu_path_rejects_another_backends_cache_of_pages_it_cannot_take(
     backends: Backends,
 ) -> None:
     arrays, _ = _one_dispatch([5], [0], 4)
-    torch_pages = backends("tied").new_cache(num_pages=2, page_size=4)
+    batch, npu = _batch(arrays, logits=True, greedy=False), backends("tied", ops="npu")
+    torch_pages = backends("tied").new_cache(num_pages=2, page_size=4)  # KV heads first
+    with pytest.raises(InvalidInputError, match=r"slots first\): layer 0 key pages strides"):
+        npu.run_dispatch(batch, torch_pages)
+    slots_first = PagedKVCache.allocate(
+        num_layers=2, num_pages=2, page_size=4, num_kv_heads=2, head_dim=64,
+        dtype=torch.float32, device=torch.device("cpu"),
+    )  # fmt: skip
     with pytest.raises(InvalidInputError, match=r"'page_size' must be 128 .*: 4$"):
-        backends("tied", ops="npu").run_dispatch(
-            _batch(arrays, logits=True, greedy=False), torch_pages
-        )
+        npu.run_dispatch(batch, slots_first)
 
 
 def test_a_dispatch_paged_differently_from_the_cache_is_rejected(backends: Backends) -> None:

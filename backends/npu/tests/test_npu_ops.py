@@ -95,7 +95,7 @@ def _dispatch(page: int) -> Any:
     return arrays, tables
 
 
-def _filled_cache(tables: Any, seed: int) -> PagedKVCache:
+def _filled_cache(tables: Any, seed: int, *, heads_first: bool = False) -> PagedKVCache:
     cache = PagedKVCache.allocate(
         num_layers=1,
         num_pages=tables.num_pages,
@@ -104,10 +104,31 @@ def _filled_cache(tables: Any, seed: int) -> PagedKVCache:
         head_dim=SHAPE.head_dim,
         dtype=torch.float32,
         device=torch.device("cpu"),
+        heads_first=heads_first,
     )
     cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=seed))
     cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=seed + 1))
     return cache
+
+
+def _own_cache(ops: TorchOps | NpuOps, tables: Any, seed: int) -> PagedKVCache:
+    """A random cache in the memory order ``ops`` keep on the CPU (KV heads first for the
+    torch path, slots first for the NPU path): each path checked on its own layout."""
+    heads_first = ops.kv_heads_first(torch.device("cpu"))
+    return _filled_cache(tables, seed, heads_first=heads_first)
+
+
+def test_the_torch_path_keeps_its_cpu_pages_kv_heads_first(npu_ops: NpuOps) -> None:
+    cpu = torch.device("cpu")
+    assert TorchOps().kv_heads_first(cpu)
+    assert not TorchOps().kv_heads_first(torch.device("cuda"))
+    assert not npu_ops.kv_heads_first(cpu)
+    _, tables = _dispatch(128)
+    pages = _own_cache(TorchOps(), tables, seed=8).layers[0].key
+    assert list(pages.shape) == [tables.num_pages, 128, SHAPE.num_kv_heads, SHAPE.head_dim]
+    assert pages.transpose(1, 2).is_contiguous()
+    # The same values as the slots-first cache made from the same numbers.
+    assert torch.equal(pages, _filled_cache(tables, seed=8).layers[0].key)
 
 
 def test_paged_attention_agrees_on_both_paths(npu_ops: NpuOps) -> None:
@@ -118,7 +139,7 @@ def test_paged_attention_agrees_on_both_paths(npu_ops: NpuOps) -> None:
     value = _random(tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
     outputs, caches = [], []
     for ops in (TorchOps(), npu_ops):
-        cache = _filled_cache(tables, seed=8)
+        cache = _own_cache(ops, tables, seed=8)
         attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
         attention.write_kv(key, value, cache.layers[0])
         outputs.append(attention.attend(query, cache.layers[0]))
@@ -148,11 +169,14 @@ def test_fresh_prompts_of_different_lengths_attend_causally_and_agree(npu_ops: N
     key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
     value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
     outputs = []
-    for attention in (
-        torch_attention,
-        npu_ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32),
+    for attention, ops in (
+        (torch_attention, TorchOps()),
+        (
+            npu_ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32),
+            npu_ops,
+        ),
     ):
-        cache = _filled_cache(tables, seed=8)
+        cache = _own_cache(ops, tables, seed=8)
         attention.write_kv(key, value, cache.layers[0])
         outputs.append(attention.attend(query, cache.layers[0]))
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
@@ -187,7 +211,7 @@ def test_decode_only_attention_agrees_on_both_paths(
     outputs, caches = [], []
     fake_npu_module.reset_calls()
     for ops in (TorchOps(), npu_ops):
-        cache = _filled_cache(tables, seed=8)
+        cache = _own_cache(ops, tables, seed=8)
         attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
         attention.write_kv(key, value, cache.layers[0])
         outputs.append(attention.attend(query, cache.layers[0]))
@@ -238,7 +262,7 @@ def test_both_op_paths_agree_on_any_generation_dispatch(
     outputs, caches = [], []
     fake_npu_module.reset_calls()
     for ops in (TorchOps(), npu_ops):
-        cache = _filled_cache(tables, seed=8)
+        cache = _own_cache(ops, tables, seed=8)
         attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
         attention.write_kv(key, value, cache.layers[0])
         outputs.append(attention.attend(query, cache.layers[0]))
@@ -291,7 +315,7 @@ def test_final_rows_last_tokens_attend_as_one_token_rows_as_in_their_chunks(
     key = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=6)
     value = _random(arrays.num_tokens, SHAPE.num_kv_heads, SHAPE.head_dim, seed=7)
     for ops in (TorchOps(), NpuOps(fake_npu_module)):
-        cache = _filled_cache(tables, seed=8)
+        cache = _own_cache(ops, tables, seed=8)
         cpu, f32 = torch.device("cpu"), torch.float32
         whole = ops.attention(arrays, SHAPE, device=cpu, dtype=f32)
         whole.write_kv(key, value, cache.layers[0])
@@ -397,7 +421,7 @@ def test_the_portable_fallback_writes_and_attends_as_the_torch_path(
     fake_npu_module.reset_calls()
     outputs, caches = [], []
     for ops in (TorchOps(), NpuOps(fake_npu_module)):
-        cache = _filled_cache(tables, seed=8)
+        cache = _own_cache(ops, tables, seed=8)
         attention = ops.attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
         attention.write_kv(key, value, cache.layers[0])
         outputs.append(attention.attend(query, cache.layers[0]))
@@ -731,25 +755,32 @@ def _scattered_decode_dispatch() -> tuple[Any, PagePool[int]]:
     return step_arrays(rows, pool), pool
 
 
-def _one_token_case(case: str) -> tuple[Any, PagedKVCache]:
-    """Decode rows whose pages lie ``"close"`` together or ``"scattered"``, and a random cache."""
+def _one_token_case(case: str, *, heads_first: bool) -> tuple[Any, PagedKVCache]:
+    """Decode rows whose pages lie ``"close"`` together or ``"scattered"``, and a random cache
+    stored in the given order."""
     if case == "close":
         arrays, tables = _decode_dispatch(16)
-        cache = _filled_cache(tables, seed=8)
+        cache = _filled_cache(tables, seed=8, heads_first=heads_first)
     else:
         arrays, _ = _scattered_decode_dispatch()
         cache = PagedKVCache.allocate(
             num_layers=1, num_pages=100, page_size=16, num_kv_heads=SHAPE.num_kv_heads,
             head_dim=SHAPE.head_dim, dtype=torch.float32, device=torch.device("cpu"),
+            heads_first=heads_first,
         )  # fmt: skip
         cache.layers[0].key.copy_(_random(*cache.layers[0].key.shape, seed=8))
         cache.layers[0].value.copy_(_random(*cache.layers[0].value.shape, seed=9))
     return arrays, cache
 
 
+@pytest.mark.parametrize("heads_first", [True, False])
 @pytest.mark.parametrize("case", ["close", "scattered"])
-def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case: str) -> None:
-    arrays, cache = _one_token_case(case)
+def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(
+    case: str, heads_first: bool
+) -> None:
+    """In place or gathered, from pages stored KV heads first (the torch path's on the CPU)
+    or slots first (the NPU path's, which falls back to this attention)."""
+    arrays, cache = _one_token_case(case, heads_first=heads_first)
     attention = TorchOps().attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
     (group,) = attention.groups
     assert isinstance(group, OneTokenRows)
@@ -760,16 +791,17 @@ def test_one_token_rows_read_close_pages_in_place_and_gather_scattered_ones(case
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads_first", [True, False])
 @pytest.mark.parametrize("case", ["close", "scattered"])
 def test_off_the_cpu_one_token_rows_attend_as_a_row_group_with_the_same_result(
-    case: str, monkeypatch: pytest.MonkeyPatch
+    case: str, heads_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CUDA route (one-token rows through SDPA, the path measured on an H200), taken on
     the CPU by naming no device for the in-place path: the same attention."""
     from pypto_sched_npu.ops import _torch_ops
 
     monkeypatch.setattr(_torch_ops, "IN_PLACE_DEVICE_TYPES", ())
-    arrays, cache = _one_token_case(case)
+    arrays, cache = _one_token_case(case, heads_first=heads_first)
     attention = TorchOps().attention(arrays, SHAPE, device=torch.device("cpu"), dtype=torch.float32)
     assert not any(isinstance(group, OneTokenRows) for group in attention.groups)
     query = _random(arrays.num_rows, SHAPE.num_heads, SHAPE.head_dim, seed=5)
@@ -778,11 +810,35 @@ def test_off_the_cpu_one_token_rows_attend_as_a_row_group_with_the_same_result(
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_lone_row_reads_its_consecutive_pages_in_either_order(npu_ops: NpuOps) -> None:
+    """A chunk after a cached prefix, alone in its dispatch, pages in order: read without a
+    gather (a view of slots-first pages, a copy of KV-heads-first ones), as the NPU path's
+    reference attends it."""
+    lengths = [300]
+    schedule = plan_prefill(
+        lengths, PlannerConfig(max_num_batched_tokens=512), num_computed_tokens=[130]
+    )
+    tables = plan_pages(lengths, page_size=128, num_pages=3)
+    arrays = dispatch_arrays(schedule.dispatch(0), tables)
+    query = _random(arrays.num_tokens, SHAPE.num_heads, SHAPE.head_dim, seed=5)
+    cpu = torch.device("cpu")
+    npu_attention = npu_ops.attention(arrays, SHAPE, device=cpu, dtype=torch.float32)
+    expected = npu_attention.attend(query, _filled_cache(tables, seed=8).layers[0])
+    for heads_first in (True, False):
+        attention = TorchOps().attention(arrays, SHAPE, device=cpu, dtype=torch.float32)
+        (group,) = attention.groups
+        assert isinstance(group, RowGroup)
+        assert group.first_page == 0
+        cache = _filled_cache(tables, seed=8, heads_first=heads_first)
+        got = attention.attend(query, cache.layers[0])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_one_token_rows_convert_reduced_precision_pages_a_few_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     arrays, tables = _decode_dispatch(16)
-    cache = _filled_cache(tables, seed=8)
+    cache = _filled_cache(tables, seed=8, heads_first=True)
     query = _random(arrays.num_rows, SHAPE.num_heads, SHAPE.head_dim, seed=5)
     expected = _naive_attention(query, cache, arrays)
     halved = PagedKVCache(
@@ -793,7 +849,7 @@ def test_one_token_rows_convert_reduced_precision_pages_a_few_at_a_time(
             for kv in cache.layers
         ),
     )
-    monkeypatch.setattr(OneTokenRows, "CONVERT_PAGES", 3)  # 32 pages: several conversions
+    monkeypatch.setattr(OneTokenRows, "CONVERT_MATRICES", 5)  # 32 pages of 4 heads: several
     attention = TorchAttention.prepare(
         arrays, SHAPE, device=torch.device("cpu"), dtype=torch.bfloat16
     )
@@ -816,7 +872,7 @@ def test_reduced_precision_runs_in_float32_where_the_cpu_lacks_kernels_for_it(
     assert ops.kv_cache_dtype(torch.float32, cpu) == torch.float32
     # A chunk after a cached prefix takes a mask, in the dtype attention computes in.
     arrays, tables = _dispatch(128)
-    cache = _filled_cache(tables, seed=8)
+    cache = _filled_cache(tables, seed=8, heads_first=True)
     cache = PagedKVCache(
         num_pages=cache.num_pages,
         page_size=cache.page_size,

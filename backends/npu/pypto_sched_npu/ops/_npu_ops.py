@@ -154,6 +154,11 @@ class NpuOps:
             return torch.bfloat16
         return compute_dtype
 
+    def kv_heads_first(self, device: torch.device) -> bool:
+        """No: ``npu_scatter_pa_kv_cache`` and the attention calls read the ``"Norm"``
+        layout, slots first."""
+        return False
+
     def projection_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """As stored, ``[out, in]`` and contiguous."""
         return weight

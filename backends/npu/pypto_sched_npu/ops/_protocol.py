@@ -61,6 +61,11 @@ class Ops(Protocol):
         """The dtype the KV pages are stored in when the model computes in ``compute_dtype``."""
         ...
 
+    def kv_heads_first(self, device: torch.device) -> bool:
+        """Whether the KV pages on ``device`` are stored KV heads first (see
+        :meth:`PagedKVCache.allocate <pypto_sched_npu._kv_cache.PagedKVCache.allocate>`)."""
+        ...
+
     def projection_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` (``[out, in]``) in the memory layout the projections read fastest:
         the same shape and values, possibly other strides."""

@@ -1,21 +1,26 @@
 """The portable ops: plain torch, on any device (the CPU path).
 
-Attention writes the dispatch's K/V into the pages with one ``index_copy_`` per layer, then
-attends in groups of rows, prepared once per dispatch and shared by every layer:
+On the CPU the KV pages are stored KV heads first (:meth:`TorchOps.kv_heads_first`): each
+(page, KV head) is one contiguous ``[page_size, head_dim]`` matrix, while every op indexes
+the pages by their shape, ``[num_pages, page_size, kv_heads, head_dim]``, as on the other
+paths. Attention writes the dispatch's K/V into the pages with one ``index_put_`` (by page
+and offset) per layer, then attends in groups of rows, prepared once per dispatch and
+shared by every layer:
 
 * Rows of one query token (decode rows, a prompt's one-token chunk, and the last tokens the
   model's last layer keeps) form one :class:`OneTokenRows` group that reads each row's pages
-  where they lie: one batched product of every (row, page) pair, and a softmax over each
-  row's pages (see the class). No context is copied, and nothing is padded past a row's
-  last page.
+  where they lie: one batched product of every (row, page, KV head) with the query heads
+  of that KV head, and a softmax over each row's pages (see the class). No context is
+  copied, and nothing is padded past a row's last page.
 * Longer chunks go row group by row group (:class:`RowGroup`: rows of similar chunk and
   context lengths, so that padding costs at most twice a row's queries and keys): each
   row's whole context (cached prefix, earlier chunks and this chunk) is gathered through its
   block table into a ``[rows, kv_heads, longest context, head_dim]`` tensor for one
   ``scaled_dot_product_attention`` call. The gather copies whole pages (one ``index_select``
-  over the page dimension, about twice as fast as gathering slot by slot); a lone row whose
-  context fills consecutive slots is read in place. A chunk's queries each meet every key of
-  its context, so the copy costs little beside the products. The mask is causal with each
+  over the page dimension, about twice as fast as gathering slot by slot, which also puts
+  pages stored KV heads first slots first); a lone row whose context fills consecutive pages
+  is read without a gather. A chunk's queries each meet every key of its context, so the
+  copy costs little beside the products. The mask is causal with each
   row's offset: query ``i`` of a row with ``q`` new tokens and context ``c`` sees keys ``j <=
   c - q + i``. Rows shorter than the group's longest are padded; padded keys are masked out
   and padded queries are dropped, and no query row is ever fully masked (a padded query ``i
@@ -79,6 +84,12 @@ class TorchOps:
         of 64 x 64 tokens)."""
         return torch.float32 if _emulated_on_cpu(compute_dtype, device) else compute_dtype
 
+    def kv_heads_first(self, device: torch.device) -> bool:
+        """On the CPU: one-token rows read each (page, KV head) matrix in place there
+        (:class:`OneTokenRows`). Elsewhere (CUDA) pages stay slots first, the layout
+        measured on an H200."""
+        return device.type in IN_PLACE_DEVICE_TYPES
+
     def projection_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """Stored ``[in, out]`` (a transposed view of it is returned): ``F.linear`` then
         hands the BLAS a plain ``x @ W`` product, faster on the CPU for 256-token dispatches,
@@ -140,8 +151,9 @@ class TorchAttention:
     of similar chunk and context lengths (:func:`_row_groups`), one SDPA call a group."""
 
     shape: AttentionShape
-    #: Per token: its KV slot.
-    slots: torch.Tensor
+    #: Per token: the page of its KV slot, and the slot's offset in it.
+    slot_pages: torch.Tensor
+    slot_offsets: torch.Tensor
     groups: tuple[RowGroup | OneTokenRows, ...]
 
     @classmethod
@@ -165,12 +177,19 @@ class TorchAttention:
         ]
         if single.size:
             groups.append(OneTokenRows.prepare(arrays, single, device=device))
-        return cls(shape=shape, slots=_to_device(arrays.slot_mapping, device), groups=tuple(groups))
+        page, offset = np.divmod(arrays.slot_mapping.astype(np.int64), arrays.page_size)
+        return cls(
+            shape=shape,
+            slot_pages=_to_device(page, device),
+            slot_offsets=_to_device(offset, device),
+            groups=tuple(groups),
+        )
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: LayerKV) -> None:
-        heads, dim = self.shape.num_kv_heads, self.shape.head_dim
-        cache.key.view(-1, heads, dim).index_copy_(0, self.slots, key.to(cache.key.dtype))
-        cache.value.view(-1, heads, dim).index_copy_(0, self.slots, value.to(cache.value.dtype))
+        # By page and offset: the slots' addresses in either memory order of the pages.
+        slot = (self.slot_pages, self.slot_offsets)
+        cache.key.index_put_(slot, key.to(cache.key.dtype))
+        cache.value.index_put_(slot, value.to(cache.value.dtype))
 
     def attend(self, query: torch.Tensor, cache: LayerKV) -> torch.Tensor:
         if len(self.groups) == 1:
@@ -206,9 +225,9 @@ class RowGroup:
     #: end of a row's table: those keys are masked out).
     context_pages: torch.Tensor
     longest_context: int
-    #: The first slot of a single row whose context fills consecutive slots (pages in order,
-    #: the usual layout), read as a view instead of gathered; else ``None``.
-    context_start: int | None
+    #: The first page of a single row whose context fills consecutive pages (the usual
+    #: layout), read without a gather (a view of pages stored slots first); else ``None``.
+    first_page: int | None
     #: ``[rows, 1, longest chunk, longest context]`` additive mask (0 where a query sees a
     #: key, -inf elsewhere), or ``None`` when none is needed (see ``causal``).
     mask: torch.Tensor | None
@@ -240,7 +259,7 @@ class RowGroup:
         tables = arrays.block_tables[rows][:, :num_pages].astype(np.int64)
         used = np.arange(num_pages)[None, :] * arrays.page_size < seq_lens[:, None]
         pages = np.where(used & (tables >= 0), tables, 0)
-        first = int(pages[0, 0]) * arrays.page_size
+        first = int(pages[0, 0])
         consecutive = count == 1 and bool((pages[0] == pages[0, 0] + np.arange(num_pages)).all())
         # Top-left causal is exact when each row's chunk is its whole context: a row's query
         # i sees its keys up to i, and padding lies past its last query and key.
@@ -256,7 +275,7 @@ class RowGroup:
             tokens=_row_tokens(arrays, rows, device),
             context_pages=_to_device(pages, device),
             longest_context=longest_context,
-            context_start=first if consecutive else None,
+            first_page=first if consecutive else None,
             mask=mask,
             causal=causal,
             padded_index=None
@@ -312,14 +331,17 @@ class RowGroup:
     def _context(
         self, pages: torch.Tensor, dtype: torch.dtype, shape: AttentionShape
     ) -> torch.Tensor:
-        """Each row's whole context from ``pages``: ``[rows, kv_heads, context, dim]``."""
+        """Each row's whole context from ``pages``: ``[rows, kv_heads, context, dim]``.
+
+        ``index_select`` writes the pages slots first whichever order they are stored in;
+        a view of consecutive pages stored KV heads first is copied slots first here.
+        """
         heads, dim, length = shape.num_kv_heads, shape.head_dim, self.longest_context
-        if self.context_start is not None:
-            flat = pages.view(-1, heads, dim)
-            gathered = flat.narrow(0, self.context_start, length).unsqueeze(0)
+        if self.first_page is not None:
+            chosen = pages.narrow(0, self.first_page, self.context_pages.shape[1])
         else:
-            whole = pages.index_select(0, self.context_pages.view(-1))
-            gathered = whole.view(self.num_rows, -1, heads, dim)[:, :length]
+            chosen = pages.index_select(0, self.context_pages.view(-1))
+        gathered = chosen.reshape(self.num_rows, -1, heads, dim)[:, :length]
         return gathered.transpose(1, 2).to(dtype)
 
 
@@ -328,26 +350,31 @@ class OneTokenRows:
     """Rows of one query token (decode rows, and the last tokens the model's last layer
     keeps), attended page by page over the pages where they lie.
 
-    Each (row, page) pair is an *entry*: the page's keys are one ``[page_size, kv_heads x
-    head_dim]`` matrix, read in place, and the row's queries meet them in one batched product
-    over the entries. A page holds every KV head side by side, so each query head is laid in
-    the columns of its own KV head, zeros elsewhere (a block-diagonal ``[heads, kv_heads x
-    head_dim]``): one product of whole pages, rather than one per KV head over strided
-    slices, whose products measured slower. The softmax runs over each row's entries: scores
-    past a row's context are -inf, the row's maximum comes from its entries' (a scatter), and
-    the exponentials' sums and the products with the value pages are summed into the row (an
-    index_add). Products and softmax run in float32; pages of another dtype are converted a
-    few at a time into one reused buffer (a whole float32 copy of them cost page faults).
+    Each (row, page) pair is an *entry*. Pages stored KV heads first (``TorchOps``' layout
+    on the CPU, :meth:`TorchOps.kv_heads_first`) hold one contiguous ``[page_size,
+    head_dim]`` key matrix per KV head, and the query heads that share that KV head meet it
+    in one batched product over every (entry, KV head): ``[groups, head_dim]`` by
+    ``[head_dim, page_size]``, read in place. The softmax runs over each row's entries:
+    scores past a row's context are -inf, the row's maximum comes from its entries' (a
+    scatter), and the exponentials' sums and the products with the value matrices are summed
+    into the row (an index_add). Products and softmax run in float32; pages of another dtype
+    are converted a few at a time into one reused buffer (a whole float32 copy of them cost
+    page faults). Pages stored slots first (the NPU path's portable fallback) are gathered
+    into that order first.
 
     When the entries' pages are distinct and lie close together (at most twice as many
     pages from the first to the last as there are entries, as a generation's cache does
     once its requests decode), the range of pages is read as one view, and the pages of
     that range no row reads belong to a row that is dropped (finite scores, so its sums stay
     finite too). Otherwise the entries' pages are gathered (one ``index_select``).
+
     Against the rows' contexts gathered into a padded tensor for one SDPA call, this reads
-    each key once, in place, with no padding past the last page: 64 decode rows of 130 to
-    1,450 keys (22,567 in all), one layer: 14 ms against 40 ms in float32, 15 against 21 ms
-    in bfloat16 (CPU seconds on a busy 2-core AVX2 machine).
+    each key once, in place, with no padding past the last page: 64 decode rows of 162 to
+    1,532 keys (22,567 in all), one layer, float32, the two products: 6.3 ms, against 11 ms
+    for the products of the earlier form of this class, which read pages stored slots
+    first as ``[page_size, kv_heads x head_dim]`` matrices against block-diagonal queries
+    (four times the multiplications, three quarters of them by zero), and 40 ms for the
+    whole gather and SDPA path (CPU seconds on a 2-core AVX2 machine).
     """
 
     #: The dispatch's tokens of these rows, in row order; ``None`` for every row in order.
@@ -362,8 +389,9 @@ class OneTokenRows:
     #: ``[entries, 1, page_size]`` float32: 0 where a slot is in its row's context, else -inf.
     mask: torch.Tensor
 
-    #: Pages converted to float32 at a time (their keys: 32 x 128 x 256 floats, 4 MiB).
-    CONVERT_PAGES: ClassVar[int] = 32
+    #: Matrices (one page's keys or values of one KV head) converted to float32 at a time:
+    #: 128 of 128 x 64 floats, 4 MiB.
+    CONVERT_MATRICES: ClassVar[int] = 128
 
     @classmethod
     def prepare(
@@ -400,50 +428,52 @@ class OneTokenRows:
     def attend(self, query: torch.Tensor, cache: LayerKV, shape: AttentionShape) -> torch.Tensor:
         """Attention of these rows' queries (``[rows, heads, head_dim]``, row order)."""
         heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
-        entries, width = self.owner.numel(), kv_heads * dim
-        keys, values = (self._pages(pages, width) for pages in (cache.key, cache.value))
-        # Each entry's queries, scaled, block-diagonal over the KV heads.
+        entries, groups = self.owner.numel(), heads // kv_heads
+        keys, values = (self._matrices(pages) for pages in (cache.key, cache.value))
+        # Each entry's queries, scaled, as [groups, head_dim] per KV head.
         padded = torch.cat((query.float() * shape.scale, query.new_zeros(1, heads, dim).float()))
-        queries = padded[self.owner].view(entries, kv_heads, heads // kv_heads, dim)
-        blocks = queries.new_zeros(entries, kv_heads, heads // kv_heads, kv_heads, dim)
-        blocks.diagonal(dim1=1, dim2=3).copy_(queries.permute(0, 2, 3, 1))
-        blocks = blocks.view(entries, heads, width)
-        scores = self._products(blocks, keys, transpose=True).add_(self.mask)
+        queries = padded[self.owner].view(entries * kv_heads, groups, dim)
+        scores = self._products(queries, keys, transpose=True).view(entries, heads, -1)
+        scores.add_(self.mask)
         rows = self.num_rows + 1
         index = self.owner[:, None].expand(entries, heads)
         best = scores.new_full((rows, heads), -torch.inf)
         best.scatter_reduce_(0, index, scores.amax(dim=-1), "amax")
         weights = scores.sub_(best[self.owner].unsqueeze(-1)).exp_()
         total = scores.new_zeros(rows, heads).index_add_(0, self.owner, weights.sum(dim=-1))
-        products = self._products(weights, values, transpose=False)
-        own = products.view(entries, kv_heads, heads // kv_heads, kv_heads, dim)
-        own = own.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(entries, heads, dim)
-        out = scores.new_zeros(rows, heads, dim).index_add_(0, self.owner, own)
+        products = self._products(
+            weights.view(entries * kv_heads, groups, -1), values, transpose=False
+        )
+        out = scores.new_zeros(rows, heads, dim)
+        out.index_add_(0, self.owner, products.view(entries, heads, dim))
         return out[:-1].div_(total[:-1, :, None]).to(query.dtype)
 
-    def _pages(self, pages: torch.Tensor, width: int) -> torch.Tensor:
-        """The entries' pages, ``[entries, page_size, kv_heads x head_dim]``."""
-        flat = pages.view(pages.shape[0], pages.shape[1], width)
+    def _matrices(self, pages: torch.Tensor) -> torch.Tensor:
+        """The entries' pages as ``[entries x kv_heads, page_size, head_dim]`` matrices: a
+        view of pages stored KV heads first and read in place, else a gathered copy."""
+        by_head = pages.transpose(1, 2)  # [pages, kv_heads, page_size, head_dim]
         if self.first_page is not None:
-            return flat.narrow(0, self.first_page, self.owner.numel())
-        assert self.pages is not None
-        return flat.index_select(0, self.pages)
+            chosen = by_head.narrow(0, self.first_page, self.owner.numel())
+        else:
+            assert self.pages is not None
+            chosen = by_head.index_select(0, self.pages)
+        return chosen.reshape(-1, pages.shape[1], pages.shape[3])
 
     def _products(
-        self, left: torch.Tensor, pages: torch.Tensor, *, transpose: bool
+        self, left: torch.Tensor, matrices: torch.Tensor, *, transpose: bool
     ) -> torch.Tensor:
-        """``left[e] @ pages[e]`` (``pages[e].T`` with ``transpose``) for every entry, in
-        float32, converting pages of another dtype a few at a time."""
-        entries = left.shape[0]
-        columns = pages.shape[1] if transpose else pages.shape[2]
-        out = left.new_empty(entries, left.shape[1], columns)
-        if pages.dtype == torch.float32:
-            step, buffer = entries, None
+        """``left[i] @ matrices[i]`` (``matrices[i].T`` with ``transpose``) for every ``i``,
+        in float32, converting matrices of another dtype a few at a time."""
+        count = left.shape[0]
+        columns = matrices.shape[1] if transpose else matrices.shape[2]
+        out = left.new_empty(count, left.shape[1], columns)
+        if matrices.dtype == torch.float32:
+            step, buffer = count, None
         else:
-            step = self.CONVERT_PAGES
-            buffer = left.new_empty(min(step, entries), *pages.shape[1:])
-        for start in range(0, entries, step):
-            part = pages[start : start + step]
+            step = self.CONVERT_MATRICES
+            buffer = left.new_empty(min(step, count), *matrices.shape[1:])
+        for start in range(0, count, step):
+            part = matrices[start : start + step]
             if buffer is not None:
                 part = buffer[: part.shape[0]].copy_(part)
             torch.bmm(
