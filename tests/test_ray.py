@@ -545,3 +545,28 @@ def test_a_session_refuses_an_address_that_is_not_a_string() -> None:
     message = r"^'address' must be a string or None: 6379 \(int"
     with pytest.raises(InvalidInputError, match=message), ray_session(6379):  # type: ignore[arg-type]
         pass
+
+
+def test_a_session_started_here_gives_back_the_callers_sigterm_handler() -> None:
+    """ray.init puts in a SIGTERM handler that prints a stack and exits with status 1; the
+    CLI's own (which ends a run as Ctrl-C does, status 143) must survive it, and a caller
+    without one keeps Ray's."""
+    code = """if True:
+        import signal
+        from pypto_sched.integrations.ray import ray_session
+
+        def mine(signum, frame):
+            pass
+
+        with ray_session():
+            print("default kept Ray's:", signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, mine)
+        with ray_session():
+            print("ours given back:", signal.getsignal(signal.SIGTERM) is mine)
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert out.stdout.splitlines() == ["default kept Ray's: True", "ours given back: True"], (
+        out.stdout + out.stderr
+    )

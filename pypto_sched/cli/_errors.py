@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import inspect
 from collections.abc import Iterator, Mapping
+from typing import ClassVar
 
 from ..core._errors import (
     BackendNotFoundError,
@@ -61,6 +62,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the command was (as Ctrl-C raises ``KeyboardInterrupt``), so that
     a run a supervisor stops ends as an interrupted one does: what finished is kept and said,
     and the status is :data:`EXIT_TERMINATED`."""
+
+    #: Whether SIGTERM arrived while the command ran: a library the run was in (Ray's
+    #: ``get``, say) may pass the interrupt up as a plain ``KeyboardInterrupt``.
+    received: ClassVar[bool] = False
+
+    @staticmethod
+    def caused(error: BaseException) -> bool:
+        """Whether ``error`` (an interrupt) is SIGTERM's."""
+        return isinstance(error, Terminated) or (
+            isinstance(error, KeyboardInterrupt) and Terminated.received
+        )
 
 
 @contextlib.contextmanager

@@ -228,7 +228,7 @@ def _failure(error: BaseException, sink: Sink, output: str | None) -> BaseExcept
         if not missing
         else f"{done} of {total} requests finished, {where}; not finished: requests {shown}"
     )
-    if isinstance(error, Terminated):
+    if Terminated.caused(error):
         return Terminated(f"terminated by SIGTERM; {kept}")
     if isinstance(error, KeyboardInterrupt):
         return UsageError(f"interrupted; {kept}")

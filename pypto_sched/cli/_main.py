@@ -63,9 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except MemoryError:
         return _fail("out of memory: the workload is too large for this machine", EXIT_USAGE)
-    except Terminated as error:
-        return _fail(error if str(error) else "terminated by SIGTERM", EXIT_TERMINATED)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:
+        if Terminated.caused(error):
+            return _fail(error if str(error) else "terminated by SIGTERM", EXIT_TERMINATED)
         return _fail("interrupted", EXIT_USAGE)
     except OSError as error:
         if error.filename is not None:
@@ -82,8 +82,10 @@ def _sigterm_raises() -> Iterator[None]:
         return
 
     def terminated(_signum: int, _frame: object) -> None:
+        Terminated.received = True
         raise Terminated
 
+    Terminated.received = False
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
         yield

@@ -59,7 +59,9 @@ from __future__ import annotations
 
 import collections
 import math
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -208,6 +210,7 @@ def ray_session(address: str | None = None, **init_options: Any) -> Iterator[Non
             "address", f"must be None when Ray is already connected: {address!r}"
         )
     _probe(address)
+    handler = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(address=address, **init_options)
     except (TypeError, AssertionError) as error:  # ray.init checks its options by assert
@@ -224,6 +227,10 @@ def ray_session(address: str | None = None, **init_options: Any) -> Iterator[Non
         raise ReplicaError(
             f"could not join the Ray cluster at {address!r}: {_first_line(error)}"
         ) from None
+    # ray.init puts in its own SIGTERM handler, which prints a stack and exits with status 1;
+    # one the caller had set (the CLI's ends a run as Ctrl-C does) is given back.
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
