@@ -1,8 +1,11 @@
-"""Running ``pypto-sched`` in-process, as the command-line tests do."""
+"""Running ``pypto-sched`` in-process, as the command-line tests do, and the word-level
+tokenizer their checkpoints carry."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,3 +25,16 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     status, out, err = run(capsys, *argv, "--format", "json")
     assert (status, err) == (EXIT_OK, "")
     return json.loads(out)
+
+
+def save_word_tokenizer(directory: Path, words: Sequence[str], vocab_size: int) -> None:
+    """Write ``directory/tokenizer.json``: one token a word, ``words`` first and then
+    ``w<id>`` up to ``vocab_size`` (needs the tokenizers library)."""
+    import tokenizers
+
+    vocab = {word: i for i, word in enumerate(words)}
+    vocab.update({f"w{i}": i for i in range(len(words), vocab_size)})
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    tokenizer.save(str(directory / "tokenizer.json"))

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
+from cli_helpers import save_word_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -499,17 +500,10 @@ WORDS = ["<unk>", "the", "cat", "sat", "on", "mat", "a", "dog"]
 
 @pytest.fixture
 def checkpoint_with_tokenizer(tmp_path: Path) -> Path:
-    tokenizers = pytest.importorskip(
-        "tokenizers", reason="prompt text needs the tokenizers library"
-    )
+    pytest.importorskip("tokenizers", reason="prompt text needs the tokenizers library")
     directory = tmp_path / "model"
     save_checkpoint(Weights.random(TINY_MODEL, seed=0), directory)
-    vocab = {word: i for i, word in enumerate(WORDS)}
-    vocab.update({f"w{i}": i for i in range(len(WORDS), VOCAB)})
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    tokenizer.save(str(directory / "tokenizer.json"))
+    save_word_tokenizer(directory, WORDS, VOCAB)
     return directory
 
 

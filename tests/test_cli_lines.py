@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import save_word_tokenizer
 
 from pypto_sched import LLM, SamplingParams
 from pypto_sched.chat import ChatTemplate
@@ -29,16 +30,11 @@ BUDGET = ["--max-num-batched-tokens", "32"]
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     """A reference checkpoint with a word-level tokenizer and a chat template."""
-    tokenizers = pytest.importorskip("tokenizers", reason="text needs the tokenizers library")
+    pytest.importorskip("tokenizers", reason="text needs the tokenizers library")
     pytest.importorskip("jinja2", reason="chat templates need jinja2")
     directory = tmp_path / "model"
     save_checkpoint(Weights.random(TINY_MODEL, seed=0), directory)
-    vocab = {word: i for i, word in enumerate(WORDS)}
-    vocab.update({f"w{i}": i for i in range(len(WORDS), VOCAB)})
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    tokenizer.save(str(directory / "tokenizer.json"))
+    save_word_tokenizer(directory, WORDS, VOCAB)
     config = {"bos_token": "<s>", "eos_token": {"content": "</s>"}, "chat_template": TEMPLATE}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
