@@ -608,10 +608,15 @@ class _Run:
     def generated(self, request: int) -> list[int]:
         return self.tokens[request][self.prompt_lengths[request] :]
 
+    def generated_count(self, request: int) -> int:
+        """How many tokens ``request`` has generated (its ``generated()``'s length, without
+        copying them: asked several times a row a step)."""
+        return len(self.tokens[request]) - self.prompt_lengths[request]
+
     def banned(self, request: int) -> frozenset[int]:
         """The tokens ``request`` may not choose next: its stop tokens, before its
         ``min_tokens``."""
-        early = len(self.generated(request)) < self.params[request].min_tokens
+        early = self.generated_count(request) < self.params[request].min_tokens
         return self.stops[request] if early else frozenset()
 
     def needs_logits(self, request: int) -> bool:
@@ -726,7 +731,7 @@ class _Run:
             logits,
             p,
             request_index=self.seeds[request],
-            token_index=len(self.generated(request)),
+            token_index=self.generated_count(request),
             banned=self.banned(request),
         )
         if p.logprobs is not None:
@@ -737,7 +742,7 @@ class _Run:
         """What ends ``request`` now that it generated ``token``: the token, a stop string
         its text now holds (the earliest in the text), or ``None``."""
         p = self.params[request]
-        if len(self.generated(request)) < p.min_tokens:
+        if self.generated_count(request) < p.min_tokens:
             return None  # (its stop tokens were banned: only a stop string could be early)
         if token in self.stops[request]:
             return token
@@ -746,7 +751,8 @@ class _Run:
         # Checked after every token, a stop string can only have appeared at the end of the
         # text: the last tokens' text holds it, and decoding them alone keeps the check's
         # cost flat (the whole text's would grow with every token: quadratic in the length).
-        tail = self.generated(request)[-_stop_window(p.stop) :]
+        tokens = self.tokens[request]
+        tail = tokens[max(self.prompt_lengths[request], len(tokens) - _stop_window(p.stop)) :]
         text = cast(Callable[[Sequence[int]], str], self.detokenize)(tail)
         found = [(text.find(stop), i) for i, stop in enumerate(p.stop) if stop in text]
         return p.stop[min(found)[1]] if found else None
