@@ -479,8 +479,7 @@ def decode_rows_first(
     :func:`plan_generation_step` and the transformers integration build their decode rows
     with it.
     """
-    if not isinstance(config, PlannerConfig):
-        raise InvalidInputError(f"'config' must be a PlannerConfig: {type(config).__name__}")
+    check_config(config)
     tokens_left = config.max_num_batched_tokens
     rows_left = config.max_num_seqs or MAX_TOKENS
     for request in requests:

@@ -72,9 +72,12 @@ class Frozen:
 
     def _fill(self, **fields: Any) -> None:
         setters = self._setters
-        if len(fields) != len(setters):
+        if fields.keys() != setters.keys():
             missing = sorted(setters.keys() - fields.keys())
-            raise TypeError(f"{type(self).__name__} needs every field: missing {missing}")
+            unknown = sorted(fields.keys() - setters.keys())
+            raise TypeError(
+                f"{type(self).__name__} needs every field: missing {missing}, unknown {unknown}"
+            )
         for name, value in fields.items():
             setters[name](self, value)
 

@@ -63,13 +63,6 @@ def _finite_non_negative(instance: object, attribute: attrs.Attribute[float], va
         raise InvalidConfigError.about(attribute.name, f"must be >= 0: {value!r}")
 
 
-def _optional_top_k(
-    instance: object, attribute: attrs.Attribute[int | None], value: object
-) -> None:
-    if value is not None:
-        check_int("top_k", value, min_value=1, error=InvalidConfigError)
-
-
 def _optional_top_p(
     instance: object, attribute: attrs.Attribute[float | None], value: object
 ) -> None:
@@ -81,10 +74,6 @@ def _optional_top_p(
 
 def _seed(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
     check_int("seed", value, min_value=0, max_value=2**63 - 1, error=InvalidConfigError)
-
-
-def _min_tokens(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    check_int("min_tokens", value, min_value=0, error=InvalidConfigError)
 
 
 def _tuple_of(value: object) -> object:
@@ -133,7 +122,7 @@ class SamplingParams:
         default=0.0, converter=_python_number, validator=_finite_non_negative
     )
     #: Keep only the ``top_k`` most likely tokens (``None``: all).
-    top_k: int | None = attrs.field(default=None, validator=_optional_top_k)
+    top_k: int | None = attrs.field(default=None, validator=count_validator(1, optional=True))
     #: Keep the fewest most likely tokens whose probability reaches ``top_p`` (``None``: all).
     top_p: float | None = attrs.field(
         default=None, converter=_python_number, validator=_optional_top_p
@@ -144,7 +133,7 @@ class SamplingParams:
     max_tokens: int | None = attrs.field(default=None, validator=count_validator(1, optional=True))
     #: Stop tokens and stop strings do not end the request before it has this many tokens
     #: (stop tokens are not chosen until then, as vLLM masks them).
-    min_tokens: int = attrs.field(default=0, validator=_min_tokens)
+    min_tokens: int = attrs.field(default=0, validator=count_validator(0))
     #: Strings that end the request when its text holds one; the text ends before it.
     stop: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of, validator=_stop_strings)
     #: Token ids that end the request (the token is kept), beside the EOS ids.
@@ -198,7 +187,7 @@ def sample_token(
         row[banned_ids] = -np.inf
     if params.is_greedy:
         return int(np.argmax(row))
-    row = row.astype(np.float64)
+    row = row.astype(np.float64, copy=False)  # (a copy already when some were banned)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is a -inf: a probability 0
         scaled = (row - row.max()) / params.temperature
     ranking = np.argsort(-scaled, kind="stable")  # most likely first, lower id on ties
