@@ -83,3 +83,9 @@ def test_vllms_key_names_are_taken_for_ours() -> None:
     assert theirs == ours
     with pytest.raises(InvalidInputError, match="'max_new_tokens' must be an int in"):
         read_prompts('{"prompt_token_ids": [1], "max_tokens": 0}', max_new_tokens=8, vocab_size=9)
+
+
+def test_eos_ids_outside_the_vocabulary_are_left_out_when_asked(tmp_path: Path) -> None:
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [3, 151645]}')
+    assert eos_token_ids(tmp_path) == (3, 151645)
+    assert eos_token_ids(tmp_path, vocab_size=64) == (3,)

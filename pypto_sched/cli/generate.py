@@ -233,10 +233,11 @@ def _generate(
     if args.verify:
         _model.check_verify(args, model, requests)
     checkpoint = model.checkpoint
-    eos = () if checkpoint is None or args.ignore_eos else eos_token_ids(checkpoint)
-    # An EOS id outside the vocabulary (a small model that kept its family's EOS) can never be
-    # generated: it stops nothing, and generate() refuses stop ids outside the vocabulary.
-    eos = tuple(token for token in eos if token < backend.vocab_size)
+    eos = (
+        ()
+        if checkpoint is None or args.ignore_eos
+        else eos_token_ids(checkpoint, vocab_size=backend.vocab_size)
+    )
     params = [r.sampling for r in requests]
     if not isinstance(backend, Backend) and (len(set(params)) > 1 or params[0].stop):
         raise UsageError("--replicas: lines with their own sampling keys or stop strings "

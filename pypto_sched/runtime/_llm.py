@@ -219,8 +219,7 @@ class LLM:
             raise InvalidInputError("'backend_options' are for a backend given by name")
         check_is_backend(backend)
         self.backend: Backend = backend
-        # An EOS id outside the vocabulary (a small model that kept its family's) stops nothing.
-        self.eos_token_ids = tuple(t for t in eos_token_ids(self.model) if t < backend.vocab_size)
+        self.eos_token_ids = eos_token_ids(self.model, vocab_size=backend.vocab_size)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The settings of a call without :class:`SamplingParams`: the generation config's

@@ -177,11 +177,15 @@ def load_tokenizer(directory: str | Path) -> Tokenizer | None:
     return Tokenizer(parsed, path=path)
 
 
-def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
+def eos_token_ids(directory: str | Path, *, vocab_size: int | None = None) -> tuple[int, ...]:
     """The ``eos_token_id`` (one id or a list) of the checkpoint ``directory``'s
     ``generation_config.json``, or of its ``config.json`` when it has none; ``()`` when
     neither names one. Raises :class:`~pypto_sched.InvalidInputError` for a file that is not
-    strict JSON or an id that is not a non-negative int."""
+    strict JSON or an id that is not a non-negative int.
+
+    With ``vocab_size``, only the ids inside the vocabulary: one outside it (a small model
+    that kept its family's EOS) can never be generated, so it stops nothing, and
+    :func:`~pypto_sched.generate` refuses stop ids outside the vocabulary."""
     for name in _EOS_FILES:
         path = Path(directory) / name
         if path.is_file():
@@ -193,7 +197,7 @@ def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
                 raise InvalidInputError(
                     f"{where}: 'eos_token_id' must be an id or a list of ids: {found!r}"
                 )
-            return tuple(ids)
+            return tuple(i for i in ids if vocab_size is None or i < vocab_size)
     return ()
 
 
