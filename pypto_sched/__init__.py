@@ -6,6 +6,8 @@ kernel arrays with :func:`dispatch_arrays`, and run it with a backend. Generate 
 or chat messages.
 """
 
+import warnings
+
 from .backends import (
     Backend,
     DispatchInput,
@@ -14,8 +16,9 @@ from .backends import (
     load_backend,
     refresh_backends,
 )
+from .core._arrays import dispatch_arrays
 from .core._config import POLICIES, PlannerConfig, Policy
-from .core._dispatch import DispatchArrays, dispatch_arrays
+from .core._dispatch import DispatchArrays
 from .core._errors import (
     BackendError,
     BackendNotFoundError,
@@ -35,7 +38,6 @@ from .core._generation import (
     GenerationStep,
     decode_rows_first,
     plan_generation_step,
-    step_arrays,
 )
 from .core._online import PrefillRequest, PrefillState, StepChunk, StepPlan, plan_step
 from .core._pages import BlockTables, plan_pages
@@ -133,7 +135,22 @@ __all__ = [
     "plan_warmup",
     "refresh_backends",
     "sample_token",
-    "step_arrays",
     "token_logprobs",
     "verify_against_one_shot",
 ]
+
+#: Retired public names -> the names that replaced them (the same objects). Reading one
+#: warns (``DeprecationWarning``) and returns its replacement; none is in ``__all__``.
+_RETIRED_NAMES = {"step_arrays": "dispatch_arrays"}
+
+
+def __getattr__(name: str) -> object:
+    new = _RETIRED_NAMES.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"pypto_sched.{name} is deprecated: use pypto_sched.{new}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

@@ -33,7 +33,6 @@ from pypto_sched import (
     plan_prefill,
     plan_warmup,
     sample_token,
-    step_arrays,
 )
 from pypto_sched.core import _offline
 
@@ -419,16 +418,18 @@ def test_pages_for_takes_a_token_count(value: Any) -> None:
         PagePool(num_pages=8, page_size=4).pages_for(value)
 
 
-def test_step_arrays_checks_its_rows_and_pool() -> None:
+def test_dispatch_arrays_checks_a_steps_rows_and_pool() -> None:
     state = GenerationState.from_prompt_lengths([5, 3], max_new_tokens=2, num_pages=4, page_size=4)
     step = plan_generation_step(state, PlannerConfig(max_num_batched_tokens=8))
     bad_rows = {"list": [0, 1], "tuples": {0: (0, 5, True)}, "None": None}
     for rows in bad_rows.values():
         with pytest.raises(InvalidInputError, match=r"^'rows' must (be a mapping|map each)"):
-            step_arrays(rows, step.pool)  # type: ignore[arg-type]
+            dispatch_arrays(rows, step.pool)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match=r"^'pool' must be a PagePool: NoneType"):
-        step_arrays(step.rows, None)  # type: ignore[arg-type]
-    checked, planned = step_arrays(step.rows, step.pool), step.arrays()
+        dispatch_arrays(step.rows, None)  # type: ignore[call-overload]
+    with pytest.raises(InvalidInputError, match=r"^'pool' must be a PagePool: str"):
+        dispatch_arrays(step, "pool")  # type: ignore[call-overload]
+    checked, planned = dispatch_arrays(step.rows, step.pool), step.arrays()
     assert np.array_equal(checked.slot_mapping, planned.slot_mapping)
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given
@@ -14,12 +17,21 @@ from test_planner import Case, cases
 from pypto_sched import (
     BlockTables,
     CacheTooSmallError,
+    Dispatch,
     DispatchArrays,
+    GenerationState,
+    GenerationStep,
     InvalidInputError,
+    PagePool,
     PlannerConfig,
+    PrefillState,
+    StepChunk,
+    StepPlan,
     dispatch_arrays,
+    plan_generation_step,
     plan_pages,
     plan_prefill,
+    plan_step,
 )
 
 
@@ -357,3 +369,112 @@ def test_tables_short_of_pages_name_the_first_short_row() -> None:
         r"context 4 at page_size 2, its table has 1$",
     ):
         dispatch_arrays(dispatch, tables)
+
+
+# -- a step's rows: the same builder ------------------------------------------------------------
+
+
+@st.composite
+def planned_steps(draw: st.DrawFn) -> list[StepPlan[int] | GenerationStep[int]]:
+    """Every step of a generation over a small pool (decode rows, prefill chunks,
+    preemptions), or of an online prefill with a pool: each step with its pool."""
+    lengths = draw(st.lists(st.integers(1, 40), min_size=1, max_size=5))
+    page = draw(st.integers(1, 8))
+    budget = draw(st.integers(1, 48))
+    config = PlannerConfig(max_num_batched_tokens=budget, policy=draw(st.sampled_from(POLICIES)))
+    steps: list[StepPlan[int] | GenerationStep[int]] = []
+    if draw(st.booleans()):
+        news = draw(st.lists(st.integers(1, 6), min_size=len(lengths), max_size=len(lengths)))
+        largest = max(-(-(n + m - 1) // page) for n, m in zip(lengths, news, strict=True))
+        state = GenerationState.from_prompt_lengths(
+            lengths,
+            max_new_tokens=news,
+            num_pages=draw(st.integers(largest, largest * len(lengths))),
+            page_size=page,
+        )
+        while state:
+            step = plan_generation_step(state, config)
+            steps.append(step)
+            state = step.state
+        return steps
+    prefill = PrefillState[int]()
+    for request, length in enumerate(lengths):
+        prefill = prefill.add(request, length)
+    pool = PagePool[int](num_pages=sum(-(-n // page) for n in lengths), page_size=page)
+    while prefill:
+        plan = plan_step(prefill, config, pool=pool)
+        steps.append(plan)
+        assert plan.pool is not None
+        prefill = plan.state
+        pool = plan.pool
+        for request in plan.finished:
+            pool = pool.release(request)
+    return steps
+
+
+POLICIES = ("packed", "round_robin")
+
+
+def same_arrays(a: DispatchArrays, b: DispatchArrays) -> bool:
+    return all(
+        np.array_equal(getattr(a, field.name), getattr(b, field.name))
+        for field in attrs.fields(DispatchArrays)
+    )
+
+
+def as_dispatch(rows: Mapping[int, StepChunk], index: int) -> Dispatch:
+    """What ``step_arrays`` built before ``dispatch_arrays`` took a step's rows: row ``i``
+    of request ``i`` (its table the ``i``-th of ``pool.block_tables(list(rows))``)."""
+    chunks = list(rows.values())
+    return Dispatch(
+        index=index,
+        requests=np.arange(len(chunks), dtype=np.int32),
+        starts=np.array([c.start for c in chunks], dtype=np.int32),
+        lengths=np.array([c.length for c in chunks], dtype=np.int32),
+        is_final=np.array([c.is_final for c in chunks], dtype=np.bool_),
+    )
+
+
+@given(planned_steps(), st.integers(0, 5))
+def test_a_steps_arrays_are_its_rows_as_a_dispatch_over_the_pools_tables(
+    steps: list[StepPlan[int] | GenerationStep[int]], index: int
+) -> None:
+    for step in steps:
+        pool = step.pool
+        assert pool is not None
+        tables = pool.block_tables(list(step.rows))
+        expected = dispatch_arrays(as_dispatch(step.rows, index), tables)
+        rows = [(i, c.start, c.length, c.is_final) for i, c in enumerate(step.rows.values())]
+        check_against_tokens(expected, rows, tables)
+        for arrays in (
+            dispatch_arrays(step.rows, pool, index=index),
+            dispatch_arrays(step, index=index),
+            dispatch_arrays(step, pool, index=index),
+            step.arrays(index=index),
+        ):
+            assert arrays.index == index
+            assert same_arrays(arrays, expected)
+
+
+def test_a_step_plan_without_a_pool_has_no_arrays() -> None:
+    plan = plan_step(PrefillState[str]().add("a", 5), PlannerConfig(max_num_batched_tokens=8))
+    message = r"^'pool' must be given "
+    with pytest.raises(InvalidInputError, match=message):
+        plan.arrays()
+    with pytest.raises(InvalidInputError, match=message):
+        dispatch_arrays(plan)
+    pool = PagePool[str](num_pages=2, page_size=4).hold("a", 5)
+    assert same_arrays(dispatch_arrays(plan, pool), dispatch_arrays(plan.rows, pool))
+
+
+def test_a_dispatch_takes_no_index_of_its_own() -> None:
+    schedule = plan_prefill([4], PlannerConfig(max_num_batched_tokens=4))
+    tables = plan_pages([4], page_size=4, num_pages=1)
+    with pytest.raises(InvalidInputError, match=r"^'index' must not be given with a Dispatch"):
+        dispatch_arrays(schedule.dispatch(0), tables, index=3)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("first", [None, 3, [StepChunk(start=0, length=1, is_final=True)]])
+def test_what_is_neither_a_dispatch_nor_a_steps_rows_is_named(first: Any) -> None:
+    with pytest.raises(InvalidInputError, match=r"^'dispatch' must be a Dispatch \(with Bl"):
+        dispatch_arrays(first, None)

@@ -26,10 +26,10 @@ from pypto_sched import (
     StepChunk,
     UnknownRequestError,
     decode_rows_first,
+    dispatch_arrays,
     plan_generation_step,
     plan_prefill,
     plan_step,
-    step_arrays,
 )
 from pypto_sched.core._policies import preemption_victim
 
@@ -374,14 +374,14 @@ def test_an_unhashable_id_is_refused_as_prefill_state_refuses_it() -> None:
         GenerationState[Any](num_pages=4, page_size=4).add(["x"], 3, max_new_tokens=2)
 
 
-def test_step_arrays_name_a_request_short_of_pages_by_its_id() -> None:
+def test_dispatch_arrays_name_a_request_short_of_pages_by_its_id() -> None:
     pool = PagePool[str](num_pages=4, page_size=4).hold("decode-7", 8)
     with pytest.raises(
         CacheTooSmallError,
         match=r"^'block_tables' must cover every row's context: request 'decode-7' needs 3 "
         r"pages for context 9 at page_size 4, its table has 2$",
     ):
-        step_arrays({"decode-7": StepChunk(start=8, length=1, is_final=True)}, pool)
+        dispatch_arrays({"decode-7": StepChunk(start=8, length=1, is_final=True)}, pool)
 
 
 @given(generations())

@@ -1,14 +1,16 @@
-"""The arrays a kernel consumes for one dispatch, derived from the schedule and block tables.
+"""The arrays a kernel consumes for one dispatch, derived from its rows and their pages.
 
-Everything here is a pure function of one :class:`Dispatch` and the :class:`BlockTables`;
-backends call :func:`dispatch_arrays` instead of re-deriving positions and slots themselves.
+Everything here is a pure function of one :class:`Dispatch` and the :class:`BlockTables`, or
+of a step's rows and the :class:`PagePool` holding their pages; backends call
+:func:`~pypto_sched.dispatch_arrays` (``_arrays.py``, which takes either) instead of
+re-deriving positions and slots themselves.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -19,7 +21,11 @@ from ._pages import BlockTables
 from ._schedule import Dispatch
 from ._validate import arrays_stay_read_only, check_index, read_only
 
-__all__ = ["DispatchArrays", "dispatch_arrays"]
+if TYPE_CHECKING:
+    from ._online import StepChunk
+    from ._pool import PagePool
+
+__all__ = ["DispatchArrays"]
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -148,16 +154,12 @@ class DispatchArrays:
             raise InvalidInputError(str(error)) from None
 
 
-def dispatch_arrays(dispatch: Dispatch, block_tables: BlockTables) -> DispatchArrays:
-    """Derive the kernel arrays of ``dispatch`` given every request's block table."""
-    return dispatch_arrays_with_ids(dispatch, block_tables)
-
-
 def dispatch_arrays_with_ids(
     dispatch: Dispatch, block_tables: BlockTables, *, request_ids: Sequence[object] | None = None
 ) -> DispatchArrays:
-    """:func:`dispatch_arrays`, whose messages name request ``r`` as ``request_ids[r]`` (its
-    repr) when given: a server's step names its rows by the server's ids, not by index."""
+    """The kernel arrays of ``dispatch`` given every request's block table; messages name
+    request ``r`` as ``request_ids[r]`` (its repr) when given: a server's step names its rows
+    by the server's ids, not by index."""
     if not isinstance(dispatch, Dispatch):
         raise InvalidInputError(f"'dispatch' must be a Dispatch: {type(dispatch).__name__}")
     if not isinstance(block_tables, BlockTables):
@@ -216,3 +218,21 @@ def dispatch_arrays_with_ids(
         is_final=read_only(final),
         logits_indices=read_only((cu[1:] - 1)[final].astype(np.int64)),
     )
+
+
+def rows_arrays(
+    rows: Mapping[Any, StepChunk], pool: PagePool[Any], *, index: int
+) -> DispatchArrays:
+    """The kernel arrays of a step's ``rows`` (checked) whose pages ``pool`` holds: row ``i``
+    is the ``i``-th item of ``rows``, its ``requests`` entry ``i``; messages name requests by
+    their ids."""
+    ids = list(rows)
+    chunks = list(rows.values())
+    dispatch = Dispatch(
+        index=index,
+        requests=read_only(np.arange(len(ids), dtype=np.int32)),
+        starts=read_only(np.array([c.start for c in chunks], dtype=np.int32)),
+        lengths=read_only(np.array([c.length for c in chunks], dtype=np.int32)),
+        is_final=read_only(np.array([c.is_final for c in chunks], dtype=np.bool_)),
+    )
+    return dispatch_arrays_with_ids(dispatch, pool._block_tables(ids), request_ids=ids)

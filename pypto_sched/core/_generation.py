@@ -74,7 +74,7 @@ import attrs
 import numpy as np
 
 from ._config import PlannerConfig, check_config
-from ._dispatch import DispatchArrays, dispatch_arrays_with_ids
+from ._dispatch import DispatchArrays, rows_arrays
 from ._errors import (
     DuplicateRequestError,
     InvalidConfigError,
@@ -86,15 +86,13 @@ from ._online import (
     StepChunk,
     StepPlan,
     StepRows,
-    as_step_rows,
     plan_step,
     step_chunk,
 )
 from ._persistent import Frozen, PersistentMap
 from ._policies import preemption_victim
 from ._pool import PagePool, StepHolds, check_holds_alone
-from ._schedule import Dispatch
-from ._validate import MAX_TOKENS, as_count_array, check_hashable, check_int, read_only
+from ._validate import MAX_TOKENS, as_count_array, check_hashable, check_int
 
 __all__ = [
     "GenerationRequest",
@@ -429,35 +427,7 @@ class GenerationStep(Generic[RequestId]):
 
     def arrays(self, *, index: int = 0) -> DispatchArrays:
         """The dispatch's kernel arrays; row ``i``'s ``requests`` entry is ``i``."""
-        return _step_arrays(self.rows, self.pool, index=index)
-
-
-def step_arrays(
-    rows: Mapping[RequestId, StepChunk], pool: PagePool[RequestId], *, index: int = 0
-) -> DispatchArrays:
-    """Kernel arrays (positions, ``cu_seqlens``, ``seq_lens``, block tables, slot mapping,
-    logits indices) for any step's rows, decode and prefill alike, with their pages in
-    ``pool``. Row ``i`` of the arrays is the ``i``-th item of ``rows``; its ``requests`` entry
-    is ``i`` (the row of ``pool.block_tables(list(rows))``)."""
-    if not isinstance(pool, PagePool):
-        raise InvalidInputError(f"'pool' must be a PagePool: {type(pool).__name__}")
-    return _step_arrays(as_step_rows(rows), pool, index=index)
-
-
-def _step_arrays(
-    rows: Mapping[RequestId, StepChunk], pool: PagePool[RequestId], *, index: int
-) -> DispatchArrays:
-    """:func:`step_arrays` of rows and a pool known to be such."""
-    ids = list(rows)
-    chunks = list(rows.values())
-    dispatch = Dispatch(
-        index=index,
-        requests=read_only(np.arange(len(ids), dtype=np.int32)),
-        starts=read_only(np.array([c.start for c in chunks], dtype=np.int32)),
-        lengths=read_only(np.array([c.length for c in chunks], dtype=np.int32)),
-        is_final=read_only(np.array([c.is_final for c in chunks], dtype=np.bool_)),
-    )
-    return dispatch_arrays_with_ids(dispatch, pool._block_tables(ids), request_ids=ids)
+        return rows_arrays(self.rows, self.pool, index=index)
 
 
 def decode_rows_first(

@@ -55,6 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._config import PlannerConfig, Policy, check_config
+from ._dispatch import DispatchArrays, rows_arrays
 from ._errors import (
     CacheTooSmallError,
     DuplicateRequestError,
@@ -648,6 +649,15 @@ class StepPlan(Generic[RequestId]):
     def finished(self) -> tuple[RequestId, ...]:
         """The requests whose final chunk runs here, in row order."""
         return tuple(rid for rid, chunk in self.rows.items() if chunk.is_final)
+
+    def arrays(self, *, index: int = 0) -> DispatchArrays:
+        """The dispatch's kernel arrays over :attr:`pool`; row ``i``'s ``requests`` entry is
+        ``i``. A plan made without a pool has no pages to read: ``InvalidInputError``."""
+        if self.pool is None:
+            raise InvalidInputError(
+                "'pool' must be given to plan_step for a plan's arrays: this plan has none"
+            )
+        return rows_arrays(self.rows, self.pool, index=index)
 
 
 def plan_step(

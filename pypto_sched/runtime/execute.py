@@ -22,7 +22,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..core._dispatch import DispatchArrays, dispatch_arrays
+from ..core._arrays import dispatch_arrays
+from ..core._dispatch import DispatchArrays
 from ..core._errors import CacheTooSmallError, ExecutionError, InvalidInputError
 from ..core._pages import BlockTables, plan_pages
 from ..core._plan import plan_one_shot

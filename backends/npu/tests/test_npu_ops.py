@@ -19,7 +19,6 @@ from pypto_sched import (
     dispatch_arrays,
     plan_pages,
     plan_prefill,
-    step_arrays,
 )
 
 pytest.importorskip("torch", reason="the npu backend runs on torch")
@@ -245,7 +244,7 @@ def _generation_dispatches(draw: st.DrawFn) -> tuple[Any, PagePool[int]]:
         r: StepChunk(start=c - n, length=n, is_final=True)
         for r, (c, n) in enumerate(zip(contexts, lengths, strict=True))
     }
-    return step_arrays(rows, pool), pool
+    return dispatch_arrays(rows, pool), pool
 
 
 @settings(max_examples=30, deadline=None)
@@ -752,7 +751,7 @@ def _scattered_decode_dispatch() -> tuple[Any, PagePool[int]]:
     pool: PagePool[int] = PagePool(num_pages=100, page_size=16)
     pool = pool.hold(0, 20).hold(1, 60 * 16).hold(2, 30).hold(0, 40).release(1)
     rows = {r: StepChunk(start=n - 1, length=1, is_final=True) for r, n in ((0, 40), (2, 30))}
-    return step_arrays(rows, pool), pool
+    return dispatch_arrays(rows, pool), pool
 
 
 def _one_token_case(case: str, *, heads_first: bool) -> tuple[Any, PagedKVCache]:
