@@ -132,7 +132,7 @@ def run_ours(
         config=config,
         max_new_tokens=new_tokens,
         page_size=PAGE_SIZE,
-        on_step=lambda _done: ends.append(time.perf_counter()),
+        on_dispatch=lambda _done: ends.append(time.perf_counter()),
     )
     seconds = time.perf_counter() - start
     stats = result.stats

@@ -66,7 +66,7 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from pypto_sched import PlannerConfig, StepDone, generate, plan_prefill
+from pypto_sched import DispatchDone, PlannerConfig, generate, plan_prefill
 from pypto_sched.backends import Backend, load_backend
 from pypto_sched.execute import execute_schedule
 
@@ -216,7 +216,7 @@ def decode_ours(backend: Backend, prompts: Sequence[list[int]], new_tokens: int)
     rows = len(prompts)
     marks: list[tuple[float, bool]] = []
 
-    def on_step(step: StepDone) -> None:
+    def on_dispatch(step: DispatchDone) -> None:
         decode_only = step.num_rows == step.num_decode_rows == rows
         marks.append((time.perf_counter(), decode_only))
 
@@ -229,7 +229,7 @@ def decode_ours(backend: Backend, prompts: Sequence[list[int]], new_tokens: int)
         config=config,
         max_new_tokens=new_tokens,
         page_size=PAGE_SIZE,
-        on_step=on_step,
+        on_dispatch=on_dispatch,
     )
     return DecodeRun(
         step_seconds=[b - a for (a, before), (b, now) in pairwise(marks) if before and now],

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 from _targets import MAX_GROWTH
 
-from pypto_sched import DispatchInput, DispatchOutput, PlannerConfig, StepDone, generate
+from pypto_sched import DispatchDone, DispatchInput, DispatchOutput, PlannerConfig, generate
 
 NEW_TOKENS = 4
 STEP_BUDGET = 64  # the step-cost sweep's
@@ -73,7 +73,7 @@ class NullBackend:
 
 
 class _Enough(Exception):
-    """Raised from ``on_step`` once the dispatches to time have run."""
+    """Raised from ``on_dispatch`` once the dispatches to time have run."""
 
 
 def step_cost(num_requests: int, policy: str) -> tuple[float, float]:
@@ -82,14 +82,20 @@ def step_cost(num_requests: int, policy: str) -> tuple[float, float]:
     prompts = np.ones((num_requests, 1), dtype=np.int64)
     stamps: list[float] = []
 
-    def on_step(done: StepDone) -> None:
+    def on_dispatch(done: DispatchDone) -> None:
         stamps.append(time.perf_counter())
         if done.index >= LAST:
             raise _Enough
 
     start = time.perf_counter()
     with contextlib.suppress(_Enough):
-        generate(NullBackend(), prompts, config=config, max_new_tokens=NEW_TOKENS, on_step=on_step)
+        generate(
+            NullBackend(),
+            prompts,
+            config=config,
+            max_new_tokens=NEW_TOKENS,
+            on_dispatch=on_dispatch,
+        )
     gaps = np.diff(stamps[FIRST:])
     return stamps[0] - start, float(statistics.median(gaps)) if gaps.size else float("nan")
 

@@ -53,7 +53,6 @@ from .runtime._generate import (
     GeneratedSequence,
     GenerationResult,
     GenerationStats,
-    StepDone,
     generate,
 )
 from .runtime._llm import (
@@ -113,7 +112,6 @@ __all__ = [
     "Schedule",
     "ScheduleStats",
     "StepChunk",
-    "StepDone",
     "StepPlan",
     "UnknownRequestError",
     "Verification",
@@ -141,7 +139,7 @@ __all__ = [
 
 #: Retired public names -> the names that replaced them (the same objects). Reading one
 #: warns (``DeprecationWarning``) and returns its replacement; none is in ``__all__``.
-_RETIRED_NAMES = {"step_arrays": "dispatch_arrays"}
+_RETIRED_NAMES = {"StepDone": "DispatchDone", "step_arrays": "dispatch_arrays"}
 
 
 def __getattr__(name: str) -> object:

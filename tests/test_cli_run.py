@@ -293,7 +293,7 @@ def test_run_text_summary_and_progress(capsys: pytest.CaptureFixture[str]) -> No
 def test_run_progress_is_the_drivers_on_dispatch_callback_on_the_backend_itself(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[tuple[str, int, int]] = []
+    seen: list[tuple[str, int, int | None]] = []
     real = pypto_sched.execute_schedule
 
     def spy(schedule: Any, backend: Any, token_ids: Any, **options: Any) -> Any:

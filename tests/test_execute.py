@@ -245,14 +245,21 @@ def test_on_dispatch_reports_each_dispatch_after_it_ran_in_order() -> None:
     assert [done for done, _ in seen] == [
         DispatchDone(
             index=d.index,
-            num_dispatches=schedule.num_dispatches,
-            num_tokens=d.num_tokens,
             num_rows=d.num_rows,
+            num_tokens=d.num_tokens,
+            num_decode_rows=0,
+            num_finished=int((schedule.finish_dispatch <= d.index).sum()),
+            num_requests=len(LENGTHS),
+            num_generated_tokens=0,
+            num_dispatches=schedule.num_dispatches,
         )
         for d in schedule.dispatches
     ]
     assert [ran for _, ran in seen] == list(range(1, schedule.num_dispatches + 1))
-    assert seen[-1][0].fraction == 1.0
+    assert [done.fraction for done, _ in seen] == [
+        (i + 1) / schedule.num_dispatches for i in range(schedule.num_dispatches)
+    ]
+    assert seen[-1][0].num_finished == len(LENGTHS)
 
 
 def test_an_exception_from_on_dispatch_stops_the_run_unchanged() -> None:
@@ -618,7 +625,7 @@ def test_an_on_dispatch_that_is_not_callable_is_refused_before_anything_runs() -
             {"request_stop_token_ids": [np.array(3)]},
             r"^'request_stop_token_ids\[0\]' must be a collection of token ids .*\(ndarray\)$",
         ),
-        ({"on_step": 5}, r"^'on_step' must be callable or None: 5 \(int\)$"),
+        ({"on_dispatch": 5}, r"^'on_dispatch' must be callable or None: 5 \(int\)$"),
         (
             {"stop_token_ids": {3: 1}},
             r"^'stop_token_ids' must be a collection of token ids .*: \{3: 1\} \(dict\)$",

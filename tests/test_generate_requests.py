@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pypto_sched import (
+    DispatchDone,
     InvalidConfigError,
     InvalidInputError,
     PlannerConfig,
@@ -217,3 +218,41 @@ def test_each_requests_tokens_and_logprobs_do_not_depend_on_the_plan(
             assert np.allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-9)
             assert a.top_token_ids is not None
             assert a.top_token_ids.shape == (len(tokens), p.logprobs)
+
+
+# -- progress: one DispatchDone a dispatch, as execute_schedule's --------------------------------
+
+
+def test_on_dispatch_hears_each_generation_dispatch_as_a_dispatch_done() -> None:
+    heard: list[DispatchDone] = []
+    news = [4, 1, 6]
+    result = generate(
+        BACKEND, PROMPTS, config=CONFIG, max_new_tokens=news, on_dispatch=heard.append
+    )
+    assert [done.index for done in heard] == list(range(result.stats.num_dispatches))
+    assert all(done.num_dispatches is None for done in heard)  # not known ahead online
+    assert all(done.num_requests == len(PROMPTS) for done in heard)
+    finished = [done.num_finished for done in heard]
+    assert finished == sorted(finished)
+    assert finished[-1] == len(PROMPTS)
+    generated = [done.num_generated_tokens for done in heard]
+    assert generated == sorted(generated)
+    assert generated[-1] == sum(news)
+    assert [done.fraction for done in heard] == [n / len(PROMPTS) for n in finished]
+    assert sum(done.num_tokens for done in heard) == result.stats.num_computed_tokens
+    assert heard[0].num_decode_rows == 0
+    assert heard[-1].num_decode_rows == heard[-1].num_rows
+    mixed = sum(0 < done.num_decode_rows < done.num_rows for done in heard)
+    assert mixed == result.stats.num_mixed_dispatches
+
+
+def test_on_step_is_on_dispatch_by_its_retired_name() -> None:
+    heard: list[DispatchDone] = []
+    with pytest.warns(DeprecationWarning, match=r"'on_step' is deprecated: use 'on_dispatch'"):
+        generate(BACKEND, PROMPTS, config=CONFIG, max_new_tokens=2, on_step=heard.append)
+    expected: list[DispatchDone] = []
+    generate(BACKEND, PROMPTS, config=CONFIG, max_new_tokens=2, on_dispatch=expected.append)
+    assert heard == expected
+    assert heard
+    with pytest.raises(InvalidInputError, match=r"^'on_step' must not be given with 'on_dispa"):
+        generate(BACKEND, PROMPTS, config=CONFIG, on_step=print, on_dispatch=print)

@@ -15,12 +15,12 @@ import pytest
 
 import pypto_sched.runtime._generate as generate_module
 from pypto_sched import (
+    DispatchDone,
     DispatchInput,
     DispatchOutput,
     InvalidConfigError,
     PlannerConfig,
     Policy,
-    StepDone,
     generate,
     load_backend,
     plan_generation_step,
@@ -91,7 +91,7 @@ def test_the_default_pool_gives_the_tokens_of_an_ample_one() -> None:
 def test_a_pool_the_backend_cannot_allocate_is_a_config_error_before_any_dispatch() -> None:
     """The reference backend's cache of 2**31 - 1 pages (terabytes) fails to allocate: the
     error names ``num_pages`` and says what to do, and nothing has run."""
-    steps: list[StepDone] = []
+    steps: list[DispatchDone] = []
     message = (
         r"^'num_pages' must fit in memory: backend 'reference' cannot allocate a KV cache of "
         r"2,147,483,647 pages"
@@ -103,7 +103,7 @@ def test_a_pool_the_backend_cannot_allocate_is_a_config_error_before_any_dispatc
             config=PlannerConfig(max_num_batched_tokens=8),
             max_new_tokens=2,
             num_pages=2**31 - 1,
-            on_step=steps.append,
+            on_dispatch=steps.append,
         )
     assert steps == []
 
@@ -134,9 +134,9 @@ def test_requests_beyond_the_admission_window_join_as_it_runs_with_the_same_toke
 
         monkeypatch.setattr(generate_module, "MIN_ADMISSION_WINDOW", 4)
         monkeypatch.setattr(generate_module, "plan_generation_step", spying)
-        done: list[StepDone] = []
+        done: list[DispatchDone] = []
         windowed = generate(backend, prompts, config=config, max_new_tokens=news,
-                            on_step=done.append)  # fmt: skip
+                            on_dispatch=done.append)  # fmt: skip
         monkeypatch.undo()
         assert [s.token_ids.tolist() for s in windowed.sequences] == [
             s.token_ids.tolist() for s in whole.sequences

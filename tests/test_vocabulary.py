@@ -8,7 +8,7 @@ import pytest
 import pypto_sched
 
 #: Retired public name -> the name that replaced it.
-RETIRED = {"step_arrays": "dispatch_arrays"}
+RETIRED = {"StepDone": "DispatchDone", "step_arrays": "dispatch_arrays"}
 
 
 @pytest.mark.parametrize(("old", "new"), RETIRED.items())

@@ -8,14 +8,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-from ..runtime._generate import StepDone
 from ..runtime.execute import DispatchDone
 from ._errors import CommandFailed
 from ._render import RICH, console, has_rich
 
 __all__ = ["OnDispatch", "bar", "generation_bar", "wanted"]
 
-#: What :func:`~pypto_sched.execute_schedule` calls after each dispatch.
+#: What :func:`~pypto_sched.execute_schedule` and :func:`~pypto_sched.generate` call after
+#: each dispatch.
 OnDispatch = Callable[[DispatchDone], None]
 #: ``progress(label, total)``: a context whose value is the ``on_dispatch`` callback.
 Progress = Callable[[str, int], AbstractContextManager[OnDispatch]]
@@ -80,9 +80,7 @@ def _shown(label: str, total: int, *, forced: bool) -> Iterator[OnDispatch]:
 
 
 @contextmanager
-def generation_bar(
-    args: argparse.Namespace, num_requests: int
-) -> Iterator[Callable[[StepDone], None]]:
+def generation_bar(args: argparse.Namespace, num_requests: int) -> Iterator[OnDispatch]:
     """Requests done and tokens per second on stderr, as :func:`wanted` says."""
     if not wanted(args):
         yield lambda _done: None
@@ -98,7 +96,7 @@ def generation_bar(
         task = progress.add_task("generate", total=num_requests, rate="")
         started = time.perf_counter()
 
-        def advance(done: StepDone) -> None:
+        def advance(done: DispatchDone) -> None:
             seconds = time.perf_counter() - started
             rate = f"{done.num_generated_tokens / seconds:,.0f} tokens/s" if seconds > 0 else ""
             progress.update(task, completed=done.num_finished, rate=rate)

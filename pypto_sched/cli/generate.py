@@ -2,7 +2,7 @@
 
 The command parses, calls the library and renders: :func:`~pypto_sched.prompts.read_prompts`
 reads and checks the prompts (text and ``"messages"`` through the checkpoint's tokenizer and
-chat template, :mod:`._model`), :func:`~pypto_sched.generate` runs them (its ``on_step``
+chat template, :mod:`._model`), :func:`~pypto_sched.generate` runs them (its ``on_dispatch``
 feeds the progress bar, its ``on_finish`` the output, :mod:`._job`), and
 :func:`~pypto_sched.integrations.hf_verify.verify_greedy_generation` is ``--verify``. The
 whole execution is the one call in :func:`execute`, so that another way of running the batch
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from ..core._config import PlannerConfig
 from ..core._sampling import SamplingParams
 from ..integrations.hf_verify import verify_greedy_generation
-from ..runtime._generate import GeneratedSequence, GenerationResult, StepDone, generate
+from ..runtime._generate import GeneratedSequence, GenerationResult, generate
 from ..runtime._llm import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..runtime.backends import Backend, max_positions, relative_tolerance
-from ..runtime.execute import DEFAULT_PAGE_SIZE
+from ..runtime.execute import DEFAULT_PAGE_SIZE, DispatchDone
 from ..runtime.output import PARTIAL_SUFFIX
 from ..runtime.prompts import PromptRequest, eos_token_ids, read_prompts
 from . import _job, _model, _replicas
@@ -254,10 +254,10 @@ def _generate(
     ) -> GenerationResult:
         part = [requests[r] for r in todo]
         if isinstance(backend, Backend):
-            with generation_bar(args, len(part)) as on_step:
+            with generation_bar(args, len(part)) as on_dispatch:
                 return execute(
                     backend, part, config=config, stop_token_ids=eos,
-                    num_pages=args.num_kv_pages, page_size=page_size, on_step=on_step,
+                    num_pages=args.num_kv_pages, page_size=page_size, on_dispatch=on_dispatch,
                     on_finish=on_finish, request_indices=todo,
                     detokenize=None if tokenizer is None else tokenizer.decode,
                 )  # fmt: skip
@@ -314,7 +314,7 @@ def execute(
     stop_token_ids: Collection[int],
     num_pages: int | None,
     page_size: int,
-    on_step: Callable[[StepDone], None],
+    on_dispatch: Callable[[DispatchDone], None],
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
     request_indices: Sequence[int] | None = None,
     detokenize: Callable[[Sequence[int]], str] | None = None,
@@ -332,7 +332,7 @@ def execute(
             request_stop_token_ids=[r.stop_token_ids for r in requests],
             num_pages=num_pages,
             page_size=page_size,
-            on_step=on_step,
+            on_dispatch=on_dispatch,
             on_finish=on_finish,
             request_indices=request_indices,
             detokenize=detokenize,

@@ -84,7 +84,6 @@ from ..runtime._generate import (
     GeneratedSequence,
     GenerationInputs,
     GenerationStats,
-    StepDone,
     prepare_generation,
     run_generation,
     token_arrays,
@@ -418,14 +417,11 @@ class _Replica:
     ) -> tuple[IntArray, npt.NDArray[np.floating[Any]] | None, int]:
         self._done = (part, 0, 0)
         schedule = plan_prefill([len(p) for p in prompts], config)
-        finished = np.cumsum(
-            np.bincount(schedule.finish_dispatch, minlength=schedule.num_dispatches)
-        )
         tokens = [0]
 
         def on_dispatch(done: DispatchDone) -> None:
             tokens[0] += done.num_tokens
-            self._done = (part, int(finished[done.index]), tokens[0])
+            self._done = (part, done.num_finished, tokens[0])
 
         # (Requests named by their indices in the batch, as in generate.)
         result = execute_schedule_with_options(
@@ -449,10 +445,10 @@ class _Replica:
     ) -> tuple[tuple[GeneratedSequence, ...], GenerationStats]:
         self._done = (part, 0, 0)
 
-        def on_step(done: StepDone) -> None:
+        def on_dispatch(done: DispatchDone) -> None:
             self._done = (part, done.num_finished, done.num_generated_tokens)
 
-        result = run_generation(self._get(), attrs.evolve(inputs, on_step=on_step))
+        result = run_generation(self._get(), attrs.evolve(inputs, on_dispatch=on_dispatch))
         return result.sequences, result.stats
 
     def _get(self) -> Backend:

@@ -19,8 +19,9 @@ when its code is 0); a ``KeyboardInterrupt`` passes through unchanged.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -41,11 +42,18 @@ from ..core._validate import (
     read_only,
 )
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
-from .execute import DEFAULT_PAGE_SIZE, TokenIds, run_dispatch_checked, token_array
+from .execute import (
+    DEFAULT_PAGE_SIZE,
+    DispatchDone,
+    TokenIds,
+    run_dispatch_checked,
+    token_array,
+)
 
-__all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "StepDone", "generate"]
+__all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "generate"]
 
 FinishReason = Literal["length", "stop"]
+_T = TypeVar("_T")
 
 
 @arrays_stay_read_only
@@ -60,7 +68,7 @@ class GeneratedSequence:
     #: What stopped it: the stop token id or the stop string; ``None`` for ``"length"``.
     stop_reason: int | str | None = None
     #: The index of the dispatch that gave its first token, counted from 0 (as
-    #: ``StepDone.index``); ``GenerationStats``' time to first token counts from 1.
+    #: ``DispatchDone.index``); ``GenerationStats``' time to first token counts from 1.
     first_token_dispatch: int
     #: How often it was preempted (and recomputed).
     num_preemptions: int
@@ -105,23 +113,6 @@ class GenerationResult:
     stats: GenerationStats
 
 
-@attrs.frozen(kw_only=True)
-class StepDone:
-    """Told to ``on_step`` after each dispatch of :func:`generate`."""
-
-    #: The dispatch just run, counted from 0.
-    index: int
-    #: Its rows: decode rows first.
-    num_rows: int
-    num_decode_rows: int
-    num_tokens: int
-    #: Requests finished so far, of ``num_requests``.
-    num_finished: int
-    num_requests: int
-    #: Tokens generated so far, over every request.
-    num_generated_tokens: int
-
-
 def generate(
     backend: Backend,
     prompts: TokenIds,
@@ -133,10 +124,11 @@ def generate(
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     num_pages: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
-    on_step: Callable[[StepDone], None] | None = None,
+    on_dispatch: Callable[[DispatchDone], None] | None = None,
     request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
     detokenize: Callable[[Sequence[int]], str] | None = None,
+    on_step: Callable[[DispatchDone], None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens (one int, or one per prompt) for each of
     ``prompts`` (token id arrays) on ``backend``, every dispatch planned under ``config``.
@@ -161,9 +153,13 @@ def generate(
     with one index would draw the same random tokens).
 
     ``on_finish(r, sequence)`` is told each request as it finishes (``r``: its place in
-    ``prompts``), before ``on_step`` hears of the dispatch: a caller that writes results as
-    they come keeps every finished request when a later dispatch fails.
+    ``prompts``), before ``on_dispatch`` hears of the dispatch: a caller that writes results as
+    they come keeps every finished request when a later dispatch fails. ``on_dispatch`` is
+    told a :class:`~pypto_sched.DispatchDone` after each dispatch.
+
+    ``on_step`` is the retired name of ``on_dispatch`` (a ``DeprecationWarning``).
     """
+    on_dispatch = _renamed("on_step", on_step, "on_dispatch", on_dispatch, on_dispatch is not None)
     check_is_backend(backend)
     inputs = prepare_generation(
         prompts,
@@ -176,12 +172,25 @@ def generate(
         request_stop_token_ids=request_stop_token_ids,
         num_pages=num_pages,
         page_size=page_size,
-        on_step=on_step,
+        on_dispatch=on_dispatch,
         request_indices=request_indices,
         on_finish=on_finish,
         detokenize=detokenize,
     )
     return run_generation(backend, inputs)
+
+
+def _renamed(old: str, value: Any, new: str, replacement: _T, replacement_given: bool) -> _T:
+    """The value of :func:`generate`'s argument ``new``, once called ``old``: ``replacement``,
+    or ``value`` (with a ``DeprecationWarning``) when the old name was given (not ``None``)."""
+    if value is None:
+        return replacement
+    if replacement_given:
+        raise InvalidInputError.about(old, f"must not be given with {new!r}, its new name")
+    warnings.warn(
+        f"generate's {old!r} is deprecated: use {new!r}", DeprecationWarning, stacklevel=3
+    )
+    return cast(_T, value)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -208,7 +217,7 @@ class GenerationInputs:
     #: The KV pool: ``None`` is :func:`default_num_pages` of the requests run.
     num_pages: int | None
     page_size: int
-    on_step: Callable[[StepDone], None] | None
+    on_dispatch: Callable[[DispatchDone], None] | None
     on_finish: Callable[[int, GeneratedSequence], None] | None
     detokenize: Callable[[Sequence[int]], str] | None
 
@@ -223,7 +232,7 @@ class GenerationInputs:
             params=tuple(self.params[r] for r in rows),
             stop_token_ids=tuple(self.stop_token_ids[r] for r in rows),
             request_indices=tuple(self.request_indices[r] for r in rows),
-            on_step=None,
+            on_dispatch=None,
             on_finish=None,
         )
 
@@ -240,7 +249,7 @@ def prepare_generation(
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     num_pages: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
-    on_step: Callable[[StepDone], None] | None = None,
+    on_dispatch: Callable[[DispatchDone], None] | None = None,
     request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
     detokenize: Callable[[Sequence[int]], str] | None = None,
@@ -261,7 +270,7 @@ def prepare_generation(
             raise InvalidInputError.about(
                 f"sampling[{r}].stop", f"needs text: pass 'detokenize' (ids to text): {p.stop!r}"
             )
-    check_callback("on_step", on_step)
+    check_callback("on_dispatch", on_dispatch)
     check_callback("on_finish", on_finish)
     check_callback("detokenize", detokenize)
     seeds = (
@@ -295,7 +304,7 @@ def prepare_generation(
         request_indices=tuple(seeds),
         num_pages=num_pages,
         page_size=page_size,
-        on_step=on_step,
+        on_dispatch=on_dispatch,
         on_finish=on_finish,
         detokenize=detokenize,
     )
@@ -572,7 +581,7 @@ class _Run:
         self.prompt_lengths = [len(t) for t in self.tokens]
         self.stops = inputs.stop_token_ids
         self.seeds = inputs.request_indices
-        self.on_step = inputs.on_step
+        self.on_dispatch = inputs.on_dispatch
         self.on_finish = inputs.on_finish
         self.detokenize = inputs.detokenize
         count = len(self.tokens)
@@ -707,13 +716,13 @@ class _Run:
         if self.on_finish is not None:
             for request in finished:
                 self.on_finish(request, self.sequence(request))
-        if self.on_step is not None:
-            self.on_step(
-                StepDone(
+        if self.on_dispatch is not None:
+            self.on_dispatch(
+                DispatchDone(
                     index=index,
                     num_rows=step.num_rows,
-                    num_decode_rows=step.num_decode_rows,
                     num_tokens=step.num_tokens,
+                    num_decode_rows=step.num_decode_rows,
                     num_finished=self.num_finished,
                     num_requests=len(self.tokens),
                     num_generated_tokens=self.num_generated,

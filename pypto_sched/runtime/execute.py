@@ -67,22 +67,36 @@ Embeddings = Sequence[npt.NDArray[np.floating[Any]]] | npt.NDArray[np.floating[A
 class DispatchDone:
     """Progress: one dispatch has run and its outputs passed the driver's checks.
 
-    Handed to ``execute_schedule``'s ``on_dispatch`` callback after each dispatch, in order.
+    Handed, after each dispatch and in order, to the ``on_dispatch`` callback of
+    :func:`execute_schedule` (a schedule's dispatches, planned ahead) and of
+    :func:`~pypto_sched.generate` (each dispatch planned as a step). What only a generation
+    has is 0 offline (``num_decode_rows``, ``num_generated_tokens``); what only a schedule
+    knows is ``None`` for a generation (``num_dispatches``).
     """
 
-    #: Index of the dispatch just run, ``0 <= index < num_dispatches``.
+    #: Index of the dispatch just run, counted from 0.
     index: int
-    #: Dispatches in the schedule.
-    num_dispatches: int
+    #: Rows in the dispatch (one chunk a request), decode rows first.
+    num_rows: int
     #: Tokens the dispatch ran (its rows' chunk lengths summed).
     num_tokens: int
-    #: Rows (requests) in the dispatch.
-    num_rows: int
+    #: How many of the rows are decode rows (0 offline).
+    num_decode_rows: int = 0
+    #: Requests whose final row has run so far, of ``num_requests``.
+    num_finished: int
+    num_requests: int
+    #: Tokens generated so far, over every request (0 offline).
+    num_generated_tokens: int = 0
+    #: Dispatches in the schedule; ``None`` for a generation, whose count is not known ahead.
+    num_dispatches: int | None = None
 
     @property
     def fraction(self) -> float:
-        """Share of the schedule's dispatches done, in ``(0, 1]``."""
-        return (self.index + 1) / self.num_dispatches
+        """Share of the work done, in ``[0, 1]``: of the schedule's dispatches when their
+        number is known, else of the requests finished."""
+        if self.num_dispatches is not None:
+            return (self.index + 1) / self.num_dispatches
+        return self.num_finished / self.num_requests if self.num_requests else 1.0
 
 
 @arrays_stay_read_only
@@ -196,6 +210,7 @@ def execute_schedule_with_options(
     if cache is None:
         cache = make_cache(backend, num_pages=tables.num_pages, page_size=tables.page_size)
     logits, greedy = _Collector(schedule.num_requests), _Collector(schedule.num_requests)
+    num_finished = 0
     for dispatch in schedule.dispatches:
         arrays = dispatch_arrays(dispatch, tables)
         # Outputs (and device sampling) are only ever asked of a dispatch holding a final
@@ -217,13 +232,16 @@ def execute_schedule_with_options(
             logits.put(arrays.final_requests, output.logits)
         if batch.return_greedy:
             greedy.put(arrays.final_requests, output.greedy_token_ids)
+        num_finished += int(arrays.final_requests.size)
         if on_dispatch is not None:
             on_dispatch(
                 DispatchDone(
                     index=dispatch.index,
-                    num_dispatches=schedule.num_dispatches,
-                    num_tokens=arrays.num_tokens,
                     num_rows=arrays.num_rows,
+                    num_tokens=arrays.num_tokens,
+                    num_finished=num_finished,
+                    num_requests=schedule.num_requests,
+                    num_dispatches=schedule.num_dispatches,
                 )
             )
     return ExecutionResult(
