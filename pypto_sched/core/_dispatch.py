@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import numpy as np
@@ -22,7 +22,6 @@ from ._schedule import Dispatch
 from ._validate import arrays_stay_read_only, check_index, read_only
 
 if TYPE_CHECKING:
-    from ._online import StepChunk
     from ._pool import PagePool
 
 __all__ = ["DispatchArrays"]
@@ -220,9 +219,19 @@ def dispatch_arrays_with_ids(
     )
 
 
-def rows_arrays(
-    rows: Mapping[Any, StepChunk], pool: PagePool[Any], *, index: int
-) -> DispatchArrays:
+class Row(Protocol):
+    """What :func:`rows_arrays` reads of a row: a :class:`~pypto_sched.StepChunk`'s fields
+    (named so, as ``_online.py``, which builds them, is above this module)."""
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def is_final(self) -> bool: ...
+
+
+def rows_arrays(rows: Mapping[Any, Row], pool: PagePool[Any], *, index: int) -> DispatchArrays:
     """The kernel arrays of a step's ``rows`` (checked) whose pages ``pool`` holds: row ``i``
     is the ``i``-th item of ``rows``, its ``requests`` entry ``i``; messages name requests by
     their ids."""
