@@ -8,7 +8,7 @@ Two measurements, both of dispatch counts (no timing):
 1. *Small instances*, where the true optimum is found by exhaustive search
    (``tests/optimum.py``, sharing no code with the library): 1 to 4 prompts of 1 to 12
    tokens, budgets of 1 to 10, in four classes of config -- no limits but the budget and the
-   threshold; with ``page_size``; with ``max_num_seqs``; with everything. Per class: how often
+   threshold; with ``chunk_alignment``; with ``max_num_seqs``; with everything. Per class: how often
    the bound is achievable (equals the optimum), how often ``packed`` meets it then, how often
    ``packed`` is optimal, its worst ratio to the optimum, and how often it is optimal among
    the schedules that start the requests in arrival order, as it does (the search with
@@ -73,7 +73,7 @@ def small_config(rng: random.Random, *, pages: bool, rows: bool) -> PlannerConfi
     return PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        page_size=rng.randint(1, cap) if pages else None,
+        chunk_alignment=rng.randint(1, cap) if pages else None,
         max_num_seqs=rng.randint(1, 3) if rows else None,
         policy="packed",
     )
@@ -106,7 +106,7 @@ def realistic(quick: bool, *, longest_first: bool) -> list[tuple[str, float, flo
     thresholds = (256, 2048, None) if quick else (256, 512, 2048, None)
     classes = {
         "budget and threshold": (None, None),
-        "page_size 16": (16, None),
+        "chunk_alignment 16": (16, None),
         "max_num_seqs 16": (None, 16),
         "both": (16, 16),
     }
@@ -122,7 +122,7 @@ def realistic(quick: bool, *, longest_first: bool) -> list[tuple[str, float, flo
             config = PlannerConfig(
                 max_num_batched_tokens=8192,
                 long_prefill_token_threshold=threshold,
-                page_size=page,
+                chunk_alignment=page,
                 max_num_seqs=max_rows,
                 policy="packed",
             )
@@ -146,7 +146,7 @@ def main() -> None:
     )
     for name, pages, rows in (
         ("budget and threshold", False, False),
-        ("page_size", True, False),
+        ("chunk_alignment", True, False),
         ("max_num_seqs", False, True),
         ("both", True, True),
     ):

@@ -228,7 +228,7 @@ def decode_ours(backend: Backend, prompts: Sequence[list[int]], new_tokens: int)
         prompts,
         config=config,
         max_new_tokens=new_tokens,
-        page_size=PAGE_SIZE,
+        kv_page_size=PAGE_SIZE,
         on_dispatch=on_dispatch,
     )
     return DecodeRun(

@@ -93,7 +93,7 @@ def make_config(policy: Policy, workload: Workload = "bench") -> PlannerConfig:
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=64 if policy == "packed" else None,
-        page_size=PAGE,
+        chunk_alignment=PAGE,
         policy=policy,
     )
 
@@ -194,7 +194,7 @@ def simple_round_robin(state: SimpleState, config: PlannerConfig) -> tuple[Rows,
     requests, pages = state.requests, state.pages
     if not requests:
         return {}, state
-    budget, page = config.effective_budget, config.page_size or 1
+    budget, page = config.effective_budget, config.chunk_alignment or 1
     if not state.splitting and whole_batch_fits(state, budget):
         rows = {r.id: (r.position, r.prompt_length - r.position, True) for r in requests}
         for r in requests:
@@ -220,7 +220,7 @@ def simple_round_robin(state: SimpleState, config: PlannerConfig) -> tuple[Rows,
 
 def simple_packed(state: SimpleState, config: PlannerConfig) -> tuple[Rows, SimpleState]:
     requests, pages = state.requests, state.pages
-    cap, page = config.chunk_cap, config.page_size or 1
+    cap, page = config.chunk_cap, config.chunk_alignment or 1
     if len(requests) == 1:  # the work-conserving tail: a request alone may use the budget
         cap = config.max_num_batched_tokens
     left = config.max_num_batched_tokens

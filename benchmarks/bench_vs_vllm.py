@@ -22,7 +22,7 @@ It prints two tables.
    ``plan_prefill`` under ``packed`` and ``round_robin`` with the same knobs
    (``max_num_batched_tokens``, ``long_prefill_token_threshold``, ``max_num_seqs``), and
    ``Schedule.lower_bound``. vLLM does not align chunks to its KV blocks, so the planner gets
-   no ``page_size`` here. Each side is checked to have scheduled every prompt token exactly
+   no ``chunk_alignment`` here. Each side is checked to have scheduled every prompt token exactly
    once. Target: ``packed`` never takes more dispatches than vLLM.
 2. **Per-step cost** with 100, 1,000 and 10,000 requests in flight (prompts of 64 to 4,096
    tokens; a new request arrives for every one that finishes): median microseconds of

@@ -161,7 +161,7 @@ def run_ours(checkpoint: Path, workload: str, dtype: str, *, quick: bool) -> dic
             [np.array(p) for p in batch],
             config=config,
             max_new_tokens=new_tokens(quick=quick),
-            page_size=PAGE_SIZE,
+            kv_page_size=PAGE_SIZE,
         )
         calls.append(
             {

@@ -316,7 +316,11 @@ def check_greedy(check: Check) -> dict[str, Any]:
         max_num_seqs=sizes.greedy_prompts,
     )
     result = generate(
-        backend, prompts, config=config, max_new_tokens=sizes.greedy_new_tokens, page_size=PAGE_SIZE
+        backend,
+        prompts,
+        config=config,
+        max_new_tokens=sizes.greedy_new_tokens,
+        kv_page_size=PAGE_SIZE,
     )
     generated = [s.token_ids.tolist() for s in result.sequences]
     verification = verify_greedy_generation(
@@ -351,7 +355,9 @@ def _generate_ours(
         policy="packed",
     )
     seconds, result = timed(
-        lambda: generate(backend, prompts, config=config, max_new_tokens=new, page_size=PAGE_SIZE),
+        lambda: generate(
+            backend, prompts, config=config, max_new_tokens=new, kv_page_size=PAGE_SIZE
+        ),
         backend.device,
     )
     stats = result.stats

@@ -28,7 +28,7 @@ def optimum(lengths: list[int], config: PlannerConfig, *, in_order: bool = False
     cap = budget if threshold is None else min(threshold, budget)
     dispatch_budget = cap if config.policy == "round_robin" else budget
     rows = config.max_num_seqs or len(lengths)
-    page = config.page_size or 1
+    page = config.chunk_alignment or 1
     goal = tuple(lengths)
     level: set[tuple[int, ...]] = {tuple(0 for _ in lengths)}
     seen = set(level)

@@ -51,7 +51,7 @@ def _round_robin(lengths: list[int], position: list[int], config: PlannerConfig)
     while any(position[r] < lengths[r] for r in range(len(lengths))):
         for r in range(len(lengths)):
             if position[r] < lengths[r]:
-                size = _chunk(position[r], lengths[r], budget, config.page_size)
+                size = _chunk(position[r], lengths[r], budget, config.chunk_alignment)
                 final = position[r] + size == lengths[r]
                 dispatches.append([(r, position[r], size, final)])
                 position[r] += size
@@ -76,7 +76,7 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
         for r in started:
             if len(rows) == max_rows:
                 break
-            size = _chunk(position[r], lengths[r], min(cap, left), config.page_size)
+            size = _chunk(position[r], lengths[r], min(cap, left), config.chunk_alignment)
             if size > 0:
                 rows.append((r, position[r], size, position[r] + size == lengths[r]))
                 position[r] += size
@@ -84,7 +84,7 @@ def _packed(lengths: list[int], position: list[int], config: PlannerConfig) -> l
         started = [r for r in started if position[r] < lengths[r]]
         while next_new < len(lengths) and len(rows) < max_rows and left > 0:
             r = next_new
-            size = _chunk(position[r], lengths[r], min(cap, left), config.page_size)
+            size = _chunk(position[r], lengths[r], min(cap, left), config.chunk_alignment)
             final = position[r] + size == lengths[r]
             if size == 0 or (not final and len(started) >= max_partial):
                 break
@@ -113,7 +113,7 @@ def _packed_to_the_bound(
     the greedy fill reads them only as far as it runs them."""
     budget = config.max_num_batched_tokens
     cap = min(budget, config.long_prefill_token_threshold or budget)
-    page = config.page_size or 1
+    page = config.chunk_alignment or 1
     rows_limit = config.max_num_seqs
     max_rows = rows_limit or len(lengths)
     max_partial = config.max_num_partial_prefills or len(lengths)

@@ -160,7 +160,7 @@ COUNT_FIELDS = [
     "max_num_batched_tokens",
     "long_prefill_token_threshold",
     "max_num_seqs",
-    "page_size",
+    "chunk_alignment",
     "max_num_partial_prefills",
 ]
 
@@ -169,7 +169,7 @@ def _config(**changes: Any) -> PlannerConfig:
     fields: dict[str, Any] = {
         "max_num_batched_tokens": 64,
         "long_prefill_token_threshold": 32,
-        "page_size": 16,
+        "chunk_alignment": 16,
         "policy": "packed",
     }
     fields.update(changes)
@@ -217,7 +217,7 @@ def test_config_rejects_an_unknown_policy(policy: Any) -> None:
         ("long_prefill_token_threshold", True),
         ("max_num_seqs", 0),
         ("max_num_seqs", 4.0),
-        ("page_size", 0),
+        ("chunk_alignment", 0),
         ("policy", "fifo"),
         ("max_num_partial_prefills", -2),
     ],

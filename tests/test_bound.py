@@ -43,7 +43,7 @@ def small_cases(
     config = PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        page_size=draw(st.none() | st.integers(1, cap)) if limits else None,
+        chunk_alignment=draw(st.none() | st.integers(1, cap)) if limits else None,
         max_num_seqs=draw(st.none() | st.integers(1, 3)) if limits else None,
         policy=policy,
         max_num_partial_prefills=(
@@ -118,10 +118,10 @@ def test_packed_never_takes_more_dispatches_than_the_greedy_fill(
         # requests, pages, the partial limit), correcting by the bound took one more dispatch
         # than the greedy fill. Where a limit can bind, the greedy fill stands.
         ([35, 35, 51, 26], None, packed(6, 2, max_num_seqs=3)),
-        ([8, 40, 74], None, packed(11, 5, page_size=2)),
+        ([8, 40, 74], None, packed(11, 5, chunk_alignment=2)),
         ([10, 25, 78, 2, 55], [0, 9, 0, 0, 0], packed(9, 4, max_num_partial_prefills=2)),
-        ([51, 50, 57, 78, 69], [0, 5, 9, 0, 17], packed(12, 4, page_size=4)),
-        ([11, 4], None, packed(5, 3, max_num_seqs=1, page_size=3)),
+        ([51, 50, 57, 78, 69], [0, 5, 9, 0, 17], packed(12, 4, chunk_alignment=4)),
+        ([11, 4], None, packed(5, 3, max_num_seqs=1, chunk_alignment=3)),
     ],
 )
 def test_packed_takes_no_more_dispatches_than_the_greedy_fill_where_limits_bind(
@@ -223,7 +223,7 @@ def test_a_finished_request_is_never_planned_again() -> None:
     """Found by a mutant that put finished requests back with 0 tokens left: packed then
     looped forever here."""
     config = PlannerConfig(max_num_batched_tokens=25, long_prefill_token_threshold=4,
-                           page_size=1, max_num_seqs=2, policy="packed")  # fmt: skip
+                           chunk_alignment=1, max_num_seqs=2, policy="packed")  # fmt: skip
     lengths = [19, 16, 4, 5, 15]
     schedule = plan_prefill(lengths, config)
     assert rows_of(schedule) == oracle_plan(lengths, config)

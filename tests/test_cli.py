@@ -273,13 +273,13 @@ def test_compare_config_specs_change_the_base(capsys: pytest.CaptureFixture[str]
         "--config",
         "policy=packed,batch=8",
         "--config",
-        "page=128",
+        "align=128",
         "--vary",
         "budget=4096,8192",
     )
     configs = [r["config"] for r in data["configurations"]]
     assert len(configs) == 4
-    assert [(c["policy"], c["max_num_seqs"], c["page_size"]) for c in configs] == [
+    assert [(c["policy"], c["max_num_seqs"], c["chunk_alignment"]) for c in configs] == [
         ("packed", 8, None),
         ("packed", 8, None),
         ("round_robin", None, 128),
@@ -324,8 +324,8 @@ def test_compare_text_has_a_column_per_varying_setting(
         (
             ["--config", "speed=3"],
             "--config: unknown setting 'speed'; known: policy, max-num-batched-tokens, "
-            "long-prefill-token-threshold, max-num-seqs, page-size, max-num-partial-prefills, "
-            "budget, threshold, batch, page, partial\n",
+            "long-prefill-token-threshold, max-num-seqs, chunk-alignment, "
+            "max-num-partial-prefills, budget, threshold, batch, align, partial\n",
         ),
         (["--config", "policy"], "--config: expected KEY=VALUE"),
         (["--vary", "threshold=big"], "--vary: long-prefill-token-threshold must be an integer"),
@@ -670,8 +670,8 @@ def test_the_library_imports_neither_rich_nor_matplotlib() -> None:
             "--min-length: must be <= --max-length 3: 9",
         ),
         (
-            ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--page-size", "9"],
-            "--page-size: must be <= the largest chunk",
+            ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--chunk-alignment", "9"],
+            "--chunk-alignment: must be <= the largest chunk",
         ),
         (
             ["plan", "--lengths", "12", "--max-num-batched-tokens", "8", "--num-computed", "12"],
@@ -861,3 +861,58 @@ def test_the_command_takes_sigterm_only_while_it_runs(capsys: pytest.CaptureFixt
     assert len(seen) == 1
     assert seen[0] is not before  # raising Terminated while the command ran
     assert signal.getsignal(signal.SIGTERM) is before  # and given back after
+
+
+# -- --page-size, the retired name of --chunk-alignment -----------------------------------------
+
+RETIRED_FLAG = "pypto-sched: warning: --page-size is deprecated: use --chunk-alignment\n"
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_page_size_still_aligns_chunks_with_one_line_on_stderr(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    base = [command, "--lengths", "13,22,2", "--max-num-batched-tokens", "8", "--format", "json"]
+    status, expected, err = run(capsys, *base, "--chunk-alignment", "4")
+    assert (status, err) == (EXIT_OK, "")
+    status, out, err = run(capsys, *base, "--page-size", "4")
+    assert status == EXIT_OK
+    assert out == expected  # stdout untouched: the output of --chunk-alignment 4
+    assert err == RETIRED_FLAG
+
+
+def test_page_size_and_chunk_alignment_together_are_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, err = run(
+        capsys,
+        *["plan", "--lengths", "12", "--max-num-batched-tokens", "8"],
+        *["--page-size", "4", "--chunk-alignment", "4"],
+    )
+    assert (status, out) == (EXIT_USAGE, "")
+    assert err == RETIRED_FLAG + (
+        "pypto-sched: error: --page-size is the retired name of --chunk-alignment: give one\n"
+    )
+
+
+def test_page_size_is_left_out_of_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "--chunk-alignment" in out
+    assert "--page-size" not in out
+
+
+@pytest.mark.parametrize(("old", "new"), [("page", "align"), ("page-size", "chunk-alignment")])
+def test_compares_retired_setting_names_still_work_with_one_line_on_stderr(
+    capsys: pytest.CaptureFixture[str], old: str, new: str
+) -> None:
+    base = ["compare", *SEED_256, "--format", "json"]
+    status, expected, err = run(capsys, *base, "--config", f"{new}=128", "--config", f"{new}=64")
+    assert (status, err) == (EXIT_OK, "")
+    status, out, err = run(capsys, *base, "--config", f"{old}=128", "--config", f"{old}=64")
+    assert status == EXIT_OK
+    assert out == expected
+    key = old.replace("-", "_")  # one line, for the two settings that use it
+    assert err == f"pypto-sched: warning: the setting {key!r} is deprecated: use {new!r}\n"
+    assert [r["config"]["chunk_alignment"] for r in json.loads(out)["configurations"]] == [128, 64]

@@ -650,7 +650,7 @@ def test_verification_is_plain_greedy_whatever_the_checkpoints_generation_config
     backend = ReferenceBackend.from_checkpoint(directory)
     prompts = [PROMPTS[0], PROMPTS[2]]
     result = generate(backend, prompts, config=PlannerConfig(max_num_batched_tokens=24),
-                      max_new_tokens=8, page_size=4)  # fmt: skip
+                      max_new_tokens=8, kv_page_size=4)  # fmt: skip
     generated = [s.token_ids for s in result.sequences]
     settings_file = directory / "generation_config.json"
     settings = json.loads(settings_file.read_text())

@@ -535,3 +535,24 @@ def test_the_summary_counts_one_request_and_one_token_in_the_singular(
     assert out.startswith("1 request, 1 token on backend 'reference'")
     with pytest.raises(pypto_sched.InvalidInputError, match="of 1 token and 1 new token runs 1"):
         check_positions("prompts[0]", 1, 0, max_new_tokens=1)
+
+
+@pytest.mark.usefixtures("toy_entry_points")
+def test_run_takes_page_size_as_its_chunk_alignment_and_kv_page_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["run", "--backend", "toy", "--lengths", "13,6", "--max-num-batched-tokens", "8"]
+    base += ["--format", "json"]
+    status, expected, err = run(capsys, *base, "--chunk-alignment", "4")
+    assert (status, err) == (EXIT_OK, "")
+    status, out, err = run(capsys, *base, "--page-size", "4")
+    assert (status, err) == (
+        EXIT_OK,
+        "pypto-sched: warning: --page-size is deprecated: use --chunk-alignment\n",
+    )
+    drop = ("seconds", "tokens_per_second")  # timings
+    mine, theirs = json.loads(out), json.loads(expected)
+    assert {k: v for k, v in mine.items() if k not in drop} == {
+        k: v for k, v in theirs.items() if k not in drop
+    }
+    assert mine["config"]["chunk_alignment"] == 4

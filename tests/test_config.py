@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import attrs
 import numpy as np
 import pytest
@@ -15,7 +18,7 @@ def test_limits_default_to_none_meaning_off() -> None:
     config = PlannerConfig(max_num_batched_tokens=8192)
     assert config.long_prefill_token_threshold is None
     assert config.max_num_seqs is None
-    assert config.page_size is None
+    assert config.chunk_alignment is None
     assert config.max_num_partial_prefills is None
     assert config.policy == "round_robin"
     assert config.chunk_cap == config.effective_budget == 8192
@@ -65,12 +68,73 @@ def test_numpy_integers_are_stored_as_python_ints() -> None:
     )
 
 
-def test_page_size_up_to_the_chunk_cap_is_accepted_and_beyond_it_rejected() -> None:
-    PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16, page_size=16)
-    with pytest.raises(InvalidConfigError, match=r"'page_size' must be <= .* = 16.*: 17"):
-        PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16, page_size=17)
-    with pytest.raises(InvalidConfigError, match="'page_size'"):
+def test_chunk_alignment_up_to_the_chunk_cap_is_accepted_and_beyond_it_rejected() -> None:
+    PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=16, chunk_alignment=16)
+    with pytest.raises(InvalidConfigError, match=r"^'chunk_alignment' must be <= .* = 16.*: 17"):
+        PlannerConfig(
+            max_num_batched_tokens=64, long_prefill_token_threshold=16, chunk_alignment=17
+        )
+    with pytest.raises(InvalidConfigError, match=r"^'chunk_alignment'") as info:
+        PlannerConfig(max_num_batched_tokens=8, chunk_alignment=9)
+    assert info.value.parameter == "chunk_alignment"
+
+
+# -- page_size, the retired name of chunk_alignment ---------------------------------------------
+
+
+def test_page_size_is_chunk_alignment_by_its_retired_name() -> None:
+    new = PlannerConfig(max_num_batched_tokens=8, chunk_alignment=4)
+    with pytest.warns(DeprecationWarning, match=r"'page_size' is deprecated: use 'chunk_al"):
+        old = PlannerConfig(max_num_batched_tokens=8, page_size=4)
+    assert old == new
+    assert hash(old) == hash(new)
+    with pytest.warns(DeprecationWarning, match=r"page_size is deprecated: use chunk_alignment"):
+        assert new.page_size == 4
+    with (  # the rules still hold, and name the field
+        pytest.warns(DeprecationWarning, match="'page_size'"),
+        pytest.raises(InvalidConfigError, match=r"^'chunk_alignment' must be <="),
+    ):
         PlannerConfig(max_num_batched_tokens=8, page_size=9)
+    with pytest.warns(DeprecationWarning, match="'page_size'"):
+        engine = PlannerConfig.from_engine_args(max_num_batched_tokens=8, page_size=4)
+    assert (
+        engine == new == PlannerConfig.from_engine_args(max_num_batched_tokens=8, chunk_alignment=4)
+    )
+
+
+def test_page_size_and_chunk_alignment_together_are_refused() -> None:
+    with pytest.raises(InvalidConfigError, match=r"^'page_size' must not be given with 'chunk_a"):
+        PlannerConfig(max_num_batched_tokens=8, chunk_alignment=4, page_size=4)
+
+
+def test_a_config_has_no_field_named_page_size_and_no_page_size_to_set() -> None:
+    assert "page_size" not in {field.name for field in attrs.fields(PlannerConfig)}
+    config = PlannerConfig(max_num_batched_tokens=8, chunk_alignment=4)
+    with pytest.raises(AttributeError):
+        config.page_size = 2  # type: ignore[misc]
+
+
+def test_evolve_pickle_and_copy_keep_the_alignment_and_its_validators() -> None:
+    config = PlannerConfig(max_num_batched_tokens=8, chunk_alignment=4, policy="packed")
+    assert attrs.evolve(config, chunk_alignment=2).chunk_alignment == 2
+    assert attrs.evolve(config, max_num_batched_tokens=16) == PlannerConfig(
+        max_num_batched_tokens=16, chunk_alignment=4, policy="packed"
+    )
+    with pytest.raises(InvalidConfigError, match=r"^'chunk_alignment' must be <="):
+        attrs.evolve(config, max_num_batched_tokens=2)
+    with pytest.raises(InvalidConfigError, match=r"^'chunk_alignment' must be >= 1: 0"):
+        attrs.evolve(config, chunk_alignment=0)
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert copy.deepcopy(config) == config
+    assert type(attrs.evolve(config, chunk_alignment=np.int64(2)).chunk_alignment) is int
+
+
+def test_from_dict_reads_the_retired_key_with_a_warning() -> None:
+    data = {"max_num_batched_tokens": 8, "page_size": 4}
+    with pytest.warns(DeprecationWarning, match="'page_size' is deprecated"):
+        assert PlannerConfig.from_dict(data) == PlannerConfig(
+            max_num_batched_tokens=8, chunk_alignment=4
+        )
 
 
 def test_max_num_partial_prefills_needs_policy_packed() -> None:
@@ -90,14 +154,14 @@ def test_from_engine_args_reads_threshold_0_as_off_and_max_num_seqs_as_rows() ->
         max_num_batched_tokens=8192,
         long_prefill_token_threshold=256,
         max_num_seqs=16,
-        page_size=128,
+        chunk_alignment=128,
         policy="packed",
         max_num_partial_prefills=4,
     ) == PlannerConfig(
         max_num_batched_tokens=8192,
         long_prefill_token_threshold=256,
         max_num_seqs=16,
-        page_size=128,
+        chunk_alignment=128,
         policy="packed",
         max_num_partial_prefills=4,
     )
@@ -113,7 +177,7 @@ def configs(draw: st.DrawFn) -> PlannerConfig:
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.none() | st.integers(1, 2**31 - 1)),
-        page_size=draw(st.none() | st.integers(1, cap)),
+        chunk_alignment=draw(st.none() | st.integers(1, cap)),
         policy=policy,
         max_num_partial_prefills=draw(st.none() | st.integers(1, 1000))
         if policy == "packed"
@@ -128,7 +192,7 @@ def test_dict_round_trip_gives_an_equal_config_with_an_equal_hash(config: Planne
         "max_num_batched_tokens",
         "long_prefill_token_threshold",
         "max_num_seqs",
-        "page_size",
+        "chunk_alignment",
         "policy",
         "max_num_partial_prefills",
     }

@@ -726,7 +726,7 @@ def test_prefill_examples_cover_both_policies_prefix_hits_and_every_option(
     configs = [config for config, _, _ in planned]
     assert {config.policy for config in configs} == {"round_robin", "packed"}
     assert any(np.any(computed) for _, computed, _ in planned)
-    assert any(config.page_size is not None for config in configs)
+    assert any(config.chunk_alignment is not None for config in configs)
     assert any(config.max_num_seqs is not None for config in configs)
     assert any(config.max_num_partial_prefills is not None for config in configs)
 

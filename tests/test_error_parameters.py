@@ -101,8 +101,8 @@ def test_a_bad_config_field_is_the_errors_parameter(field: str, value: Any) -> N
     ("fields", "parameter"),
     [
         ({"max_num_partial_prefills": 2}, "max_num_partial_prefills"),  # round_robin's
-        ({"page_size": 128}, "page_size"),  # above the chunk cap
-        ({"long_prefill_token_threshold": 8, "page_size": 16}, "page_size"),
+        ({"chunk_alignment": 128}, "chunk_alignment"),  # above the chunk cap
+        ({"long_prefill_token_threshold": 8, "chunk_alignment": 16}, "chunk_alignment"),
     ],
 )
 def test_a_rule_between_config_fields_names_the_field_it_refuses(
@@ -176,8 +176,8 @@ BAD_ARGUMENTS: dict[str, Any] = {
     "sampling": "greedy",
     "stop_token_ids": [-3],
     "request_stop_token_ids": [[1]],
-    "num_pages": 0,
-    "page_size": 0,
+    "num_kv_pages": 0,
+    "kv_page_size": 0,
     "on_dispatch": 3,
     "request_indices": [0, 0, 1],
     "on_finish": "print",
@@ -186,7 +186,7 @@ BAD_ARGUMENTS: dict[str, Any] = {
 
 
 #: generate's retired argument names (tests/test_vocabulary.py checks them).
-RETIRED_ARGUMENTS = {"on_step"}
+RETIRED_ARGUMENTS = {"on_step", "num_pages", "page_size"}
 
 
 def test_the_table_of_bad_arguments_covers_every_parameter_of_generate() -> None:
@@ -274,8 +274,8 @@ def test_prepare_checks_every_request_against_the_pool_before_any_runs() -> None
             max_positions=None,
             config=CONFIG,
             max_new_tokens=[1, 1, 30],
-            num_pages=2,
-            page_size=4,
+            num_kv_pages=2,
+            kv_page_size=4,
         )
-    _about(info.value, "num_pages")
+    _about(info.value, "num_kv_pages")
     assert "request 2 needs" in str(info.value)

@@ -51,7 +51,7 @@ def test_the_serving_loop_runs_as_a_script() -> None:
                 max_num_batched_tokens=128,
                 long_prefill_token_threshold=32,
                 max_num_seqs=16,
-                page_size=8,
+                chunk_alignment=8,
                 policy="packed",
             ),
             8,

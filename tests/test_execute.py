@@ -280,7 +280,7 @@ def test_an_exception_from_on_dispatch_stops_the_run_unchanged() -> None:
 
 
 def test_pages_are_planned_at_the_config_page_size_else_the_default() -> None:
-    aligned = PlannerConfig(max_num_batched_tokens=8, page_size=4)
+    aligned = PlannerConfig(max_num_batched_tokens=8, chunk_alignment=4)
     prompts = prompts_of(LENGTHS)
     assert (
         execute_schedule(

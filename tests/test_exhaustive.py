@@ -46,7 +46,7 @@ def test_stepping_matches_the_oracle_on_every_tiny_input() -> None:
 
 def test_stepping_with_a_pool_that_holds_everything_matches_the_oracle() -> None:
     for config in tiny_configs():
-        page = config.page_size or 2
+        page = config.chunk_alignment or 2
         for lengths in BATCHES:
             pool: PagePool[int] = PagePool(
                 num_pages=sum(-(-n // page) for n in lengths), page_size=page

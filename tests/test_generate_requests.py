@@ -201,7 +201,7 @@ def test_each_requests_tokens_and_logprobs_do_not_depend_on_the_plan(
     wide = generate(BACKEND, prompts, config=CONFIG, sampling=params, stop_token_ids=eos)
     tight = generate(
         BACKEND, prompts, config=PlannerConfig(max_num_batched_tokens=8), sampling=params,
-        stop_token_ids=eos, num_pages=10, page_size=4,
+        stop_token_ids=eos, num_kv_pages=10, kv_page_size=4,
     )  # fmt: skip
     for a, b, p in zip(wide.sequences, tight.sequences, params, strict=True):
         assert a.token_ids.tolist() == b.token_ids.tolist()
@@ -256,3 +256,28 @@ def test_on_step_is_on_dispatch_by_its_retired_name() -> None:
     assert heard
     with pytest.raises(InvalidInputError, match=r"^'on_step' must not be given with 'on_dispa"):
         generate(BACKEND, PROMPTS, config=CONFIG, on_step=print, on_dispatch=print)
+
+
+def test_num_pages_and_page_size_are_the_kv_pools_retired_names() -> None:
+    expected = generate(BACKEND, PROMPTS, config=CONFIG, num_kv_pages=9, kv_page_size=4)
+    with (
+        pytest.warns(DeprecationWarning, match=r"'num_pages' is deprecated: use 'num_kv_pages'"),
+        pytest.warns(DeprecationWarning, match=r"'page_size' is deprecated: use 'kv_page_size'"),
+    ):
+        old = generate(BACKEND, PROMPTS, config=CONFIG, num_pages=9, page_size=4)
+    assert [s.token_ids.tolist() for s in old.sequences] == [
+        s.token_ids.tolist() for s in expected.sequences
+    ]
+    assert old.stats.num_preemptions == expected.stats.num_preemptions > 0  # the small pool's
+    with pytest.raises(InvalidInputError, match=r"^'num_pages' must not be given with 'num_kv_"):
+        generate(BACKEND, PROMPTS, config=CONFIG, num_pages=9, num_kv_pages=9)
+    with pytest.raises(InvalidInputError, match=r"^'page_size' must not be given with 'kv_page"):
+        generate(BACKEND, PROMPTS, config=CONFIG, page_size=4, kv_page_size=8)
+
+
+def test_an_error_about_the_pool_names_generates_argument() -> None:
+    with pytest.raises(InvalidConfigError, match=r"^'num_kv_pages' must ") as info:
+        generate(BACKEND, PROMPTS, config=CONFIG, max_new_tokens=30, num_kv_pages=2, kv_page_size=4)
+    assert info.value.parameter == "num_kv_pages"
+    with pytest.raises(InvalidInputError, match=r"^'kv_page_size' must be >= 1: 0$"):
+        generate(BACKEND, PROMPTS, config=CONFIG, kv_page_size=0)

@@ -82,7 +82,7 @@ def test_the_default_pool_gives_the_tokens_of_an_ample_one() -> None:
     prompts = [rng.integers(0, 64, n).tolist() for n in rng.integers(1, 30, 40)]
     config = PlannerConfig(max_num_batched_tokens=16, max_num_seqs=4, policy="packed")
     small = generate(backend, prompts, config=config, max_new_tokens=5)
-    ample = generate(backend, prompts, config=config, max_new_tokens=5, num_pages=10_000)
+    ample = generate(backend, prompts, config=config, max_new_tokens=5, num_kv_pages=10_000)
     assert [s.token_ids.tolist() for s in small.sequences] == [
         s.token_ids.tolist() for s in ample.sequences
     ]
@@ -90,10 +90,10 @@ def test_the_default_pool_gives_the_tokens_of_an_ample_one() -> None:
 
 def test_a_pool_the_backend_cannot_allocate_is_a_config_error_before_any_dispatch() -> None:
     """The reference backend's cache of 2**31 - 1 pages (terabytes) fails to allocate: the
-    error names ``num_pages`` and says what to do, and nothing has run."""
+    error names ``num_kv_pages`` and says what to do, and nothing has run."""
     steps: list[DispatchDone] = []
     message = (
-        r"^'num_pages' must fit in memory: backend 'reference' cannot allocate a KV cache of "
+        r"^'num_kv_pages' must fit in memory: backend 'reference' cannot allocate a KV cache of "
         r"2,147,483,647 pages"
     )
     with pytest.raises(InvalidConfigError, match=message):
@@ -102,7 +102,7 @@ def test_a_pool_the_backend_cannot_allocate_is_a_config_error_before_any_dispatc
             [[1, 2, 3]],
             config=PlannerConfig(max_num_batched_tokens=8),
             max_new_tokens=2,
-            num_pages=2**31 - 1,
+            num_kv_pages=2**31 - 1,
             on_dispatch=steps.append,
         )
     assert steps == []

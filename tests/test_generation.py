@@ -44,7 +44,7 @@ def config_for(
     return PlannerConfig(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
-        page_size=page if page is not None and page <= cap else None,
+        chunk_alignment=page if page is not None and page <= cap else None,
         policy=policy,
     )
 
@@ -114,8 +114,8 @@ def test_each_step_obeys_the_config_and_holds_its_rows_pages(
             if chunk.length > config.chunk_cap:  # packed's work-conserving tail
                 assert config.policy == "packed"
                 assert step.num_rows == 1
-            if config.page_size and not chunk.is_final:
-                assert (chunk.start + chunk.length) % config.page_size == 0
+            if config.chunk_alignment and not chunk.is_final:
+                assert (chunk.start + chunk.length) % config.chunk_alignment == 0
         for request, chunk in chunks:
             assert step.pool.capacity(request) >= chunk.start + chunk.length
         tables = step.arrays().block_tables

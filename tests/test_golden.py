@@ -135,7 +135,7 @@ def test_page_size_1_is_the_same_as_no_page_size(policy: Policy) -> None:
     lengths, computed = [37, 5, 129, 64], [3, 0, 100, 63]
     plain = PlannerConfig(max_num_batched_tokens=20, long_prefill_token_threshold=9, policy=policy)
     paged = PlannerConfig(
-        max_num_batched_tokens=20, long_prefill_token_threshold=9, page_size=1, policy=policy
+        max_num_batched_tokens=20, long_prefill_token_threshold=9, chunk_alignment=1, policy=policy
     )
     assert rows_of(plan_prefill(lengths, paged, num_computed_tokens=computed)) == rows_of(
         plan_prefill(lengths, plain, num_computed_tokens=computed)
@@ -152,7 +152,7 @@ def test_a_full_prefix_hit_but_one_token_runs_that_token_alone(policy: Policy) -
 
 
 def test_round_robin_page_rounding_from_an_unaligned_prefix_hit() -> None:
-    config = PlannerConfig(max_num_batched_tokens=32, page_size=16)
+    config = PlannerConfig(max_num_batched_tokens=32, chunk_alignment=16)
     schedule = plan_prefill([100], config, num_computed_tokens=[5])
     # The first chunk reaches back to the page boundary 32; later ones are 32 tokens.
     assert rows_of(schedule) == [

@@ -169,8 +169,10 @@ def check_batches(
                 continue
             decoding = False
             assert row.length <= (budget if alone else cap), f"a chunk above the cap {cap}: {row}"
-            if not row.is_final and config.page_size is not None:
-                assert row.end % config.page_size == 0, f"a non-final chunk off the pages: {row}"
+            if not row.is_final and config.chunk_alignment is not None:
+                assert row.end % config.chunk_alignment == 0, (
+                    f"a non-final chunk off the pages: {row}"
+                )
         prefill_rows = [row for row in batch.rows if row.is_prefill]
         assert sum(row.length for row in prefill_rows) <= config.effective_budget, batch
         if batch.under_safety_margin and any(row.start == 0 for row in prefill_rows):
@@ -308,7 +310,7 @@ def test_register_rejects_what_is_not_a_planner_config(config: object) -> None:
 
 def test_a_config_that_does_not_fit_the_server_fails_every_request(model: Any) -> None:
     """Pages of 48 tokens cannot be cut within the server's 32 tokens a batch."""
-    register(PlannerConfig(max_num_batched_tokens=64, page_size=48))
+    register(PlannerConfig(max_num_batched_tokens=64, chunk_alignment=48))
     outputs = model.generate_batch(
         [[1, 2, 3]],
         generation_config=generation_config(2),
@@ -321,7 +323,7 @@ def test_a_config_that_does_not_fit_the_server_fails_every_request(model: Any) -
     (output,) = outputs.values()
     assert output.error is not None
     assert "does not fit the server (32 tokens a batch)" in output.error
-    assert "'page_size' must be <=" in output.error
+    assert "'chunk_alignment' must be <=" in output.error
 
 
 # -- the same tokens as transformers -----------------------------------------------------------
@@ -347,7 +349,7 @@ WORKLOADS = [
             long_prefill_token_threshold=24,
             policy="packed",
             max_num_partial_prefills=2,
-            page_size=PAGE,
+            chunk_alignment=PAGE,
         ),
         64,
         64,
@@ -366,7 +368,9 @@ WORKLOADS = [
     pytest.param(
         [60, 3, 33, 47, 21, 8],
         5,
-        PlannerConfig(max_num_batched_tokens=40, long_prefill_token_threshold=16, page_size=PAGE),
+        PlannerConfig(
+            max_num_batched_tokens=40, long_prefill_token_threshold=16, chunk_alignment=PAGE
+        ),
         10,
         48,
         None,
@@ -435,7 +439,7 @@ def test_chunks_are_cut_anywhere_without_page_size_and_on_pages_with_it(
         config = PlannerConfig(
             max_num_batched_tokens=30,
             long_prefill_token_threshold=20,
-            page_size=page_size,
+            chunk_alignment=page_size,
             policy=policy,  # type: ignore[arg-type]
         )
         batches: list[ScheduledBatch] = []
@@ -475,7 +479,7 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.one_of(st.none(), st.integers(1, 6))),
-        page_size=page_size,
+        chunk_alignment=page_size,
         policy=policy,
         max_num_partial_prefills=partial,
     )
@@ -581,7 +585,7 @@ def test_shared_prefixes_in_a_cache_too_small_give_the_tokens_of_fifo(
     prompts = [prefix[:4] + tails[0], prefix + tails[1], prefix[:8] + tails[2], prefix + tails[3]]
     prompts.append(prompts[3][:21])
     config = PlannerConfig(
-        max_num_batched_tokens=1000, policy="packed", page_size=8, max_num_partial_prefills=2
+        max_num_batched_tokens=1000, policy="packed", chunk_alignment=8, max_num_partial_prefills=2
     )
     checked_progress(register(config, order=order))  # type: ignore[arg-type]
     server = ContinuousBatchingConfig(page_size=4, num_blocks=17, max_batch_tokens=64)

@@ -105,7 +105,7 @@ def test_without_chunked_prefill_prompts_run_whole() -> None:
 def test_a_config_the_planner_refuses_is_refused_with_vllms_names() -> None:
     # Blocks of 16 tokens cannot be whole in chunks of at most 8.
     aligned = scheduler_class("packed", align_to_blocks=True)
-    with pytest.raises(InvalidConfigError, match=r"vLLM's scheduler config .*'page_size'"):
+    with pytest.raises(InvalidConfigError, match=r"vLLM's scheduler config .*'chunk_alignment'"):
         build(aligned, Knobs(long_prefill_token_threshold=8))
 
 
@@ -118,7 +118,7 @@ def test_vllms_knobs_map_onto_the_planner_config() -> None:
         max_num_batched_tokens=512,
         long_prefill_token_threshold=64,
         max_num_seqs=7,
-        page_size=BLOCK_SIZE,
+        chunk_alignment=BLOCK_SIZE,
         policy="packed",
         max_num_partial_prefills=3,
     )
@@ -132,7 +132,7 @@ def test_a_threshold_of_0_is_off() -> None:
         build(stock(), Knobs()).vllm_config, block_size=BLOCK_SIZE, policy="round_robin"
     )
     assert config.long_prefill_token_threshold is None
-    assert config.page_size is None
+    assert config.chunk_alignment is None
 
 
 def test_the_async_classes_are_vllms_async_schedulers() -> None:

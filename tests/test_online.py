@@ -246,7 +246,7 @@ class History:
             num_started,
             cap,
             budget,
-            config.page_size or 1,
+            config.chunk_alignment or 1,
         )
         assert sizes is not None
         left = [lengths[r] - position[r] for r in order]
@@ -274,8 +274,8 @@ class History:
             assert chunk.start == model.position, "chunks tile the prompt"
             assert 1 <= chunk.length <= cap
             assert chunk.is_final == (chunk.end == model.length)
-            if config.page_size is not None and not chunk.is_final:
-                assert chunk.end % config.page_size == 0
+            if config.chunk_alignment is not None and not chunk.is_final:
+                assert chunk.end % config.chunk_alignment == 0
         if not plan.rows:
             assert plan.state is self.state
 
@@ -284,7 +284,7 @@ class History:
     ) -> None:
         """A started request yields only to older started requests, which fill every free
         row or take more than ``room - page`` tokens."""
-        page = self.config.page_size or 1
+        page = self.config.chunk_alignment or 1
         started = sorted((m.arrival, r) for r, m in self.model.items() if m.started)
         for index, (_, request_id) in enumerate(started):
             if request_id in plan.rows:
@@ -314,7 +314,7 @@ class History:
                 model.skipped += model.started and not kept
                 if model.started and not self.reserve:
                     bound = packed_skip_bound(self.config, model.older_tokens)
-                    if self.config.page_size is None:
+                    if self.config.chunk_alignment is None:
                         bound = 0  # the stronger claim: never skipped
                     assert model.skipped <= bound, (
                         f"request {request_id} skipped {model.skipped} times; older started "
@@ -396,7 +396,7 @@ def test_without_reservations_waits_stay_within_the_stated_bounds(
 def packed_skip_bound(config: PlannerConfig, older_tokens: int) -> int:
     """``T // min(M, R - p + 1)``: the packed bound of the rules' header, with no
     reservations (``R`` is the budget, ``M`` the row limit, ``p`` the page size or 1)."""
-    per_skip = config.max_num_batched_tokens - (config.page_size or 1) + 1
+    per_skip = config.max_num_batched_tokens - (config.chunk_alignment or 1) + 1
     if config.max_num_seqs is not None:
         per_skip = min(per_skip, config.max_num_seqs)
     return older_tokens // per_skip
@@ -432,7 +432,7 @@ def test_packed_skips_a_started_request_only_while_older_ones_fill_the_room() ->
     # A's prefix hit gives it a short first chunk, leaving B room to start; from then on A
     # runs a whole 16-token chunk per step and B waits, 5 times, within 84 // (16 - 8 + 1).
     # (Two dispatches: a bound above them keeps the greedy fill, see the next test.)
-    config = PlannerConfig(max_num_batched_tokens=16, page_size=8, policy="packed")
+    config = PlannerConfig(max_num_batched_tokens=16, chunk_alignment=8, policy="packed")
     state = PrefillState().add("A", 100, num_computed_tokens=4)
     state = state.add("B", 100, num_computed_tokens=5).add("C", 1000)
     runs = []
@@ -448,7 +448,7 @@ def test_with_pages_the_greedy_fill_stands_though_it_misses_the_bound() -> None:
     # A and B could take 12 dispatches, the bound: B running 16 tokens in each of the last 6
     # while A's last 4 wait. With pages the bound does not count page ends, and correcting by
     # it took more dispatches than the greedy fill on rare batches, so the greedy fill stands.
-    config = PlannerConfig(max_num_batched_tokens=16, page_size=8, policy="packed")
+    config = PlannerConfig(max_num_batched_tokens=16, chunk_alignment=8, policy="packed")
     state = PrefillState().add("A", 100, num_computed_tokens=4)
     state = state.add("B", 100, num_computed_tokens=5)
     runs = []
@@ -561,7 +561,7 @@ def test_an_empty_state_plans_an_empty_step() -> None:
 
 
 def test_round_robin_head_keeps_its_turn_when_no_page_fits_the_room() -> None:
-    config = PlannerConfig(max_num_batched_tokens=64, page_size=16)
+    config = PlannerConfig(max_num_batched_tokens=64, chunk_alignment=16)
     state = plan_step(PrefillState.from_prompt_lengths([100, 3]), config).state
     assert list(state) == [1, 0]  # 0 ran first and went behind 1
     state = plan_step(state, config).state  # 1 finishes
@@ -626,7 +626,7 @@ def peak_bytes_of_one_step(
             0,
         ),
         # round_robin: "long" is at the head and no page of it fits the room left.
-        (PlannerConfig(max_num_batched_tokens=512, page_size=64), 500),
+        (PlannerConfig(max_num_batched_tokens=512, chunk_alignment=64), 500),
     ],
     ids=["packed-admission-blocked", "round-robin-head-keeps-its-turn"],
 )
@@ -649,7 +649,7 @@ def test_a_step_that_takes_no_one_from_the_queue_never_walks_it(
 def test_a_round_robin_step_stuck_for_pages_asks_the_owners_not_the_queue() -> None:
     # No page is free: no one can run. Memory, as above: a walk over the waiting requests
     # would allocate for each of them.
-    config = PlannerConfig(max_num_batched_tokens=512, page_size=64)
+    config = PlannerConfig(max_num_batched_tokens=512, chunk_alignment=64)
     peaks = []
     for waiting in (10, 10_000):
         # "x" and "y" hold every page between them, all in use, and each needs more (each
@@ -1086,7 +1086,7 @@ def test_a_request_the_pool_never_holds_is_named_behind_dead_queue_entries(how: 
     # Entries at the head of the queue died (their requests removed, or run whole by a step
     # whose budget ended there); the live request behind them needs more than the whole
     # pool. A step that plans no row names it, as it does for a state built without them.
-    config = PlannerConfig(max_num_batched_tokens=4, page_size=4, policy="packed")
+    config = PlannerConfig(max_num_batched_tokens=4, chunk_alignment=4, policy="packed")
     full = PagePool[Any](num_pages=4, page_size=4).hold("decode", 16)  # 16 tokens in all
     # ("B" and "C" are the queue's two longest: removing "x" or "y" leaves its entry dead.)
     state: PrefillState[Any] = PrefillState().add("x", 4).add("y", 2)

@@ -91,7 +91,7 @@ def cases(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=rows,
-        page_size=page,
+        chunk_alignment=page,
         policy=policy,
         max_num_partial_prefills=partial,
     )
@@ -181,7 +181,7 @@ def test_every_chunk_is_within_the_chunk_cap_but_a_packed_request_left_alone(cas
 
 @given(cases())
 def test_every_non_final_chunk_ends_on_a_page_boundary(case: Case) -> None:
-    page = case.config.page_size
+    page = case.config.chunk_alignment
     for dispatch in rows_of(case.plan()):
         for _, start, length, final in dispatch:
             if page is not None and not final:
@@ -327,7 +327,10 @@ def test_packed_with_pages_a_larger_budget_can_add_dispatches() -> None:
     # dispatch and request 2 finishes in it.
     lengths = [13, 22, 2, 20]
     config = PlannerConfig(
-        max_num_batched_tokens=12, long_prefill_token_threshold=8, page_size=6, policy="packed"
+        max_num_batched_tokens=12,
+        long_prefill_token_threshold=8,
+        chunk_alignment=6,
+        policy="packed",
     )
     larger = attrs.evolve(config, max_num_batched_tokens=13)
     assert plan_prefill(lengths, config).num_dispatches == 5
@@ -340,7 +343,7 @@ def packed_with_long_threshold(draw: st.DrawFn) -> tuple[Case, PlannerConfig]:
     longest prompt."""
     case = draw(cases(policies=st.just("packed")))
     base = attrs.evolve(case.config, long_prefill_token_threshold=None)
-    floor = max(max(case.lengths), base.page_size or 1)
+    floor = max(max(case.lengths), base.chunk_alignment or 1)
     threshold = draw(st.integers(floor, floor + 1000))
     with_threshold = attrs.evolve(base, long_prefill_token_threshold=threshold)
     return attrs.evolve(case, config=base), with_threshold
@@ -373,7 +376,7 @@ def cases_that_fit_one_dispatch(draw: st.DrawFn) -> Case:
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=rows,
-        page_size=page,
+        chunk_alignment=page,
     )
     return attrs.evolve(case, config=config)
 
@@ -424,7 +427,10 @@ def test_plan_prefill_matches_the_oracle_dispatch_for_dispatch(case: Case) -> No
         lengths=[9, 12],
         computed=None,
         config=PlannerConfig(
-            max_num_batched_tokens=10, long_prefill_token_threshold=8, page_size=5, policy="packed"
+            max_num_batched_tokens=10,
+            long_prefill_token_threshold=8,
+            chunk_alignment=5,
+            policy="packed",
         ),
     )
 )
@@ -457,7 +463,7 @@ def steady_packed_cases(draw: st.DrawFn) -> Case:
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.none() | st.integers(1, n + 1)),
-        page_size=page,
+        chunk_alignment=page,
         policy="packed",
         max_num_partial_prefills=draw(st.none() | st.integers(1, n)),
     )
@@ -491,7 +497,7 @@ def realistic_packed_workloads(draw: st.DrawFn) -> tuple[list[int], PlannerConfi
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.none() | st.integers(n, 2 * n)),
-        page_size=page,
+        chunk_alignment=page,
         policy="packed",
     )
     return lengths, config
@@ -503,7 +509,7 @@ def test_packed_is_within_one_cap_bound_of_the_token_bound(
 ) -> None:
     """D <= floor(T / (B - P + 1)) + ceil(L_max / C).
 
-    T tokens, budget B, threshold C (a multiple of page_size P), longest prompt L_max. While
+    T tokens, budget B, threshold C (a multiple of chunk_alignment P), longest prompt L_max. While
     a dispatch ends with at least P tokens of budget left, every request has been admitted and
     each ran min(C, remaining); from then on every dispatch does, so there are at most
     ceil(L_max / C) such dispatches, and every other dispatch carries more than B - P tokens.
@@ -511,7 +517,7 @@ def test_packed_is_within_one_cap_bound_of_the_token_bound(
     """
     lengths, config = workload
     schedule = plan_prefill(lengths, config)
-    budget, cap, page = config.max_num_batched_tokens, config.chunk_cap, config.page_size or 1
+    budget, cap, page = config.max_num_batched_tokens, config.chunk_cap, config.chunk_alignment or 1
     bound = sum(lengths) // (budget - page + 1) + -(-max(lengths) // cap)
     assert schedule.lower_bound <= schedule.num_dispatches <= bound
 
@@ -807,7 +813,7 @@ def batch_admission_cases(draw: st.DrawFn) -> Case:
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.none() | st.integers(1, n + 1)),
-        page_size=page,
+        chunk_alignment=page,
         policy="packed",
         max_num_partial_prefills=draw(st.none() | st.integers(1, n + 1)),
     )
@@ -836,7 +842,7 @@ def round_robin_block_cases(draw: st.DrawFn) -> Case:
         max_num_batched_tokens=budget + draw(st.integers(0, 3)),
         long_prefill_token_threshold=budget,
         max_num_seqs=draw(st.none() | st.integers(1, n + 1)),
-        page_size=page,
+        chunk_alignment=page,
     )
     return Case(lengths=lengths, computed=computed, config=config)
 
@@ -860,7 +866,7 @@ def test_a_few_thousand_uniform_prompts_match_the_oracle(policy: Policy) -> None
             max_num_batched_tokens=1024,
             long_prefill_token_threshold=96,
             max_num_seqs=12,
-            page_size=16,
+            chunk_alignment=16,
             policy=policy,
         ),
     ):
@@ -890,7 +896,7 @@ def tiny_configs() -> list[PlannerConfig]:
                         PlannerConfig(
                             max_num_batched_tokens=budget,
                             long_prefill_token_threshold=threshold,
-                            page_size=page,
+                            chunk_alignment=page,
                             max_num_seqs=rows,
                             policy=policy,
                             max_num_partial_prefills=partial,

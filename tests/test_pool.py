@@ -277,7 +277,7 @@ def test_plan_step_with_an_ample_pool_plans_the_same_rows(
 def test_plan_step_never_plans_a_chunk_beyond_the_free_pages(
     lengths: list[int], policy: Policy, num_pages: int
 ) -> None:
-    config = PlannerConfig(max_num_batched_tokens=32, page_size=4, policy=policy)
+    config = PlannerConfig(max_num_batched_tokens=32, chunk_alignment=4, policy=policy)
     state = PrefillState.from_prompt_lengths(lengths)
     pool = PagePool[int](num_pages=num_pages, page_size=4)
     plan = plan_step(state, config, pool=pool)
@@ -322,7 +322,7 @@ def test_a_steps_holds_made_at_once_take_the_free_pages_in_row_order(
         max_num_batched_tokens=data.draw(st.integers(4, 64), label="budget"),
         long_prefill_token_threshold=data.draw(st.sampled_from([None, 8, 16]), label="cap"),
         max_num_seqs=data.draw(st.sampled_from([None, 2, 5]), label="rows"),
-        page_size=page_size,
+        chunk_alignment=page_size,
         policy=policy,
     )
     lengths = data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=8), label="lengths")
@@ -530,7 +530,7 @@ class SteppingMachine(RuleBasedStateMachine):
         cap = min(budget, threshold)
         tokens = max(min(budget if packed else cap, budget - reserved_tokens), 0)
         rows = None if config.max_num_seqs is None else max(config.max_num_seqs - reserved_rows, 0)
-        page = config.page_size or 1
+        page = config.chunk_alignment or 1
         if not self.requests or tokens == 0 or rows == 0:
             return []
         rows_left = len(self.requests) if rows is None else rows

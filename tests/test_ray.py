@@ -135,8 +135,9 @@ def test_prefill_of_any_batch_equals_one_process(replicas: RayReplicas, lengths:
         {"config": CONFIGS["round_robin"], "max_new_tokens": 8},
         {"config": CONFIGS["packed"], "max_new_tokens": [3, 9, 1, 6, 8, 2, 5, 7, 4, 6],
          "sampling": SamplingParams(temperature=0.9, top_k=20, seed=11)},
-        {"config": CONFIGS["packed"], "max_new_tokens": 6, "page_size": 4, "num_pages": 30,
-         "stop_token_ids": [5], "sampling": SamplingParams(temperature=1.3, seed=2)},
+        {"config": CONFIGS["packed"], "max_new_tokens": 6, "kv_page_size": 4,
+         "num_kv_pages": 30, "stop_token_ids": [5],
+         "sampling": SamplingParams(temperature=1.3, seed=2)},
         {"config": CONFIGS["packed"], "max_new_tokens": 5,
          "sampling": [SamplingParams(temperature=0.7, seed=s) for s in range(10)]},
     ],
@@ -155,7 +156,8 @@ def test_a_small_pool_preempts_on_the_replicas_and_still_equals_one_process(
     replicas: RayReplicas, prompts: list[np.ndarray]
 ) -> None:
     options: dict[str, Any] = {
-        "config": CONFIGS["round_robin"], "max_new_tokens": 10, "page_size": 4, "num_pages": 26,
+        "config": CONFIGS["round_robin"], "max_new_tokens": 10, "kv_page_size": 4,
+        "num_kv_pages": 26,
     }  # fmt: skip
     got = replicas.generate(prompts, **options)
     assert sum(s.num_preemptions for s in got.stats if s is not None) > 0
@@ -312,13 +314,30 @@ def test_an_error_inside_the_actors_is_raised_as_is_and_the_replicas_still_work(
     replicas: RayReplicas, prompts: list[np.ndarray]
 ) -> None:
     # Two pages of 4 tokens cannot hold the 90-token prompt: generate() refuses it.
-    with pytest.raises(InvalidConfigError, match="'num_pages' must hold every request alone"):
+    with pytest.raises(InvalidConfigError, match="'num_kv_pages' must hold every request alone"):
         replicas.generate(
-            prompts, config=CONFIGS["packed"], max_new_tokens=4, page_size=4, num_pages=2
+            prompts, config=CONFIGS["packed"], max_new_tokens=4, kv_page_size=4, num_kv_pages=2
         )
     got = replicas.prefill(prompts, config=CONFIGS["packed"])
     want = one_process_prefill(prompts, CONFIGS["packed"])
     np.testing.assert_array_equal(got.greedy_token_ids, want.greedy_token_ids)
+
+
+def test_the_replicas_take_the_kv_pools_retired_names_as_generate_does(
+    replicas: RayReplicas, prompts: list[np.ndarray]
+) -> None:
+    options: dict[str, Any] = {"config": CONFIGS["packed"], "max_new_tokens": 3}
+    want = replicas.generate(prompts, **options, kv_page_size=4, num_kv_pages=30)
+    with (
+        pytest.warns(DeprecationWarning, match=r"RayReplicas.generate's 'num_pages' is deprecated"),
+        pytest.warns(DeprecationWarning, match=r"RayReplicas.generate's 'page_size' is deprecated"),
+    ):
+        got = replicas.generate(prompts, **options, page_size=4, num_pages=30)
+    assert [s.token_ids.tolist() for s in got.sequences] == [
+        s.token_ids.tolist() for s in want.sequences
+    ]
+    with pytest.raises(InvalidInputError, match=r"^'num_pages' must not be given with 'num_kv_"):
+        replicas.generate(prompts, **options, num_pages=30, num_kv_pages=30)
 
 
 def test_a_request_the_pool_cannot_hold_is_named_by_its_index_in_the_batch(
@@ -326,7 +345,7 @@ def test_a_request_the_pool_cannot_hold_is_named_by_its_index_in_the_batch(
 ) -> None:
     # Pages of 4: request 3 (90 tokens and 4 new) needs 24 pages; every other fits in 20.
     # It is first in its replica's part, so a replica would call it request 0.
-    kwargs: dict[str, Any] = {"max_new_tokens": 4, "page_size": 4, "num_pages": 20}
+    kwargs: dict[str, Any] = {"max_new_tokens": 4, "kv_page_size": 4, "num_kv_pages": 20}
     with pytest.raises(InvalidConfigError) as one:
         generate(load_backend("reference"), prompts, config=CONFIGS["packed"], **kwargs)
     with pytest.raises(InvalidConfigError) as two:

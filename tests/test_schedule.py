@@ -341,7 +341,10 @@ def test_to_dict_holds_only_json_types_and_the_oracle_row_format(case: Case) -> 
     assert json.loads(json.dumps(data)) == data
     assert data["format"] == "pypto-sched.schedule"
     assert data["version"] == FORMAT_VERSION
-    assert data["config"] == case.config.to_dict()
+    # The format names the config's chunk_alignment "page_size", as it always has.
+    config = case.config.to_dict()
+    config["page_size"] = config.pop("chunk_alignment")
+    assert data["config"] == config
     assert data["prompt_lengths"] == case.lengths
     assert data["num_computed_tokens"] == case.start_positions
     assert data["dispatches"] == [[list(row) for row in d] for d in rows_of(schedule)]
@@ -402,7 +405,7 @@ BASES = {
         ),
     ),
     # dispatches: [0,0,4,F] [0,4,2,T]
-    "paged": plan_prefill([6], PlannerConfig(max_num_batched_tokens=4, page_size=2)),
+    "paged": plan_prefill([6], PlannerConfig(max_num_batched_tokens=4, chunk_alignment=2)),
 }
 
 Edit = Callable[[dict[str, Any]], object]
@@ -590,7 +593,7 @@ TAMPERED: list[tuple[str, str, Edit, str]] = [
         "unaligned non-final chunk",
         "paged",
         _dispatches([[0, 0, 3, False]], [[0, 3, 3, True]]),
-        "multiple of page_size 2",
+        "multiple of chunk_alignment 2",
     ),
     (
         "partial limit broken",
@@ -682,6 +685,43 @@ def test_version_1_json_still_loads_with_its_old_knob_name() -> None:
         Schedule.from_dict(data)
     del data["config"]["max_batch_size"]
     with pytest.raises(InvalidScheduleError, match="version 1 names the row limit"):
+        Schedule.from_dict(data)
+
+
+#: A schedule as this library wrote it before ``PlannerConfig.page_size`` was renamed
+#: ``chunk_alignment`` (``plan_prefill([13, 6], ...).to_json()``): the file format kept the key.
+WRITTEN_BEFORE_THE_RENAME = (
+    '{"format": "pypto-sched.schedule", "version": 2, "config": {"max_num_batched_tokens": 8, '
+    '"long_prefill_token_threshold": null, "max_num_seqs": 2, "page_size": 4, "policy": '
+    '"packed", "max_num_partial_prefills": null}, "prompt_lengths": [13, 6], '
+    '"num_computed_tokens": [0, 0], "dispatches": [[[0, 0, 8, false]], [[0, 8, 5, true]], '
+    "[[1, 0, 6, true]]]}"
+)
+
+
+def test_a_file_written_before_the_rename_loads_and_is_written_back_unchanged() -> None:
+    config = PlannerConfig(
+        max_num_batched_tokens=8, max_num_seqs=2, chunk_alignment=4, policy="packed"
+    )
+    schedule = Schedule.from_json(WRITTEN_BEFORE_THE_RENAME)
+    assert schedule == plan_prefill([13, 6], config)
+    assert schedule.config.chunk_alignment == 4
+    assert schedule.to_json() == WRITTEN_BEFORE_THE_RENAME
+    # Version 1 names the same key the same way.
+    data = json.loads(WRITTEN_BEFORE_THE_RENAME)
+    data["version"] = 1
+    data["config"]["max_batch_size"] = data["config"].pop("max_num_seqs")
+    assert Schedule.from_dict(data) == schedule
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_fields_own_name_in_a_file_is_refused_not_read_as_either(version: int) -> None:
+    data = json.loads(WRITTEN_BEFORE_THE_RENAME)
+    data["version"] = version
+    if version == 1:
+        data["config"]["max_batch_size"] = data["config"].pop("max_num_seqs")
+    data["config"]["chunk_alignment"] = data["config"].pop("page_size")
+    with pytest.raises(InvalidScheduleError, match="names the chunk alignment 'page_size'"):
         Schedule.from_dict(data)
 
 

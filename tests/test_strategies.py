@@ -120,11 +120,15 @@ def test_planner_configs_are_valid(config: PlannerConfig) -> None:
 
 @given(
     planner_configs(
-        policy=st.just("packed"), max_num_batched_tokens=st.just(64), page_size=st.just(16)
+        policy=st.just("packed"), max_num_batched_tokens=st.just(64), chunk_alignment=st.just(16)
     )
 )
 def test_planner_configs_use_the_strategies_passed(config: PlannerConfig) -> None:
-    assert (config.policy, config.max_num_batched_tokens, config.page_size) == ("packed", 64, 16)
+    assert (config.policy, config.max_num_batched_tokens, config.chunk_alignment) == (
+        "packed",
+        64,
+        16,
+    )
 
 
 @given(planner_configs(max_num_partial_prefills=st.none() | st.integers(1, 4)))
@@ -139,13 +143,13 @@ def test_planner_configs_default_policy_still_reaches_round_robin_beside_a_parti
     reaches(strategy, lambda config: config.policy == "round_robin")
 
 
-@given(planner_configs(page_size=st.integers(min_value=1, max_value=4096)))
+@given(planner_configs(chunk_alignment=st.integers(min_value=1, max_value=4096)))
 def test_planner_configs_default_budget_and_threshold_follow_the_page_drawn(
     config: PlannerConfig,
 ) -> None:
-    assert config.page_size is not None
-    assert config.page_size <= config.max_num_batched_tokens < config.page_size + 512
-    assert config.page_size <= config.chunk_cap
+    assert config.chunk_alignment is not None
+    assert config.chunk_alignment <= config.max_num_batched_tokens < config.chunk_alignment + 512
+    assert config.chunk_alignment <= config.chunk_cap
 
 
 @given(st.data())
@@ -242,7 +246,7 @@ def test_prefill_states_use_the_ids_passed(state: PrefillState[Any]) -> None:
         prompt_lengths(),
         prompt_lengths(min_value=10**9),
         planner_configs(),
-        planner_configs(page_size=st.integers(min_value=1, max_value=64)),
+        planner_configs(chunk_alignment=st.integers(min_value=1, max_value=64)),
         schedules(),
         schedules(prompt_lengths=prompt_lengths()),
         prefill_states(),
@@ -284,7 +288,9 @@ PACKED_HUGE_BUDGET = PlannerConfig(
         prefill_states(),
         prefill_states(configs=st.just(DOCS_CONFIG), max_size=6),
         prefill_states(configs=st.just(PlannerConfig(max_num_batched_tokens=1)), max_size=1),
-        prefill_states(configs=st.just(PlannerConfig(max_num_batched_tokens=96, page_size=32))),
+        prefill_states(
+            configs=st.just(PlannerConfig(max_num_batched_tokens=96, chunk_alignment=32))
+        ),
         # Under packed a request alone runs the whole budget, more than four chunks here.
         prefill_states(configs=st.just(PACKED_SMALL_CAP)),
         prefill_states(configs=st.just(PACKED_SMALL_CAP), max_size=1),
@@ -382,7 +388,7 @@ def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps
         (lambda: prompt_lengths(min_value=1.5), "min_value=1.5 must be an int"),  # type: ignore[arg-type]
         (lambda: prompt_lengths(min_value=True), "min_value=True must be an int"),
         (lambda: planner_configs(policy="packed"), "policy='packed' must be a strategy"),  # type: ignore[arg-type]
-        (lambda: planner_configs(page_size=16), "page_size=16 must be a strategy"),  # type: ignore[arg-type]
+        (lambda: planner_configs(chunk_alignment=16), "chunk_alignment=16 must be a strategy"),  # type: ignore[arg-type]
         (
             lambda: planner_configs(policy=st.just("fifo")),  # type: ignore[arg-type]
             "policy drew 'fifo' (str), but a policy must be one of 'round_robin', 'packed'",
@@ -404,8 +410,8 @@ def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps
             "max_num_seqs drew 2.0 (float), but it must be None or an int",
         ),
         (
-            lambda: planner_configs(page_size=st.just(True)),
-            "page_size drew True (bool), but it must be None or an int",
+            lambda: planner_configs(chunk_alignment=st.just(True)),
+            "chunk_alignment drew True (bool), but it must be None or an int",
         ),
         (
             lambda: planner_configs(policy=st.just("packed"), max_num_partial_prefills=st.just(-1)),
@@ -417,15 +423,16 @@ def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps
             ),
             "planner_configs() drew a combination PlannerConfig rejects (policy='round_robin', "
             "max_num_batched_tokens=1, long_prefill_token_threshold=None, max_num_seqs=None, "
-            "page_size=None, max_num_partial_prefills=2): 'max_num_partial_prefills' applies "
+            "chunk_alignment=None, max_num_partial_prefills=2): 'max_num_partial_prefills' "
+            "applies "
             "only to policy 'packed'",
         ),
         (
-            lambda: planner_configs(max_num_batched_tokens=st.just(8), page_size=st.just(16)),
+            lambda: planner_configs(max_num_batched_tokens=st.just(8), chunk_alignment=st.just(16)),
             "planner_configs() drew a combination PlannerConfig rejects "
             "(policy='round_robin', max_num_batched_tokens=8, long_prefill_token_threshold=None"
-            ", max_num_seqs=None, page_size=16, max_num_partial_prefills=None): "
-            "'page_size' must be <= the largest chunk",
+            ", max_num_seqs=None, chunk_alignment=16, max_num_partial_prefills=None): "
+            "'chunk_alignment' must be <= the largest chunk",
         ),
         (lambda: schedules(min_size=0), "min_size=0 must be >= 1"),
         (lambda: schedules(min_size=10**6), "min_size=1000000 must be <= 1000: Hypothesis"),
@@ -439,7 +446,7 @@ def test_prefill_states_of_the_lengths_passed_drain_in_a_bounded_number_of_steps
         (
             lambda: schedules(configs=PlannerConfig(max_num_batched_tokens=8)),  # type: ignore[arg-type]
             "configs=PlannerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=None, "
-            "max_num_seqs=None, page_size=None, policy='round_robin', "
+            "max_num_seqs=None, chunk_alignment=None, policy='round_robin', "
             "max_num_partial_prefills=None) must be a strategy or None; wrap a constant in "
             "st.just()",
         ),
@@ -526,7 +533,7 @@ def test_the_largest_min_size_draws_with_the_health_checks_the_docs_name_suppres
     "condition",
     [
         lambda c: c.max_num_batched_tokens == 1,
-        lambda c: c.page_size is not None and c.page_size == c.chunk_cap > 1,
+        lambda c: c.chunk_alignment is not None and c.chunk_alignment == c.chunk_cap > 1,
         lambda c: (
             c.long_prefill_token_threshold is not None
             and c.long_prefill_token_threshold < c.max_num_batched_tokens
@@ -599,7 +606,7 @@ def test_prefill_states_reuse_an_id_after_its_request_has_left() -> None:
     [
         (prompt_lengths(), "prompt_lengths()"),
         (prompt_lengths(max_value=10), "prompt_lengths(max_value=10)"),
-        (planner_configs(page_size=st.just(16)), "planner_configs(page_size=just(16))"),
+        (planner_configs(chunk_alignment=st.just(16)), "planner_configs(chunk_alignment=just(16))"),
         (
             schedules(prompt_lengths=prompt_lengths(max_value=10), max_size=3),
             "schedules(prompt_lengths=prompt_lengths(max_value=10), max_size=3)",
@@ -623,8 +630,8 @@ def test_prompt_lengths_shrink_to_the_smallest_length_that_fails() -> None:
 
 
 def test_planner_configs_shrink_to_the_simplest_config() -> None:
-    config = smallest(planner_configs(), lambda c: c.page_size is not None)
-    assert config == PlannerConfig(max_num_batched_tokens=1, page_size=1)
+    config = smallest(planner_configs(), lambda c: c.chunk_alignment is not None)
+    assert config == PlannerConfig(max_num_batched_tokens=1, chunk_alignment=1)
 
 
 def test_schedules_shrink_to_a_few_tokens_under_a_tiny_budget() -> None:
@@ -632,7 +639,7 @@ def test_schedules_shrink_to_a_few_tokens_under_a_tiny_budget() -> None:
     assert schedule.num_requests <= 3
     assert schedule.num_tokens <= 6
     assert schedule.config.max_num_batched_tokens <= 2
-    assert schedule.config.page_size is None
+    assert schedule.config.chunk_alignment is None
     assert schedule.config.max_num_seqs is None
 
 

@@ -145,7 +145,7 @@ def serve(
 def main() -> None:
     config = PlannerConfig(
         max_num_batched_tokens=128, long_prefill_token_threshold=32, max_num_seqs=16,
-        page_size=8, policy="packed",
+        chunk_alignment=8, policy="packed",
     )  # fmt: skip
     summary = serve(config)
     ttft = sorted(summary.time_to_first_token)

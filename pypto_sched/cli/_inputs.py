@@ -22,6 +22,7 @@ from ._options import CONFIG_FLAGS, WORKLOAD_FLAGS
 __all__ = [
     "MAX_CHUNKS",
     "check_size",
+    "chunk_alignment",
     "config",
     "engine_args",
     "lengths_flag",
@@ -107,13 +108,22 @@ def num_computed(args: argparse.Namespace) -> Lengths | None:
     return read_lengths(args.num_computed, name="--num-computed")
 
 
+def chunk_alignment(args: argparse.Namespace) -> int | None:
+    """``--chunk-alignment``, or its retired name ``--page-size``; both is a usage error."""
+    if args.page_size is None:
+        return args.chunk_alignment  # type: ignore[no-any-return]
+    if args.chunk_alignment is not None:
+        raise UsageError("--page-size is the retired name of --chunk-alignment: give one")
+    return args.page_size  # type: ignore[no-any-return]
+
+
 def engine_args(args: argparse.Namespace) -> dict[str, Any]:
     """The configuration options as :meth:`PlannerConfig.from_engine_args` takes them."""
     return {
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "max_num_seqs": args.max_num_seqs,
-        "page_size": args.page_size,
+        "chunk_alignment": chunk_alignment(args),
         "policy": args.policy,
         "max_num_partial_prefills": args.max_num_partial_prefills,
     }

@@ -4,9 +4,10 @@ and the option groups several commands share (workload, planner configuration, f
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..core._config import POLICIES
 from ..core._workloads import WORKLOADS
@@ -21,11 +22,13 @@ __all__ = [
     "Example",
     "Once",
     "Parser",
+    "Retired",
     "add_command",
     "add_config_options",
     "add_format_option",
     "add_workload_options",
     "epilog",
+    "warn_retired",
 ]
 
 #: Help text is filled to fit an 80-column terminal, as argparse fills its own.
@@ -50,6 +53,32 @@ class Parser(argparse.ArgumentParser):
 #: wrapper script that appends a flag to a user's command line expects). The name is kept
 #: for the commands that still spell it.
 Once = "store"
+
+
+class Retired(argparse.Action):
+    """A flag's retired name (``new``: the flag that replaced it): it still works, stored in
+    its own ``dest`` for the command to read as the new flag's, with one line on stderr
+    (stdout is the command's output). Left out of ``--help``."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any):
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        warn_retired(option_string or self.option_strings[0], self.new)
+        setattr(namespace, self.dest, values)
+
+
+def warn_retired(old: str, new: str) -> None:
+    """The one line on stderr for a retired name that still works."""
+    if sys.stderr is not None:  # not started with stderr closed
+        print(f"pypto-sched: warning: {old} is deprecated: use {new}", file=sys.stderr)
 
 
 def epilog(examples: Sequence[Example]) -> str:
@@ -160,7 +189,7 @@ CONFIG_FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "long_prefill_token_threshold": "--long-prefill-token-threshold",
     "max_num_seqs": "--max-num-seqs",
-    "page_size": "--page-size",
+    "chunk_alignment": "--chunk-alignment",
     "policy": "--policy",
     "max_num_partial_prefills": "--max-num-partial-prefills",
 }
@@ -215,12 +244,13 @@ def add_config_options(
         help="most rows per dispatch (default: no limit)",
     )
     group.add_argument(
-        "--page-size",
+        "--chunk-alignment",
         action=Once,
         type=int,
         metavar="N",
-        help="non-final chunks end on multiples of N",
+        help="non-final chunks end on multiples of N (the KV page size: no page is split)",
     )
+    group.add_argument("--page-size", action=Retired, new="--chunk-alignment", type=int)
     group.add_argument(
         "--policy",
         action=Once,

@@ -286,11 +286,11 @@ def generate_on(
     config: PlannerConfig,
     sampling: SamplingParams,
     stop_token_ids: Collection[int],
-    num_pages: int | None,
-    page_size: int,
+    num_kv_pages: int | None,
+    kv_page_size: int,
     on_progress: Callable[[BatchProgress], None],
 ) -> tuple[GenerationResult, dict[str, Any]]:
-    """``generate``'s execution on Ray replicas (``--replicas``); ``num_pages`` is each
+    """``generate``'s execution on Ray replicas (``--replicas``); ``num_kv_pages`` is each
     replica's. Returns the result and the replicas' figures for the summary."""
     result = pool.generate(
         [r.token_ids for r in requests],
@@ -299,8 +299,8 @@ def generate_on(
         sampling=sampling,
         stop_token_ids=stop_token_ids,
         request_stop_token_ids=[r.stop_token_ids for r in requests],
-        num_pages=num_pages,
-        page_size=page_size,
+        num_kv_pages=num_kv_pages,
+        kv_page_size=kv_page_size,
         on_progress=on_progress,
     )
     replicas = {

@@ -29,6 +29,7 @@ from ._options import (
     add_config_options,
     add_format_option,
     add_workload_options,
+    warn_retired,
 )
 
 if TYPE_CHECKING:
@@ -56,16 +57,18 @@ _KNOB_ALIASES = {
     "budget": "max_num_batched_tokens",
     "threshold": "long_prefill_token_threshold",
     "batch": "max_num_seqs",
-    "page": "page_size",
+    "align": "chunk_alignment",
     "partial": "max_num_partial_prefills",
 }
+#: Retired setting names, which still work (one line on stderr), and the names to use.
+_RETIRED_KNOBS = {"page": "align", "page_size": "chunk-alignment"}
 #: The settings, by their config names, and the table's column heads.
 _KNOB_HEADS = {
     "policy": "policy",
     "max_num_batched_tokens": "budget",
     "long_prefill_token_threshold": "threshold",
     "max_num_seqs": "max batch",
-    "page_size": "page",
+    "chunk_alignment": "align",
     "max_num_partial_prefills": "partial",
 }
 #: "off" as the engine arguments spell it: a threshold of 0, no value for the others.
@@ -101,7 +104,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "compared. Settings are "
         "named as the options "
         "are (e.g. long-prefill-token-threshold) or by their short names: budget, threshold, "
-        "batch, page, partial, policy; 'off' switches a limit off (so does a threshold of 0).",
+        "batch, align, partial, policy; 'off' switches a limit off (so does a threshold of 0).",
         examples=EXAMPLES,
     )
     add_workload_options(parser)
@@ -160,8 +163,11 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
     base = engine_args(args)
     if base["policy"] is None:  # not given: round_robin, as elsewhere
         base["policy"] = POLICIES[0]
-    specs = [_parse_config_spec(spec) for spec in args.config] or [{}]
-    sweeps = [_parse_vary(spec) for spec in args.vary]
+    retired: set[str] = set()
+    specs = [_parse_config_spec(spec, retired) for spec in args.config] or [{}]
+    sweeps = [_parse_vary(spec, retired) for spec in args.vary]
+    for old in sorted(retired):
+        warn_retired(f"the setting {old!r}", repr(_RETIRED_KNOBS[old]))
     _check_each_setting_once(specs, sweeps)
     if not args.config and not args.vary and args.policy is None:
         sweeps = [[{"policy": policy} for policy in POLICIES]]
@@ -194,8 +200,12 @@ def _setting(name: str) -> str:
     return CONFIG_FLAGS[name].removeprefix("--")
 
 
-def _knob(key: str, option: str) -> str:
+def _knob(key: str, option: str, retired: set[str]) -> str:
+    """The config field a setting's ``key`` names (a retired name is added to ``retired``)."""
     name = key.strip().lower().replace("-", "_")
+    if name in _RETIRED_KNOBS:
+        retired.add(name)
+        name = "chunk_alignment"
     name = _KNOB_ALIASES.get(name, name)
     if name not in _KNOB_HEADS:
         known = ", ".join([*map(_setting, _KNOB_HEADS), *_KNOB_ALIASES])
@@ -215,26 +225,26 @@ def _knob_value(name: str, text: str, option: str) -> object:
     raise UsageError(f"{option}: {_setting(name)} must be {allowed}: {text!r}")
 
 
-def _parse_config_spec(spec: str) -> dict[str, object]:
+def _parse_config_spec(spec: str, retired: set[str]) -> dict[str, object]:
     """``"policy=packed,batch=16"`` -> ``{"policy": "packed", "max_num_seqs": 16}``."""
     overrides: dict[str, object] = {}
     for item in spec.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--config: expected KEY=VALUE[,KEY=VALUE...], got {spec!r}")
-        name = _knob(key, "--config")
+        name = _knob(key, "--config", retired)
         if name in overrides:
             raise UsageError(f"--config: {_setting(name)} is given twice in {spec!r}")
         overrides[name] = _knob_value(name, value, "--config")
     return overrides
 
 
-def _parse_vary(spec: str) -> list[dict[str, object]]:
+def _parse_vary(spec: str, retired: set[str]) -> list[dict[str, object]]:
     """``"threshold=0,256"`` -> ``[{"long_prefill_token_threshold": 0}, {...: 256}]``."""
     key, sep, values = spec.partition("=")
     if not sep or not key.strip() or not values.strip():
         raise UsageError(f"--vary: expected KEY=VALUE,VALUE..., got {spec!r}")
-    name = _knob(key, "--vary")
+    name = _knob(key, "--vary", retired)
     sweep = [{name: _knob_value(name, value, "--vary")} for value in values.split(",")]
     for i, row in enumerate(sweep):
         if row in sweep[:i]:

@@ -66,8 +66,8 @@ EXAMPLES: list[Example] = [
 #: The library parameter each of the command's own flags gives (errors name the flag).
 FLAGS = {
     "max_new_tokens": "--max-new-tokens",
-    "page_size": "--kv-page-size",
-    "num_pages": "--num-kv-pages",
+    "kv_page_size": "--kv-page-size",
+    "num_kv_pages": "--num-kv-pages",
 }
 
 
@@ -124,7 +124,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         "--kv-page-size",
         type=int,
         metavar="N",
-        help=f"tokens per KV page (default: --page-size if set, else {DEFAULT_PAGE_SIZE})",
+        help=f"tokens per KV page (default: --chunk-alignment if set, else {DEFAULT_PAGE_SIZE})",
     )
     pool.add_argument(
         "--num-kv-pages",
@@ -202,9 +202,8 @@ def handle(args: argparse.Namespace) -> int:
     _job.check_output(args.output, prompts=args.prompts, resume=args.resume)
     if args.resume and args.replicas is not None:
         raise UsageError("--resume: not with --replicas (a replica run's results come at its end)")
-    page_size = next(
-        size for size in (args.kv_page_size, args.page_size, DEFAULT_PAGE_SIZE) if size is not None
-    )
+    # (Both checked >= 1 by now: --kv-page-size above, the alignment by the config.)
+    page_size = args.kv_page_size or config.chunk_alignment or DEFAULT_PAGE_SIZE
     started = time.perf_counter()
     with _replicas.optional_replicas(args) as pool:
         backend = load_backend_from_args(args) if pool is None else pool
@@ -257,14 +256,15 @@ def _generate(
             with generation_bar(args, len(part)) as on_dispatch:
                 return execute(
                     backend, part, config=config, stop_token_ids=eos,
-                    num_pages=args.num_kv_pages, page_size=page_size, on_dispatch=on_dispatch,
+                    num_kv_pages=args.num_kv_pages, kv_page_size=page_size,
+                    on_dispatch=on_dispatch,
                     on_finish=on_finish, request_indices=todo,
                     detokenize=None if tokenizer is None else tokenizer.decode,
                 )  # fmt: skip
         with _replicas.progress_bar(args)("generate") as on_progress, flags_named(**FLAGS):
             result, figures = _replicas.generate_on(
                 backend, part, config=config, sampling=params[0], stop_token_ids=eos,
-                num_pages=args.num_kv_pages, page_size=page_size, on_progress=on_progress,
+                num_kv_pages=args.num_kv_pages, kv_page_size=page_size, on_progress=on_progress,
             )  # fmt: skip
         replicas.update(figures)
         for place, sequence in enumerate(result.sequences):
@@ -312,8 +312,8 @@ def execute(
     *,
     config: PlannerConfig,
     stop_token_ids: Collection[int],
-    num_pages: int | None,
-    page_size: int,
+    num_kv_pages: int | None,
+    kv_page_size: int,
     on_dispatch: Callable[[DispatchDone], None],
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
     request_indices: Sequence[int] | None = None,
@@ -330,8 +330,8 @@ def execute(
             sampling=[r.sampling for r in requests],
             stop_token_ids=stop_token_ids,
             request_stop_token_ids=[r.stop_token_ids for r in requests],
-            num_pages=num_pages,
-            page_size=page_size,
+            num_kv_pages=num_kv_pages,
+            kv_page_size=kv_page_size,
             on_dispatch=on_dispatch,
             on_finish=on_finish,
             request_indices=request_indices,

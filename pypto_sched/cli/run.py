@@ -107,7 +107,7 @@ def add_parser(commands: argparse._SubParsersAction[Parser]) -> None:
         action=Once,
         type=int,
         metavar="N",
-        help="KV cache page size (default: --page-size if set, else 16)",
+        help="KV cache page size (default: --chunk-alignment if set, else 16)",
     )
     parser.add_argument(
         "--verify",

@@ -140,12 +140,12 @@ def _check_rows(s: ScheduleArrays) -> None:
             "row",
             lambda i: f"end {ends[i]} for prompt length {prompt[i]}",
         )
-    page = s.config.page_size
+    page = s.config.chunk_alignment
     if page is not None:
         unaligned = ~s.is_final & (ends % page != 0)
         if unaligned.any():
             _fail_rule(
-                f"a non-final chunk must end on a multiple of page_size {page}",
+                f"a non-final chunk must end on a multiple of chunk_alignment {page}",
                 unaligned,
                 "row",
                 lambda i: f"end {ends[i]}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Literal, get_args
 
 import attrs
@@ -17,6 +18,8 @@ __all__ = ["POLICIES", "PlannerConfig", "Policy", "check_config"]
 Policy = Literal["round_robin", "packed"]
 #: The scheduling policies, in the order the docs describe them.
 POLICIES: tuple[Policy, ...] = get_args(Policy)
+#: What a limit may be given as (NumPy integers become ``int``).
+Count = int | np.integer[Any]
 
 
 def _plain(value: object) -> object:
@@ -39,12 +42,15 @@ def _policy(_self: object, _field: attrs.Attribute[Any], value: object) -> None:
         raise InvalidConfigError.about("policy", f"must be one of {choices}: {value!r}")
 
 
-@attrs.frozen(kw_only=True)
+# (init=False: attrs writes __attrs_init__, with the fields' converters and validators, and
+# the __init__ below adds the retired keyword ``page_size`` in front of it.)
+@attrs.frozen(kw_only=True, init=False)
 class PlannerConfig:
     """How the planner may split prompts into dispatches.
 
     Every limit is an ``int >= 1``; ``None`` switches an optional limit off. Use
     :meth:`from_engine_args` for the vLLM / pypto-serving convention where ``0`` means off.
+    ``page_size`` is the retired name of ``chunk_alignment`` (a ``DeprecationWarning``).
     """
 
     #: Most tokens one dispatch may carry.
@@ -58,8 +64,9 @@ class PlannerConfig:
     max_num_seqs: int | None = attrs.field(
         default=None, converter=_plain, validator=count_validator(optional=True)
     )
-    #: When set, every non-final chunk ends on a multiple of it (KV pages are never split).
-    page_size: int | None = attrs.field(
+    #: When set, every non-final chunk ends on a multiple of it (so that a chunk never ends
+    #: part-way into a KV page of that size: set it to the KV page size for that).
+    chunk_alignment: int | None = attrs.field(
         default=None, converter=_plain, validator=count_validator(optional=True)
     )
     #: ``"round_robin"`` (the seed's behaviour) or ``"packed"`` (co-scheduled chunks).
@@ -70,18 +77,60 @@ class PlannerConfig:
         default=None, converter=_plain, validator=count_validator(optional=True)
     )
 
+    def __init__(
+        self,
+        *,
+        max_num_batched_tokens: Count,
+        long_prefill_token_threshold: Count | None = None,
+        max_num_seqs: Count | None = None,
+        chunk_alignment: Count | None = None,
+        policy: Policy = "round_robin",
+        max_num_partial_prefills: Count | None = None,
+        page_size: Count | None = None,
+    ) -> None:
+        if page_size is not None:
+            if chunk_alignment is not None:
+                raise InvalidConfigError.about(
+                    "page_size",
+                    f"must not be given with 'chunk_alignment', its new name: {page_size!r}",
+                )
+            warnings.warn(
+                "PlannerConfig's 'page_size' is deprecated: use 'chunk_alignment'",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            chunk_alignment = page_size
+        self.__attrs_init__(
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            max_num_seqs=max_num_seqs,
+            chunk_alignment=chunk_alignment,
+            policy=policy,
+            max_num_partial_prefills=max_num_partial_prefills,
+        )
+
+    @property
+    def page_size(self) -> int | None:
+        """The retired name of :attr:`chunk_alignment` (a ``DeprecationWarning``)."""
+        warnings.warn(
+            "PlannerConfig.page_size is deprecated: use chunk_alignment",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.chunk_alignment
+
     def __attrs_post_init__(self) -> None:
         if self.max_num_partial_prefills is not None and self.policy != "packed":
             raise InvalidConfigError.about(
                 "max_num_partial_prefills",
                 f"applies only to policy 'packed': policy is {self.policy!r}",
             )
-        if self.page_size is not None and self.page_size > self.chunk_cap:
+        if self.chunk_alignment is not None and self.chunk_alignment > self.chunk_cap:
             raise InvalidConfigError.about(
-                "page_size",
+                "chunk_alignment",
                 "must be <= the largest chunk, min(max_num_batched_tokens, "
                 f"long_prefill_token_threshold) = {self.chunk_cap}, or no chunk could end "
-                f"on a page boundary: {self.page_size}",
+                f"on a multiple of it: {self.chunk_alignment}",
             )
 
     # Cached: the online planner reads them on every step. (attrs fills the slot on first use.)
@@ -111,14 +160,16 @@ class PlannerConfig:
         max_num_batched_tokens: int,
         long_prefill_token_threshold: int = 0,
         max_num_seqs: int | None = None,
-        page_size: int | None = None,
+        chunk_alignment: int | None = None,
         policy: Policy = "round_robin",
         max_num_partial_prefills: int | None = None,
+        page_size: int | None = None,
     ) -> PlannerConfig:
         """Build a config from engine-style arguments, where a threshold of ``0`` means off.
 
         This is the convention of vLLM (``long_prefill_token_threshold=0``) and of
-        pypto-serving; the config uses vLLM's names (``max_num_seqs``).
+        pypto-serving; the config uses vLLM's names (``max_num_seqs``). ``page_size`` is the
+        retired name of ``chunk_alignment``, as in the constructor.
         """
         threshold = check_int(
             "long_prefill_token_threshold",
@@ -134,9 +185,10 @@ class PlannerConfig:
             max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=threshold or None,
             max_num_seqs=max_num_seqs,
-            page_size=page_size,
+            chunk_alignment=chunk_alignment,
             policy=policy,
             max_num_partial_prefills=max_num_partial_prefills,
+            page_size=page_size,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,11 +197,13 @@ class PlannerConfig:
 
     @classmethod
     def from_dict(cls, data: object) -> PlannerConfig:
-        """Build a config from :meth:`to_dict`'s output, rejecting unknown keys."""
+        """Build a config from :meth:`to_dict`'s output, rejecting unknown keys (the retired
+        ``page_size`` is read as ``chunk_alignment``, with a ``DeprecationWarning``)."""
         if not isinstance(data, dict):
             raise InvalidConfigError.about("data", f"must be a JSON object: {type(data).__name__}")
         known = {field.name for field in attrs.fields(cls)}
-        unknown = sorted(set(data) - known, key=repr)  # keys of any type: sorted by repr
+        # (Keys of any type: sorted by repr. The retired "page_size" is the constructor's.)
+        unknown = sorted(set(data) - known - {"page_size"}, key=repr)
         if unknown:
             raise InvalidConfigError(
                 f"unknown config keys {unknown}; known keys: {sorted(known)}", parameter="data"

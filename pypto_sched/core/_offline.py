@@ -129,7 +129,7 @@ def _round_robin_rows(lengths: IntArray, computed: IntArray, config: PlannerConf
     # Alone in its dispatches, a request runs the chunk rule with `budget` allowed every time:
     # its first chunk from c, then `step`-token chunks from page boundaries while more than
     # the budget is left, then what is left once it fits.
-    page = config.page_size or 1
+    page = config.chunk_alignment or 1
     step = full_step(budget, page)
     first_end = computed + chunk_sizes(computed, lengths, budget, page)
     middle = -(-np.maximum(lengths - first_end - budget, 0) // step)
@@ -239,7 +239,7 @@ class _PackedPlanner:
         self.n = n = lengths.size
         self.budget = config.max_num_batched_tokens
         self.cap = cap = config.chunk_cap
-        self.page = page = config.page_size or 1
+        self.page = page = config.chunk_alignment or 1
         self.step = step = full_step(cap, page)
         self.max_rows = config.max_num_seqs or n  # n rows: no limit, as an int
         self.max_partial = config.max_num_partial_prefills

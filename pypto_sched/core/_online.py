@@ -703,7 +703,7 @@ def plan_step(
         return _step_plan(_NO_ROWS, state, pool)
     rows = MAX_TOKENS if room_rows is None else room_rows  # an int bound, for counting down
     cap = request_cap(config, num_requests, reserved_tokens, reserved_rows)
-    page = config.page_size or 1
+    page = config.chunk_alignment or 1
     # The dispatch keeps to the bound when it has the whole budget and rows and no limit can
     # bind (see _keep_to_the_bound; a page pool must hold every request whole).
     whole = reserved_tokens == 0 and reserved_rows == 0

@@ -26,11 +26,11 @@ Invariants every schedule satisfies (``Schedule.validate`` checks them all):
    ``min(max_num_batched_tokens, long_prefill_token_threshold)``, except that under ``packed``
    a request left alone -- the only one unfinished, in a dispatch without decodes -- may run
    the whole ``max_num_batched_tokens`` (the work-conserving tail).
-4. With ``page_size`` set, every non-final chunk ends on a multiple of ``page_size``.
+4. With ``chunk_alignment`` set, every non-final chunk ends on a multiple of ``chunk_alignment``.
 5. With ``max_num_partial_prefills`` set (``packed`` only), at most that many requests are
    started but unfinished after any dispatch.
 
-Because ``page_size <= chunk_cap`` (checked by ``PlannerConfig``), from any position there is
+Because ``chunk_alignment <= chunk_cap`` (checked by ``PlannerConfig``), from any position there is
 a page boundary within one chunk's reach, so every policy makes progress in every dispatch.
 
 The rules, one function each
@@ -66,9 +66,9 @@ Effective budget ``E = min(max_num_batched_tokens, long_prefill_token_threshold)
 * If the tokens still to run fit in ``E`` and the requests fit in ``max_num_seqs`` rows:
   one dispatch holding every request whole.
 * Otherwise one request per dispatch, round-robin over the unfinished requests in request
-  order. Each chunk is ``min(remaining, E)`` tokens; with ``page_size`` a non-final chunk's end
-  is rounded down to a page boundary. Equivalently: round ``k`` holds the ``k``-th chunk of
-  every request that has one, and rounds run in order.
+  order. Each chunk is ``min(remaining, E)`` tokens; with ``chunk_alignment`` a non-final
+  chunk's end is rounded down to a multiple of it (a page boundary). Equivalently: round
+  ``k`` holds the ``k``-th chunk of every request that has one, and rounds run in order.
 
 The seed's case, 16 prompts of 3,338 tokens with threshold 256, is 224 dispatches: each
 request runs 13 chunks of 256 tokens and one of 10.
@@ -80,7 +80,7 @@ rows. A request may run up to ``chunk_cap`` tokens; a chunk limited by the budge
 the cap or by a page boundary is non-final. The dispatch is filled in this order:
 
 1. Started requests, in request order. One that cannot run a single token here (only
-   possible with ``page_size``) is skipped for this dispatch; the others still run.
+   possible with ``chunk_alignment``) is skipped for this dispatch; the others still run.
 2. New requests, in request order, while the budget and rows last. Admission stops at the
    first new request that cannot run any token, or that would be left part-way while
    ``max_num_partial_prefills`` requests already are.
@@ -96,11 +96,11 @@ threshold the same way). Without it, a long request that starts last runs alone 
 ``chunk_cap``-sized dispatches while the budget sits idle. ``Schedule.lower_bound`` accounts
 for it: the longest request runs at most ``chunk_cap`` tokens a dispatch only while the second
 longest is unfinished. The dispatch count is then close to the bound, and equal to it in most
-workloads without ``page_size`` (the seed's case with budget 8192 and 16 rows takes 14).
+workloads without ``chunk_alignment`` (the seed's case with budget 8192 and 16 rows takes 14).
 
 *Keeping to the bound.* A dispatch planned with the whole budget and rows (and a page pool,
 if any, that holds every request whole), where no limit can bind on the work left
-(:func:`bound_rule_applies`: no ``page_size`` above 1, and no more requests than
+(:func:`bound_rule_applies`: no ``chunk_alignment`` above 1, and no more requests than
 ``max_num_seqs`` or ``max_num_partial_prefills``), is the greedy fill only if what it leaves
 has a bound at most one below the bound before it; otherwise every request first runs its
 :func:`deadline_minimums` and the rest of the budget goes first come, first served
@@ -148,7 +148,7 @@ applies to a step whose state holds one request and whose caller reserves nothin
 ``round_robin`` keeps every request in one FIFO queue of turns. A step runs one chunk of the
 request at the head of the queue, ``min(remaining, room)`` tokens (page-aligned if not final);
 if it is unfinished it goes back to the tail. New requests join at the tail. If the head
-cannot run a token in the room left (only possible with ``page_size`` and reservations), the
+cannot run a token in the room left (only possible with ``chunk_alignment`` and reservations), the
 step is empty and the head keeps its turn. The whole-batch rule -- "if everything fits,
 one dispatch of all" -- applies when a *run* begins: when no step has had to split since
 the state was last empty (``state.policy is None``) and every request in the state fits the
@@ -182,13 +182,13 @@ Counted in dispatches that carry rows (an empty step moves no request ahead of a
   last chunk). Requests that arrive later queue behind it and cannot delay it.
 * ``packed``: a started request ``r`` yields only to started requests older than it. In a
   dispatch that skips it, those older requests fill every free row, or take more than
-  ``R - p`` of the ``R`` tokens of room (``p`` is ``page_size``, or 1 without pages); newer
+  ``R - p`` of the ``R`` tokens of room (``p`` is ``chunk_alignment``, or 1 without pages); newer
   requests and arrivals never displace it. With the same config and room in every dispatch:
 
-  - without ``page_size``, ``r`` runs in every dispatch until it finishes. (In the dispatch
+  - without ``chunk_alignment``, ``r`` runs in every dispatch until it finishes. (In the dispatch
     where ``r`` last ran, every older request ran a whole ``min(remaining, chunk_cap)``
     chunk and left room for ``r``; from then on each of them runs at most that.)
-  - with ``page_size``, ``r`` is skipped at most ``T // min(M, R - p + 1)`` times, ``T``
+  - with ``chunk_alignment``, ``r`` is skipped at most ``T // min(M, R - p + 1)`` times, ``T``
     being the tokens the older started requests had left when ``r`` started and ``M`` the
     rows of room. (A prefix hit can give an older request a short first chunk, and room left
     over may be less than a page.)
@@ -302,7 +302,7 @@ def chunk_size(start: int, length: int, limit: int, page: int) -> int:
     """The chunk rule every policy shares: the tokens a request at position ``start`` of a
     ``length``-token prompt runs when ``limit`` tokens are allowed (see :func:`chunk_limit`).
     All that is left when it fits (the final chunk); otherwise up to the last multiple of
-    ``page`` within reach (1 without ``page_size``), which is 0 when no page boundary is in
+    ``page`` within reach (1 without ``chunk_alignment``), which is 0 when no page boundary is in
     reach."""
     remaining = length - start
     if remaining <= limit:
@@ -435,10 +435,10 @@ def bound_rule_applies(config: PlannerConfig, num_requests: Any) -> Any:
     pool, if any, that holds every request whole), ``num_requests`` requests being
     unfinished, is kept to the bound (see *Keeping to the bound* in the header): more than
     one request, and no limit that the bound does not count can bind on the work left -- no
-    ``page_size`` above 1, no more requests than ``max_num_seqs`` rows or than
+    ``chunk_alignment`` above 1, no more requests than ``max_num_seqs`` rows or than
     ``max_num_partial_prefills``. Elementwise on arrays."""
     applies = np.greater(num_requests, 1)
-    if config.policy != "packed" or (config.page_size or 1) > 1:
+    if config.policy != "packed" or (config.chunk_alignment or 1) > 1:
         return np.logical_and(applies, False)
     for limit in (config.max_num_seqs, config.max_num_partial_prefills):
         if limit is not None:

@@ -60,11 +60,35 @@ def _config_v1(config: object) -> object:
             "config: version 1 names the row limit 'max_batch_size', not 'max_num_seqs' "
             '(a version 2 key; write "version": 2 with it)'
         )
-    return {("max_num_seqs" if k == "max_batch_size" else k): v for k, v in config.items()}
+    return _config_v2(
+        {("max_num_seqs" if k == "max_batch_size" else k): v for k, v in config.items()}
+    )
 
 
-#: Each version this library reads, with how its config becomes the current one.
-_READABLE_VERSIONS: dict[int, Callable[[object], object]] = {1: _config_v1, 2: lambda c: c}
+def _config_v2(config: object) -> object:
+    """Both versions name ``PlannerConfig.chunk_alignment`` ``page_size`` (the file format
+    kept the key when the field was renamed). A config holding the field's own name is
+    refused, not read as either."""
+    if not isinstance(config, dict):
+        return config
+    if "chunk_alignment" in config:
+        raise InvalidScheduleError(
+            "config: the schedule format names the chunk alignment 'page_size', not "
+            "'chunk_alignment' (PlannerConfig's field)"
+        )
+    return {(_ALIGNMENT if k == _ALIGNMENT_KEY else k): v for k, v in config.items()}
+
+
+def _config_for_file(config: PlannerConfig) -> dict[str, Any]:
+    """``config.to_dict()`` with its keys as the file format names them."""
+    data = config.to_dict()
+    return {(_ALIGNMENT_KEY if k == _ALIGNMENT else k): v for k, v in data.items()}
+
+
+#: ``PlannerConfig.chunk_alignment``, and its key in the file format (every version).
+_ALIGNMENT, _ALIGNMENT_KEY = "chunk_alignment", "page_size"
+#: Each version this library reads, with how its config becomes ``PlannerConfig.from_dict``'s.
+_READABLE_VERSIONS: dict[int, Callable[[object], object]] = {1: _config_v1, 2: _config_v2}
 
 IntArray = npt.NDArray[np.int64]
 
@@ -479,7 +503,7 @@ class Schedule:
         return {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "config": self.config.to_dict(),
+            "config": _config_for_file(self.config),
             "prompt_lengths": self.prompt_lengths.tolist(),
             "num_computed_tokens": self.num_computed_tokens.tolist(),
             "dispatches": [rows[lo:hi] for lo, hi in itertools.pairwise(offsets)],

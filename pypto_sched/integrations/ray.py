@@ -85,6 +85,7 @@ from ..runtime._generate import (
     GenerationInputs,
     GenerationStats,
     prepare_generation,
+    renamed_argument,
     run_generation,
     token_arrays,
 )
@@ -660,13 +661,28 @@ class RayReplicas:
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         stop_token_ids: Collection[int] = (),
         request_stop_token_ids: Sequence[Collection[int]] | None = None,
-        num_pages: int | None = None,
-        page_size: int = DEFAULT_PAGE_SIZE,
+        num_kv_pages: int | None = None,
+        kv_page_size: int = DEFAULT_PAGE_SIZE,
         on_progress: Callable[[BatchProgress], None] | None = None,
+        num_pages: int | None = None,
+        page_size: int | None = None,
     ) -> RayGenerationResult:
-        """:func:`~pypto_sched.generate` on the replicas; ``num_pages`` is each replica's KV
+        """:func:`~pypto_sched.generate` on the replicas; ``num_kv_pages`` is each replica's KV
         pool (default: what a step's rows can use, from its part's requests). Sequences in
-        input order."""
+        input order. ``num_pages`` and ``page_size`` are the retired names of
+        ``num_kv_pages`` and ``kv_page_size``, as in ``generate``."""
+        where = "RayReplicas.generate"
+        num_kv_pages = renamed_argument(
+            where, "num_pages", num_pages, "num_kv_pages", num_kv_pages, num_kv_pages is not None
+        )
+        kv_page_size = renamed_argument(
+            where,
+            "page_size",
+            page_size,
+            "kv_page_size",
+            kv_page_size,
+            kv_page_size != DEFAULT_PAGE_SIZE,
+        )
         # generate()'s checks, on the whole batch before any part runs: a part would name its
         # requests by their place in the part.
         inputs = prepare_generation(
@@ -678,8 +694,8 @@ class RayReplicas:
             sampling=sampling,
             stop_token_ids=stop_token_ids,
             request_stop_token_ids=request_stop_token_ids,
-            num_pages=num_pages,
-            page_size=page_size,
+            num_kv_pages=num_kv_pages,
+            kv_page_size=kv_page_size,
         )
         check_callback("on_progress", on_progress)
         news = np.array(inputs.max_new_tokens, dtype=np.int64)

@@ -79,11 +79,11 @@ config's page boundaries.
 
 The dispatch's limits are the tighter of the server's and the config's: at most
 ``min(token_budget, max_num_batched_tokens)`` tokens and ``min(max_requests_per_batch,
-max_num_seqs)`` rows. Page alignment is the config's: ``page_size=None`` (the default) cuts
-chunks anywhere, as the server's own schedulers do -- its paged cache fills a page across
+max_num_seqs)`` rows. Page alignment is the config's: ``chunk_alignment=None`` (the default)
+cuts chunks anywhere, as the server's own schedulers do -- its paged cache fills a page across
 chunks, so alignment is not needed for correctness, and aligning leaves up to a page of a
-batch's tokens unused whenever a chunk is cut; a ``page_size`` (the server's cache page size,
-say) makes every non-final chunk end on a multiple of it.
+batch's tokens unused whenever a chunk is cut; a ``chunk_alignment`` (the server's cache page
+size, say) makes every non-final chunk end on a multiple of it.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def planner_config_from_vllm(
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
             max_num_seqs=scheduler_config.max_num_seqs,
-            page_size=block_size if align_to_blocks else None,
+            chunk_alignment=block_size if align_to_blocks else None,
             policy=policy,
             max_num_partial_prefills=max_num_partial_prefills,
         )
@@ -201,7 +201,7 @@ class _Planner:
         self, config: PlannerConfig, *, whole_prompts: bool, adaptive_threshold: bool
     ) -> None:
         self.config = config
-        self.page = config.page_size or 1
+        self.page = config.chunk_alignment or 1
         #: vLLM's chunked prefill is off: a prompt runs whole or not at all.
         self.whole_prompts = whole_prompts
         #: vLLM's adaptive threshold: at least a fair share of the budget per request.
@@ -496,7 +496,7 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
 
     #: The planner's policy.
     planner_policy: ClassVar[Policy]
-    #: Whether non-final chunks end on a KV block boundary (the planner's ``page_size``).
+    #: Whether non-final chunks end on a KV block boundary (the planner's ``chunk_alignment``).
     align_to_blocks: ClassVar[bool] = False
     #: ``packed`` only: most requests part-way through their prefill at once.
     max_num_partial_prefills: ClassVar[int | None] = None

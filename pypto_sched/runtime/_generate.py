@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core._config import PlannerConfig, check_config
-from ..core._errors import InvalidConfigError, InvalidInputError
+from ..core._errors import InvalidConfigError, InvalidInputError, PyptoSchedError
 from ..core._generation import GenerationState, GenerationStep, plan_generation_step
 from ..core._pool import PagePool
 from ..core._sampling import DEFAULT_MAX_TOKENS, SamplingParams, sample_token, token_logprobs
@@ -122,13 +122,15 @@ def generate(
     sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
-    num_pages: int | None = None,
-    page_size: int = DEFAULT_PAGE_SIZE,
+    num_kv_pages: int | None = None,
+    kv_page_size: int = DEFAULT_PAGE_SIZE,
     on_dispatch: Callable[[DispatchDone], None] | None = None,
     request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
     detokenize: Callable[[Sequence[int]], str] | None = None,
     on_step: Callable[[DispatchDone], None] | None = None,
+    num_pages: int | None = None,
+    page_size: int | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens (one int, or one per prompt) for each of
     ``prompts`` (token id arrays) on ``backend``, every dispatch planned under ``config``.
@@ -140,8 +142,8 @@ def generate(
     ``max_tokens`` takes the place of ``max_new_tokens`` (give one or the other: a request
     with neither gets :data:`~pypto_sched.DEFAULT_MAX_TOKENS`), and its ``stop`` strings need
     ``detokenize`` (generated ids to text). The KV cache has
-    ``num_pages`` pages of ``page_size`` tokens (default: what a step's rows can use at once,
-    see ``default_num_pages``); when it holds fewer than every request, requests wait for
+    ``num_kv_pages`` pages of ``kv_page_size`` tokens (default: what a step's rows can use at
+    once, see ``default_num_pages``); when it holds fewer than every request, requests wait for
     pages and are preempted by recomputation. A pool the backend cannot allocate is an
     :class:`~pypto_sched.InvalidConfigError` before any dispatch.
     ``sampling`` defaults to greedy. Results come back in input order.
@@ -157,9 +159,24 @@ def generate(
     they come keeps every finished request when a later dispatch fails. ``on_dispatch`` is
     told a :class:`~pypto_sched.DispatchDone` after each dispatch.
 
-    ``on_step`` is the retired name of ``on_dispatch`` (a ``DeprecationWarning``).
+    ``on_step``, ``num_pages`` and ``page_size`` are the retired names of ``on_dispatch``,
+    ``num_kv_pages`` and ``kv_page_size`` (a ``DeprecationWarning``; with the new name too,
+    an ``InvalidInputError``; ``kv_page_size`` counts as given when not the default).
     """
-    on_dispatch = _renamed("on_step", on_step, "on_dispatch", on_dispatch, on_dispatch is not None)
+    on_dispatch = renamed_argument(
+        "generate", "on_step", on_step, "on_dispatch", on_dispatch, on_dispatch is not None
+    )
+    num_kv_pages = renamed_argument(
+        "generate", "num_pages", num_pages, "num_kv_pages", num_kv_pages, num_kv_pages is not None
+    )
+    kv_page_size = renamed_argument(
+        "generate",
+        "page_size",
+        page_size,
+        "kv_page_size",
+        kv_page_size,
+        kv_page_size != DEFAULT_PAGE_SIZE,
+    )
     check_is_backend(backend)
     inputs = prepare_generation(
         prompts,
@@ -170,8 +187,8 @@ def generate(
         sampling=sampling,
         stop_token_ids=stop_token_ids,
         request_stop_token_ids=request_stop_token_ids,
-        num_pages=num_pages,
-        page_size=page_size,
+        num_kv_pages=num_kv_pages,
+        kv_page_size=kv_page_size,
         on_dispatch=on_dispatch,
         request_indices=request_indices,
         on_finish=on_finish,
@@ -180,16 +197,17 @@ def generate(
     return run_generation(backend, inputs)
 
 
-def _renamed(old: str, value: Any, new: str, replacement: _T, replacement_given: bool) -> _T:
-    """The value of :func:`generate`'s argument ``new``, once called ``old``: ``replacement``,
-    or ``value`` (with a ``DeprecationWarning``) when the old name was given (not ``None``)."""
+def renamed_argument(
+    where: str, old: str, value: Any, new: str, replacement: _T, replacement_given: bool
+) -> _T:
+    """The value of ``where``'s argument ``new``, once called ``old``: ``replacement``, or
+    ``value`` (with a ``DeprecationWarning``) when the old name was given (not ``None``);
+    both given is an ``InvalidInputError`` naming ``old``."""
     if value is None:
         return replacement
     if replacement_given:
         raise InvalidInputError.about(old, f"must not be given with {new!r}, its new name")
-    warnings.warn(
-        f"generate's {old!r} is deprecated: use {new!r}", DeprecationWarning, stacklevel=3
-    )
+    warnings.warn(f"{where}'s {old!r} is deprecated: use {new!r}", DeprecationWarning, stacklevel=3)
     return cast(_T, value)
 
 
@@ -215,8 +233,8 @@ class GenerationInputs:
     #: Each request's index in the batch: the seed of its random stream, its name in errors.
     request_indices: tuple[int, ...]
     #: The KV pool: ``None`` is :func:`default_num_pages` of the requests run.
-    num_pages: int | None
-    page_size: int
+    num_kv_pages: int | None
+    kv_page_size: int
     on_dispatch: Callable[[DispatchDone], None] | None
     on_finish: Callable[[int, GeneratedSequence], None] | None
     detokenize: Callable[[Sequence[int]], str] | None
@@ -247,8 +265,8 @@ def prepare_generation(
     sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
-    num_pages: int | None = None,
-    page_size: int = DEFAULT_PAGE_SIZE,
+    num_kv_pages: int | None = None,
+    kv_page_size: int = DEFAULT_PAGE_SIZE,
     on_dispatch: Callable[[DispatchDone], None] | None = None,
     request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
@@ -286,15 +304,22 @@ def prepare_generation(
             f"{seeds.index(seeds[again])}",
         )
     news = _max_new_tokens(max_new_tokens, params)
-    page_size = check_int("page_size", page_size, min_value=1)
-    check_requests(
-        [prompt.size for prompt in tokens],
-        news,
-        config=config,
-        max_positions=max_positions,
-        num_pages=num_pages,
-        page_size=page_size,
-    )
+    kv_page_size = check_int("kv_page_size", kv_page_size, min_value=1)
+    if num_kv_pages is not None:
+        num_kv_pages = check_int("num_kv_pages", num_kv_pages, min_value=1)
+    try:
+        check_requests(
+            [prompt.size for prompt in tokens],
+            news,
+            config=config,
+            max_positions=max_positions,
+            num_pages=num_kv_pages,
+            page_size=kv_page_size,
+        )
+    except PyptoSchedError as error:  # the pool's own names for generate's arguments
+        if error.parameter != "num_pages" or error.rule is None:
+            raise
+        raise type(error).about("num_kv_pages", error.rule) from None
     return GenerationInputs(
         config=config,
         prompts=tuple(tokens),
@@ -302,8 +327,8 @@ def prepare_generation(
         params=tuple(params),
         stop_token_ids=tuple(stops),
         request_indices=tuple(seeds),
-        num_pages=num_pages,
-        page_size=page_size,
+        num_kv_pages=num_kv_pages,
+        kv_page_size=kv_page_size,
         on_dispatch=on_dispatch,
         on_finish=on_finish,
         detokenize=detokenize,
@@ -318,8 +343,8 @@ def run_generation(backend: Backend, inputs: GenerationInputs) -> GenerationResu
         lengths,
         inputs.max_new_tokens,
         config=inputs.config,
-        num_pages=inputs.num_pages,
-        page_size=inputs.page_size,
+        num_pages=inputs.num_kv_pages,
+        page_size=inputs.kv_page_size,
         count=_admission_window(inputs.config, len(lengths)),
     )
     return _Run(backend, inputs).until_done(state)
@@ -633,13 +658,13 @@ class _Run:
         return not p.is_greedy or p.logprobs is not None or bool(self.banned(request))
 
     def new_cache(self, pool: PagePool[int]) -> Any:
-        """The backend's KV cache for ``pool``, or an error naming ``num_pages`` when the
+        """The backend's KV cache for ``pool``, or an error naming ``num_kv_pages`` when the
         backend cannot allocate it (before any dispatch runs)."""
         try:
             return make_cache(self.backend, num_pages=pool.num_pages, page_size=pool.page_size)
         except MemoryError:
             raise InvalidConfigError.about(
-                "num_pages",
+                "num_kv_pages",
                 f"must fit in memory: backend {self.backend.name!r} cannot allocate a KV cache "
                 f"of {pool.num_pages:,} pages of {pool.page_size} tokens; give fewer pages (the "
                 "default is what a step's rows can use at once)",

@@ -276,8 +276,8 @@ class LLM:
                 config=self.config,
                 sampling=[single[r] for r, _ in owners],
                 stop_token_ids=self.eos_token_ids,
-                num_pages=self.num_kv_pages,
-                page_size=self.kv_page_size,
+                num_kv_pages=self.num_kv_pages,
+                kv_page_size=self.kv_page_size,
                 on_finish=finished,
                 detokenize=None if self.tokenizer is None else self.tokenizer.decode,
             )

@@ -275,8 +275,8 @@ def _title(schedule: Schedule) -> str:
         knobs.append(f"threshold {config.long_prefill_token_threshold:,}")
     if config.max_num_seqs is not None:
         knobs.append(f"max batch {config.max_num_seqs:,}")
-    if config.page_size is not None:
-        knobs.append(f"page {config.page_size:,}")
+    if config.chunk_alignment is not None:
+        knobs.append(f"aligned to {config.chunk_alignment:,}")
     if config.max_num_partial_prefills is not None:
         knobs.append(f"partial prefills {config.max_num_partial_prefills:,}")
     return (

@@ -300,7 +300,7 @@ def verify_against_one_shot(
     cache whose cached prefixes (``schedule.num_computed_tokens``) are written first with
     :func:`~pypto_sched.execute.write_prefixes`. ``on_dispatch`` sees the dispatches run
     here (the chunked ones first, when run here, then the one-shot one). ``page_size`` is the
-    KV page size of a chunked run made here (default: the schedule's ``config.page_size``,
+    KV page size of a chunked run made here (default: the schedule's ``config.chunk_alignment``,
     else :data:`~pypto_sched.execute.DEFAULT_PAGE_SIZE`); the one-shot run uses the chunked
     run's.
     """
@@ -345,7 +345,7 @@ def _run_chunked(
     on_dispatch: Callable[[DispatchDone], None] | None,
 ) -> ExecutionResult:
     if page_size is None:
-        size = schedule.config.page_size or DEFAULT_PAGE_SIZE
+        size = schedule.config.chunk_alignment or DEFAULT_PAGE_SIZE
     else:
         size = check_int("page_size", page_size, min_value=1)
     # The prompts checked against the schedule first, as execute_schedule checks them: the

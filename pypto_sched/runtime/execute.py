@@ -134,7 +134,7 @@ def execute_schedule(
     cached prefix included); ``input_embeddings[r]``, when given, its ``[length,
     hidden_size]`` host embeddings, in which case the backend does no lookup. Without
     ``block_tables`` the driver plans one with :func:`~pypto_sched.plan_pages` at
-    ``page_size`` (default: the schedule's ``config.page_size``, else
+    ``page_size`` (default: the schedule's ``config.chunk_alignment``, else
     :data:`DEFAULT_PAGE_SIZE`). Without ``cache`` it asks the backend for an empty one. A
     schedule with cached prefixes (``num_computed_tokens`` > 0) needs a ``cache`` that holds
     them, filled with :func:`write_prefixes` or the caller's prefix cache: the driver cannot
@@ -381,7 +381,7 @@ def _block_tables(
 ) -> BlockTables:
     if block_tables is None:
         if page_size is None:
-            page_size = schedule.config.page_size or DEFAULT_PAGE_SIZE
+            page_size = schedule.config.chunk_alignment or DEFAULT_PAGE_SIZE
         page_size = check_int("page_size", page_size, min_value=1)
         pages = int((-(-schedule.prompt_lengths // page_size)).sum())
         return plan_pages(schedule.prompt_lengths, page_size=page_size, num_pages=pages)

@@ -471,11 +471,11 @@ def _random_config(
     if policy == "packed":
         options["max_num_partial_prefills"] = _maybe(rng, 1, count)
     if rng.random() < 0.5:
-        options["page_size"] = page_size
+        options["chunk_alignment"] = page_size  # chunks aligned to the KV pages
     try:
         return PlannerConfig(**options)
     except InvalidConfigError:  # the page is larger than the chunk cap: plan unaligned
-        options["page_size"] = None
+        options["chunk_alignment"] = None
         return PlannerConfig(**options)
 
 
@@ -704,8 +704,8 @@ def _check_generation(
             example.prompts,
             config=example.config,
             max_new_tokens=list(example.max_new_tokens),
-            num_pages=example.num_pages,
-            page_size=example.page_size,
+            num_kv_pages=example.num_pages,
+            kv_page_size=example.page_size,
         )
     # Row i of the one-shot run: request origins[i]'s context before its token origins[i].
     contexts: list[Prompt] = []

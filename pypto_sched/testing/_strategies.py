@@ -26,6 +26,7 @@ constants below.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable
 from typing import Any, Literal, TypeGuard, TypeVar
 
@@ -121,7 +122,7 @@ class _FieldStrategies:
     max_num_batched_tokens: st.SearchStrategy[int] | None = None
     long_prefill_token_threshold: st.SearchStrategy[int | None] | None = None
     max_num_seqs: st.SearchStrategy[int | None] | None = None
-    page_size: st.SearchStrategy[int | None] | None = None
+    chunk_alignment: st.SearchStrategy[int | None] | None = None
     max_num_partial_prefills: st.SearchStrategy[int | None] | None = None
 
     def check(self) -> None:
@@ -137,30 +138,45 @@ def planner_configs(
     max_num_batched_tokens: st.SearchStrategy[int] | None = None,
     long_prefill_token_threshold: st.SearchStrategy[int | None] | None = None,
     max_num_seqs: st.SearchStrategy[int | None] | None = None,
-    page_size: st.SearchStrategy[int | None] | None = None,
+    chunk_alignment: st.SearchStrategy[int | None] | None = None,
     max_num_partial_prefills: st.SearchStrategy[int | None] | None = None,
+    page_size: st.SearchStrategy[int | None] | None = None,
 ) -> PlannerConfig:
     """Valid :class:`~pypto_sched.PlannerConfig` values; each argument draws that field.
 
     By default: any policy; a budget in ``[1, 512]``; each optional limit either off
-    (``None``) or on: the threshold up to twice the budget, the page size up to the chunk
-    cap, up to 16 rows and up to 8 partial prefills. Defaults adapt to what you pass so the
-    config stays valid: with a ``page_size`` strategy, the default budget and threshold are
-    at least the page drawn (the budget in ``[page, page + 511]``), and with a
+    (``None``) or on: the threshold up to twice the budget, the chunk alignment up to the
+    chunk cap, up to 16 rows and up to 8 partial prefills. Defaults adapt to what you pass so
+    the config stays valid: with a ``chunk_alignment`` strategy, the default budget and
+    threshold are at least the alignment drawn (the budget in ``[a, a + 511]``), and with a
     ``max_num_partial_prefills`` strategy, the default policy is ``packed`` when it draws a
     limit. The default ``max_num_partial_prefills`` is drawn for ``packed`` configs only.
 
     Raises ``InvalidArgument`` when drawn if an argument is not a strategy, if a strategy
     draws a value the field cannot take (``max_num_batched_tokens=st.just(0)``), or if the
-    strategies you pass draw a combination ``PlannerConfig`` rejects (a page larger than the
-    budget, say, or a partial-prefill limit under ``round_robin``).
+    strategies you pass draw a combination ``PlannerConfig`` rejects (an alignment larger than
+    the budget, say, or a partial-prefill limit under ``round_robin``).
+
+    ``page_size`` is the retired name of ``chunk_alignment`` (a ``DeprecationWarning``).
     """
+    if page_size is not None:
+        if chunk_alignment is not None:
+            raise InvalidArgument(
+                "planner_configs() takes 'chunk_alignment' or its retired name 'page_size', "
+                "not both"
+            )
+        warnings.warn(
+            "planner_configs' 'page_size' is deprecated: use 'chunk_alignment'",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        chunk_alignment = page_size
     given = _FieldStrategies(
         policy=policy,
         max_num_batched_tokens=max_num_batched_tokens,
         long_prefill_token_threshold=long_prefill_token_threshold,
         max_num_seqs=max_num_seqs,
-        page_size=page_size,
+        chunk_alignment=chunk_alignment,
         max_num_partial_prefills=max_num_partial_prefills,
     )
     given.check()
@@ -178,8 +194,8 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
     else:
         policy = _draw_policy(draw, given.policy)
     page = None
-    if given.page_size is not None:  # drawn first: the default budget and threshold follow it
-        page = _draw_limit(draw, "page_size", given.page_size)
+    if given.chunk_alignment is not None:  # drawn first: the default budget and threshold follow
+        page = _draw_limit(draw, "chunk_alignment", given.chunk_alignment)
     floor = max(min_chunk_cap, page or 1)
     if given.max_num_batched_tokens is None:
         high = min(floor + _BUDGET_SPAN - 1, MAX_TOKENS)
@@ -192,7 +208,7 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
         threshold = _draw_limit(
             draw, "long_prefill_token_threshold", given.long_prefill_token_threshold
         )
-    if given.page_size is None:  # the default page fits the chunk cap
+    if given.chunk_alignment is None:  # the default alignment fits the chunk cap
         page = draw(_optional_counts(1, budget if threshold is None else min(budget, threshold)))
     if given.max_num_seqs is None:
         seqs = draw(_optional_counts(1, _MAX_NUM_SEQS))
@@ -209,14 +225,14 @@ def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
             max_num_seqs=seqs,
-            page_size=page,
+            chunk_alignment=page,
             max_num_partial_prefills=partial,
         )
     except InvalidConfigError as error:
         drawn = (
             f"policy={policy!r}, max_num_batched_tokens={budget}, "
             f"long_prefill_token_threshold={threshold}, max_num_seqs={seqs}, "
-            f"page_size={page}, max_num_partial_prefills={partial}"
+            f"chunk_alignment={page}, max_num_partial_prefills={partial}"
         )
         raise InvalidArgument(
             f"planner_configs() drew a combination PlannerConfig rejects ({drawn}): {error}"

@@ -486,7 +486,7 @@ def test_greedy_ids_from_non_finite_logits_are_refused(ops: str, backends: Backe
     backend = NpuBackend(attrs.evolve(model, norm=torch.full_like(model.norm, float("nan"))))
     config = PlannerConfig(max_num_batched_tokens=256)
     with pytest.raises(ExecutionError, match="dispatch 0") as raised:
-        generate(backend, [[1, 2, 3], [4]], config=config, max_new_tokens=3, page_size=PAGE[ops])
+        generate(backend, [[1, 2, 3], [4]], config=config, max_new_tokens=3, kv_page_size=PAGE[ops])
     assert raised.value.dispatch == 0
     assert isinstance(raised.value.__cause__, BackendError)
     assert "logits must be finite to give greedy ids: final row 0 (request 0)" in str(raised.value)

@@ -62,11 +62,12 @@ RUNS: list[Run] = [
      128, None),
     ("packed", PlannerConfig(max_num_batched_tokens=96, long_prefill_token_threshold=64,
                              policy="packed", max_num_seqs=4), 128, None),
-    ("packed, pages aligned", PlannerConfig(max_num_batched_tokens=256, page_size=128,
+    ("packed, pages aligned", PlannerConfig(max_num_batched_tokens=256, chunk_alignment=128,
                                             policy="packed"), 128, None),
     ("round_robin, small pool", PlannerConfig(max_num_batched_tokens=128), 128, SMALL_POOL),
     ("packed, pages aligned, small pool",
-     PlannerConfig(max_num_batched_tokens=256, policy="packed", page_size=128), 128, SMALL_POOL),
+     PlannerConfig(max_num_batched_tokens=256, policy="packed", chunk_alignment=128), 128,
+     SMALL_POOL),
     # The torch path takes any page size: decode rows open a page every 16 tokens.
     ("round_robin, 16-slot pages, small pool",
      PlannerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=32), 16, 17),
@@ -132,8 +133,8 @@ def _generate(
 ) -> GenerationResult:
     _, config, page_size, num_pages = run
     return generate(
-        backend, prompts, config=config, max_new_tokens=NEW_TOKENS, page_size=page_size,
-        num_pages=num_pages, **options,
+        backend, prompts, config=config, max_new_tokens=NEW_TOKENS, kv_page_size=page_size,
+        num_kv_pages=num_pages, **options,
     )  # fmt: skip
 
 

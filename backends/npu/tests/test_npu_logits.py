@@ -59,7 +59,7 @@ def cases(
         max_num_batched_tokens=budget,
         long_prefill_token_threshold=threshold,
         max_num_seqs=draw(st.none() | st.integers(1, 4)),
-        page_size=draw(st.none() | st.integers(1, cap)),
+        chunk_alignment=draw(st.none() | st.integers(1, cap)),
         policy=policy,
         max_num_partial_prefills=(
             draw(st.none() | st.integers(1, 3)) if policy == "packed" else None

@@ -127,8 +127,8 @@ def _generate(
         prompts,
         config=config,
         max_new_tokens=args.max_new_tokens,
-        num_pages=num_pages,
-        page_size=args.page_size,
+        num_kv_pages=num_pages,
+        kv_page_size=args.page_size,
     )
 
 

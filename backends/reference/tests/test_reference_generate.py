@@ -48,11 +48,11 @@ RUNS: list[tuple[str, PlannerConfig, int, int | None]] = [
      4, None),
     ("packed", PlannerConfig(max_num_batched_tokens=24, long_prefill_token_threshold=8,
                              policy="packed", max_num_seqs=4), 4, None),
-    ("packed, pages aligned", PlannerConfig(max_num_batched_tokens=16, page_size=4,
+    ("packed, pages aligned", PlannerConfig(max_num_batched_tokens=16, chunk_alignment=4,
                                             policy="packed"), 4, None),
     ("round_robin, small pool", PlannerConfig(max_num_batched_tokens=32), 4, 14),
     ("packed, small pool", PlannerConfig(max_num_batched_tokens=32, policy="packed",
-                                         page_size=4), 4, 14),
+                                         chunk_alignment=4), 4, 14),
 ]  # fmt: skip
 
 
@@ -108,8 +108,8 @@ def _generate(
 ) -> GenerationResult:
     _, config, page_size, num_pages = run
     return generate(
-        backend, prompts, config=config, max_new_tokens=NEW_TOKENS, page_size=page_size,
-        num_pages=num_pages, **options,
+        backend, prompts, config=config, max_new_tokens=NEW_TOKENS, kv_page_size=page_size,
+        num_kv_pages=num_pages, **options,
     )  # fmt: skip
 
 

@@ -62,7 +62,7 @@ def cases(draw: st.DrawFn, *, prefix_hits: bool = False) -> dict[str, Any]:
         planner = PlannerConfig(
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
-            page_size=draw(st.none() | st.just(page_size)),
+            chunk_alignment=draw(st.none() | st.just(page_size)),
             policy=draw(st.sampled_from(POLICIES)),
         )
     except InvalidConfigError:  # a page larger than the chunk cap: plan without alignment
