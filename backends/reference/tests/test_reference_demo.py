@@ -44,7 +44,7 @@ def test_the_demo_fails_when_the_chunked_tokens_differ(
 
     def one_token_off(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
-        if kwargs["num_pages"] is None:  # the one-shot run
+        if kwargs["num_kv_pages"] is None:  # the one-shot run
             return result
         last = result.sequences[-1]
         ids = last.token_ids.copy()
