@@ -131,7 +131,7 @@ def run_ours(
         prompts,
         config=config,
         max_new_tokens=new_tokens,
-        page_size=PAGE_SIZE,
+        kv_page_size=PAGE_SIZE,
         on_dispatch=lambda _done: ends.append(time.perf_counter()),
     )
     seconds = time.perf_counter() - start
