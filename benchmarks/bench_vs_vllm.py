@@ -72,6 +72,7 @@ from pypto_sched import (
     plan_prefill,
     plan_step,
 )
+from pypto_sched.checkpoints import ModelConfig
 from pypto_sched.core._workloads import synthetic_lengths
 
 #: The interpreter of an environment with vLLM installed.
@@ -197,24 +198,21 @@ class Vllm(NamedTuple):
 
 
 def write_model_config(directory: Path, max_model_len: int) -> None:
-    """A tiny Qwen3 ``config.json``: vLLM reads the architecture and the context length."""
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_hidden_layers": 1,
-        "vocab_size": 256,
-        "max_position_embeddings": max_model_len,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10_000.0,
-        "torch_dtype": "float32",
-        "tie_word_embeddings": True,
-    }
-    (directory / "config.json").write_text(json.dumps(config))
+    """A tiny Qwen3 ``config.json`` (as transformers writes it): vLLM reads the architecture
+    and the context length."""
+    config = ModelConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_model_len,
+        tie_word_embeddings=True,
+    )
+    hf_config = {**config.to_hf_config(), "dtype": "float32"}
+    (directory / "config.json").write_text(json.dumps(hf_config))
 
 
 class VllmScheduler:
