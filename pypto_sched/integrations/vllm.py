@@ -91,7 +91,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from .. import (
-    POLICIES,
     InvalidConfigError,
     PlannerConfig,
     Policy,
@@ -631,12 +630,11 @@ def scheduler_class(
     for any other class). Raises :class:`InvalidConfigError` for an unknown policy; the
     rest of the config is checked when vLLM builds the scheduler.
     """
-    if not isinstance(policy, str) or policy not in POLICIES:
-        choices = ", ".join(repr(p) for p in POLICIES)
-        raise InvalidConfigError(f"'policy' must be one of {choices}: {policy!r}")
-    if not isinstance(asynchronous, bool) or not isinstance(align_to_blocks, bool):
-        raise InvalidConfigError("'asynchronous' and 'align_to_blocks' must be bools")
-    # Checked now, not when vLLM builds it (a config of any budget shows the rule).
+    for name, value in (("asynchronous", asynchronous), ("align_to_blocks", align_to_blocks)):
+        if not isinstance(value, bool):
+            raise InvalidConfigError.about(name, f"must be a bool: {value!r}")
+    # The policy and its settings checked now, not when vLLM builds the scheduler (a config
+    # of any budget shows the rules).
     PlannerConfig(
         max_num_batched_tokens=1 << 20,
         policy=policy,
