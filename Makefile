@@ -52,8 +52,10 @@ $(MIN_VENV)/.done: pyproject.toml backends/reference/pyproject.toml .ci/min_cons
 		pytest-timeout
 	touch $@
 
+# (Without the tests that walk every tiny input: the full run has them, and they would add
+# about two minutes here.)
 test-min: $(MIN_VENV)/.done
-	$(MIN_VENV)/bin/pytest -p no:cacheprovider
+	$(MIN_VENV)/bin/pytest -p no:cacheprovider -m "not exhaustive"
 
 # pypto_sched as vLLM V1's scheduler (docs/vllm.md, .ci/vllm/). Two pinned environments,
 # torch first and the rest with --no-deps (vLLM's declared dependencies are CUDA builds):

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import statistics
@@ -196,34 +195,17 @@ class Vllm(NamedTuple):
         return cls(*(importlib.import_module(name) for name in names))
 
 
-def write_model_config(directory: Path, max_model_len: int) -> None:
-    """A tiny Qwen3 ``config.json``: vLLM reads the architecture and the context length."""
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_hidden_layers": 1,
-        "vocab_size": 256,
-        "max_position_embeddings": max_model_len,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10_000.0,
-        "torch_dtype": "float32",
-        "tie_word_embeddings": True,
-    }
-    (directory / "config.json").write_text(json.dumps(config))
-
-
 class VllmScheduler:
     """vLLM V1's ``Scheduler`` over a dummy model, fed prefill-only requests."""
 
     def __init__(self, vllm: Vllm, knobs: Knobs, *, num_blocks: int, max_model_len: int):
+        # (Imported here: vllm_driver imports vLLM, which only the rerun under its Python has.)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from vllm_driver import write_model_config
+
         self.vllm = vllm
         with tempfile.TemporaryDirectory() as model_dir:
-            write_model_config(Path(model_dir), max_model_len)
+            write_model_config(Path(model_dir), max_model_len=max_model_len)
             config = self.make_config(knobs, Path(model_dir), num_blocks, max_model_len)
         group = vllm.kv.KVCacheGroupSpec(
             ["layer"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from optimum import optimum
@@ -17,6 +18,9 @@ from oracle import oracle_plan
 from test_planner import rows_of, tiny_configs
 
 from pypto_sched import PagePool, PlannerConfig, PrefillState, plan_prefill, plan_step
+
+# (The two tests below that walk every tiny input take about 45 s together.)
+exhaustive = pytest.mark.exhaustive
 
 BATCHES = [list(lengths) for n in (1, 2, 3) for lengths in itertools.product(range(1, 6), repeat=n)]
 
@@ -35,6 +39,7 @@ def drain(
     return dispatches
 
 
+@exhaustive
 def test_stepping_matches_the_oracle_on_every_tiny_input() -> None:
     for config in tiny_configs():
         for lengths in BATCHES:
@@ -44,6 +49,7 @@ def test_stepping_matches_the_oracle_on_every_tiny_input() -> None:
             )
 
 
+@exhaustive
 def test_stepping_with_a_pool_that_holds_everything_matches_the_oracle() -> None:
     for config in tiny_configs():
         page = config.chunk_alignment or 2

@@ -67,8 +67,16 @@ def test_construction_refuses_an_unsupported_vllm(monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_unknown_policy_is_refused() -> None:
-    with pytest.raises(InvalidConfigError, match=r"'policy' must be one of .*'fifo'"):
+    with pytest.raises(InvalidConfigError, match=r"'policy' must be one of .*'fifo'") as caught:
         scheduler_class("fifo")  # type: ignore[arg-type]
+    assert caught.value.parameter == "policy"
+
+
+@pytest.mark.parametrize("name", ["asynchronous", "align_to_blocks"])
+def test_a_setting_that_is_not_a_bool_is_refused_by_name(name: str) -> None:
+    with pytest.raises(InvalidConfigError, match=rf"'{name}' must be a bool: 'yes'") as caught:
+        scheduler_class("packed", **{name: "yes"})  # type: ignore[arg-type]
+    assert caught.value.parameter == name
 
 
 def test_a_partial_prefill_limit_is_refused_under_round_robin() -> None:

@@ -905,6 +905,7 @@ def tiny_configs() -> list[PlannerConfig]:
     return configs
 
 
+@pytest.mark.exhaustive
 def test_plan_prefill_matches_the_oracle_on_every_tiny_input() -> None:
     # Exhaustive where random draws miss coincidences of small numbers: every config above
     # against every batch of up to 3 prompts of up to 6 tokens.

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pypto_sched import InvalidConfigError, InvalidInputError, SamplingParams, sample_token
+from pypto_sched import (
+    InvalidConfigError,
+    InvalidInputError,
+    SamplingParams,
+    sample_token,
+    token_logprobs,
+)
 
 logit_rows = st.lists(
     st.floats(min_value=-20, max_value=20, allow_nan=False), min_size=1, max_size=40
@@ -198,3 +204,34 @@ def test_bad_logits_are_rejected() -> None:
         sample_token(np.zeros((2, 3)), SamplingParams(), request_index=0, token_index=0)
     with pytest.raises(InvalidInputError, match="column 1 is nan"):
         sample_token(np.array([0.0, np.nan]), SamplingParams(), request_index=0, token_index=0)
+
+
+@pytest.mark.parametrize(
+    ("logits", "token", "top", "message"),
+    [
+        (np.zeros((2, 3)), 0, 1, r"'logits' must be one non-empty row: shape \(2, 3\)"),
+        (np.array([0.0, np.inf]), 0, 1, "'logits' must be finite: column 1 is inf"),
+        (np.array(["a", "b"]), 0, 1, "'logits' must hold real numbers"),
+        (np.zeros(3), 3, 1, "'token' must be <= 2: 3"),
+        (np.zeros(3), -1, 1, "'token' must be >= 0: -1"),
+        (np.zeros(3), 1.0, 1, "'token' must be an int"),
+        (np.zeros(3), 0, -1, "'top' must be >= 0: -1"),
+    ],
+)
+def test_token_logprobs_refuses_bad_arguments(
+    logits: np.ndarray, token: object, top: object, message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        token_logprobs(logits, token, top=top)  # type: ignore[arg-type]
+
+
+@given(st.lists(st.floats(-30, 30), min_size=1, max_size=12), st.data())
+def test_token_logprobs_match_a_log_softmax(values: list[float], data: st.DataObject) -> None:
+    token = data.draw(st.integers(0, len(values) - 1))
+    top = data.draw(st.integers(0, len(values) + 2))
+    logprob, ids, top_logprobs = token_logprobs(np.array(values), token, top=top)
+    expected = [v - math.log(sum(math.exp(w) for w in values)) for v in values]
+    assert logprob == pytest.approx(expected[token], abs=1e-9)
+    assert len(ids) == min(top, len(values))  # every token when top is more than the row
+    assert list(ids) == sorted(range(len(values)), key=lambda i: (-expected[i], i))[:top]
+    assert top_logprobs == pytest.approx([expected[i] for i in ids], abs=1e-9)

@@ -22,7 +22,8 @@ import attrs
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+from vllm.config import ModelConfig as VllmModelConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -30,30 +31,29 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from pypto_sched.checkpoints import ModelConfig
+
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 1 << 15
 SAMPLED_TOKEN = 7
 
 
-def write_model_config(directory: Path) -> None:
-    """A tiny Qwen3 ``config.json``: vLLM reads the architecture and the context length."""
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_hidden_layers": 1,
-        "vocab_size": 256,
-        "max_position_embeddings": MAX_MODEL_LEN,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10_000.0,
-        "dtype": "float32",
-        "tie_word_embeddings": True,
-    }
-    (directory / "config.json").write_text(json.dumps(config))
+def write_model_config(directory: Path, *, max_model_len: int = MAX_MODEL_LEN) -> None:
+    """A tiny Qwen3 ``config.json`` (as transformers writes it): vLLM reads the architecture
+    and the context length."""
+    config = ModelConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_model_len,
+        tie_word_embeddings=True,
+    )
+    hf_config = {**config.to_hf_config(), "dtype": "float32"}
+    (directory / "config.json").write_text(json.dumps(hf_config))
 
 
 @attrs.frozen(kw_only=True)
@@ -73,7 +73,7 @@ def vllm_config(knobs: Knobs) -> Any:
     """A ``VllmConfig`` with these knobs over the dummy model."""
     with tempfile.TemporaryDirectory() as model_dir:
         write_model_config(Path(model_dir))
-        model = ModelConfig(
+        model = VllmModelConfig(
             model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_MODEL_LEN
         )
         scheduler = SchedulerConfig(

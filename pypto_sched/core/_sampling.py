@@ -169,14 +169,7 @@ def sample_token(
     """
     if not isinstance(params, SamplingParams):
         raise InvalidInputError(f"'params' must be a SamplingParams: {type(params).__name__}")
-    row = np.asarray(logits)
-    if row.ndim != 1 or row.size == 0:
-        raise InvalidInputError(f"'logits' must be one non-empty row: shape {row.shape}")
-    if row.dtype.kind not in "fiu":  # not bools, complex numbers, strings or objects
-        raise InvalidInputError(f"'logits' must hold real numbers: dtype {row.dtype}")
-    if not np.isfinite(row).all():
-        bad = int(np.flatnonzero(~np.isfinite(row))[0])
-        raise InvalidInputError(f"'logits' must be finite: column {bad} is {row[bad]}")
+    row = _logits_row(logits)
     # (Checked under greedy decoding too, which does not read them: a bad index is a bug
     # whichever the params.)
     request = check_int("request_index", request_index, min_value=0, max_value=2**63 - 1)
@@ -206,6 +199,19 @@ def sample_token(
     return int(ranking[choice])
 
 
+def _logits_row(logits: npt.NDArray[np.floating[Any]]) -> npt.NDArray[Any]:
+    """``logits`` as one non-empty row of finite real numbers, or :class:`InvalidInputError`."""
+    row = np.asarray(logits)
+    if row.ndim != 1 or row.size == 0:
+        raise InvalidInputError(f"'logits' must be one non-empty row: shape {row.shape}")
+    if row.dtype.kind not in "fiu":  # not bools, complex numbers, strings or objects
+        raise InvalidInputError(f"'logits' must hold real numbers: dtype {row.dtype}")
+    if not np.isfinite(row).all():
+        bad = int(np.flatnonzero(~np.isfinite(row))[0])
+        raise InvalidInputError(f"'logits' must be finite: column {bad} is {row[bad]}")
+    return row
+
+
 def _banned(banned: Iterable[int], vocab_size: int) -> npt.NDArray[np.int64]:
     ids = sorted({check_int("banned", token, min_value=0) for token in banned})
     if ids and ids[-1] >= vocab_size:
@@ -220,8 +226,13 @@ def token_logprobs(
 ) -> tuple[float, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """The log-probability of ``token`` under ``softmax(logits)`` (the raw logits: no
     temperature, no top-k or top-p, as vLLM's default ``raw_logprobs``), and the ``top``
-    likeliest tokens' ids and log-probabilities, likeliest first (lower id on ties)."""
-    row = np.asarray(logits, dtype=np.float64)
+    likeliest tokens' ids and log-probabilities, likeliest first (lower id on ties); every
+    token when ``top`` is more than the row holds. ``logits`` is checked as
+    :func:`sample_token` checks it, ``token`` must be a column of it and ``top`` at least 0.
+    """
+    row = _logits_row(logits).astype(np.float64, copy=False)
+    token = check_int("token", token, min_value=0, max_value=row.size - 1)
+    top = check_int("top", top, min_value=0)
     shifted = row - row.max()
     logprobs = shifted - np.log(np.exp(shifted).sum())
     best = np.argsort(-logprobs, kind="stable")[:top]

@@ -80,19 +80,17 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import attrs
 from vllm import __version__ as _vllm_version
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from .. import (
-    POLICIES,
     InvalidConfigError,
     PlannerConfig,
     Policy,
@@ -198,10 +196,17 @@ class _Planner:
     (see the module doc). ``sched`` is the vLLM scheduler it serves."""
 
     def __init__(
-        self, config: PlannerConfig, *, whole_prompts: bool, adaptive_threshold: bool
+        self,
+        config: PlannerConfig,
+        *,
+        fcfs: bool,
+        whole_prompts: bool,
+        adaptive_threshold: bool,
     ) -> None:
         self.config = config
         self.page = config.chunk_alignment or 1
+        #: vLLM's scheduling policy is ``"fcfs"`` (its waiting queue a deque), not priority.
+        self.fcfs = fcfs
         #: vLLM's chunked prefill is off: a prompt runs whole or not at all.
         self.whole_prompts = whole_prompts
         #: vLLM's adaptive threshold: at least a fair share of the budget per request.
@@ -249,35 +254,29 @@ class _Planner:
 
     def begin(self, sched: Any) -> None:
         """Plan the step and cut vLLM's waiting queue after the planned admissions."""
-        progress = self.progress
+        waiting_ids = self.waiting
         # The running requests that are not in the state decode: a row each, and a token
         # each plus the speculative ones at most. (Every request in the state that is not
         # waiting has run a chunk and is running: a preempted one is waiting again.)
-        num_started = len(progress) - len(self.waiting)
+        num_started = len(self.progress) - len(waiting_ids)
         reserved_rows = max(len(sched.running) - num_started, 0)
         reserved_tokens = reserved_rows * (1 + sched.num_spec_tokens)
         blocked: set[str] = set()
-        if (
-            sched.policy != SchedulingPolicy.FCFS
-            or sched.kv_holding_waiting
-            or sched.deferred_waiting
-        ):
+        if not self.fcfs or sched.kv_holding_waiting or sched.deferred_waiting:
             blocked = self.follow_vllms_order(sched)
         state = self.state
         if self.admission_refused:
-            blocked = blocked | self.waiting
+            blocked = blocked | waiting_ids
         if blocked:
             state = state.discard_all(blocked)
+        config = self.step_config(sched) if self.adaptive_threshold else self.config
         plan = plan_step(
-            state,
-            self.step_config(sched),
-            reserved_tokens=reserved_tokens,
-            reserved_rows=reserved_rows,
+            state, config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
         )
         self.rows = rows = plan.rows
         waiting = sched.waiting
         sched.waiting = self.startable_head(sched, rows)
-        admissions = tuple(r for r in rows if r in self.waiting)
+        admissions = tuple(filter(waiting_ids.__contains__, rows))
         skips_started = len(rows) - len(admissions) < num_started
         self.step = _Step(plan, state, waiting, admissions, skips_started)
 
@@ -286,28 +285,21 @@ class _Planner:
         that its waiting loop may see in this step: the run of requests the plan starts,
         blocked ones (vLLM checks whether they are ready, and passes over those that are
         not) and ones not in the state (vLLM's own rules start them)."""
-
-        def may_start(request: Any) -> bool:
-            request_id = request.request_id
-            return (
-                request_id not in progress
-                or request_id in rows
-                or sched._is_blocked_waiting_status(request.status)
-            )
-
         progress = self.progress
+        is_blocked = sched._is_blocked_waiting_status
         waiting = sched.waiting
-        head = create_request_queue(sched.policy)
-        if isinstance(waiting, deque):  # "fcfs": read and moved by the deque's own methods
+        head = type(waiting)()  # (vLLM's queue of the scheduling policy)
+        if self.fcfs:  # a deque: read and moved by the deque's own methods
             count = 0
             for request in waiting:
-                if not may_start(request):
+                if _held_back(request, progress, rows, is_blocked):
                     break
                 count += 1
-            head.extend([waiting.popleft() for _ in range(count)])
-        else:
-            while waiting and may_start(waiting.peek_request()):
-                head.add_request(waiting.pop_request())
+            if count:
+                head.extend([waiting.popleft() for _ in range(count)])
+            return head
+        while waiting and not _held_back(waiting.peek_request(), progress, rows, is_blocked):
+            head.add_request(waiting.pop_request())
         return head
 
     def follow_vllms_order(self, sched: Any) -> set[str]:
@@ -322,7 +314,7 @@ class _Planner:
         under ``"fcfs"``, they are the same by construction (both queue arrivals at the back
         and preempted requests at the front).
         """
-        priority = sched.policy != SchedulingPolicy.FCFS
+        priority = not self.fcfs
         count = self.config.max_num_seqs or 1
         waiting = sched.waiting
         if priority:  # the heap's first `count`, in order (popped, then put back)
@@ -408,37 +400,30 @@ class _Planner:
         step, self.step, self.rows = self.step, None, None
         if step is None:
             return
-        left = list(sched.waiting)  # planned admissions not admitted, preempted requests
+        left = sched.waiting  # planned admissions not admitted, preempted requests
         sched.waiting = step.waiting
         if left:
-            sched.waiting.prepend_requests(reversed(left))
+            sched.waiting.prepend_requests(reversed(list(left)))
         if num_scheduled_tokens is None:  # schedule() raised
             return
         plan = step.plan
-        requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
         # The common step: every planned row ran as planned, and nothing joined or left the
         # state while vLLM scheduled (a preemption would have). Then the state after it is
         # the plan's own, and applying the plan again would only rebuild it.
-        as_planned = self.state is step.planned_from
-        if as_planned:
-            for request_id, chunk in plan.rows.items():
-                num_tokens = num_scheduled_tokens.get(request_id)
-                if num_tokens != chunk.length or (
-                    requests[request_id].num_computed_tokens != chunk.start + num_tokens
-                ):
-                    as_planned = False
-                    break
-        if as_planned:
-            self.state = plan.state
-            for request_id, ran in plan.rows.items():
-                waiting_ids.discard(request_id)
-                if ran.is_final:
-                    del progress[request_id]
-                else:
-                    progress[request_id] = (progress[request_id][0], ran.start + ran.length)
-            self.admission_refused = False
+        if self.state is not step.planned_from or not _ran_as_planned(
+            plan.rows, num_scheduled_tokens, sched.requests
+        ):
+            self.apply_what_ran(sched, step, num_scheduled_tokens)
             return
-        self.apply_what_ran(sched, step, num_scheduled_tokens)
+        self.state = plan.state
+        progress = self.progress
+        for request_id, ran in plan.rows.items():
+            if ran.is_final:
+                del progress[request_id]
+            else:
+                progress[request_id] = (progress[request_id][0], ran.start + ran.length)
+        self.waiting.difference_update(plan.rows)
+        self.admission_refused = False
 
     def apply_what_ran(self, sched: Any, step: _Step, num_scheduled_tokens: dict[str, int]) -> None:
         """Apply the chunks vLLM scheduled where they differ from the plan (a row refused
@@ -486,6 +471,32 @@ class _Planner:
         self.admission_refused = refused and step.skips_started
 
 
+def _held_back(
+    request: Any,
+    progress: Mapping[str, Any],
+    rows: Mapping[str, StepChunk],
+    is_blocked: Any,
+) -> bool:
+    """Whether the plan holds back waiting ``request``: it is in the state, the plan does
+    not start it, and it is not blocked (vLLM checks a blocked one, and passes it over)."""
+    request_id = request.request_id
+    return request_id in progress and request_id not in rows and not is_blocked(request.status)
+
+
+def _ran_as_planned(
+    rows: Mapping[str, StepChunk], num_scheduled_tokens: dict[str, int], requests: Any
+) -> bool:
+    """Whether vLLM ran every planned row as planned: the planned tokens, from the planned
+    position."""
+    for request_id, chunk in rows.items():
+        num_tokens = num_scheduled_tokens.get(request_id)
+        if num_tokens != chunk.length or (
+            requests[request_id].num_computed_tokens != chunk.start + num_tokens
+        ):
+            return False
+    return True
+
+
 class PyptoScheduler(Scheduler):  # type: ignore[misc]
     """vLLM V1's ``Scheduler`` whose prefill chunks and admissions pypto_sched plans.
 
@@ -519,6 +530,7 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_config = scheduler_config
         self._planner = _Planner(
             self.planner_config,
+            fcfs=self.policy == SchedulingPolicy.FCFS,
             whole_prompts=not scheduler_config.enable_chunked_prefill,
             adaptive_threshold=bool(self.adaptive_long_prefill_threshold),
         )
@@ -618,12 +630,11 @@ def scheduler_class(
     for any other class). Raises :class:`InvalidConfigError` for an unknown policy; the
     rest of the config is checked when vLLM builds the scheduler.
     """
-    if not isinstance(policy, str) or policy not in POLICIES:
-        choices = ", ".join(repr(p) for p in POLICIES)
-        raise InvalidConfigError(f"'policy' must be one of {choices}: {policy!r}")
-    if not isinstance(asynchronous, bool) or not isinstance(align_to_blocks, bool):
-        raise InvalidConfigError("'asynchronous' and 'align_to_blocks' must be bools")
-    # Checked now, not when vLLM builds it (a config of any budget shows the rule).
+    for name, value in (("asynchronous", asynchronous), ("align_to_blocks", align_to_blocks)):
+        if not isinstance(value, bool):
+            raise InvalidConfigError.about(name, f"must be a bool: {value!r}")
+    # The policy and its settings checked now, not when vLLM builds the scheduler (a config
+    # of any budget shows the rules).
     PlannerConfig(
         max_num_batched_tokens=1 << 20,
         policy=policy,

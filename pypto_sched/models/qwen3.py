@@ -370,27 +370,33 @@ FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 #: The prefix of the base model's tensors in a causal LM's checkpoint.
 _BASE_PREFIX = "model."
+#: One decoder layer's tensors: role -> (name after the layer's prefix
+#: ``model.layers.{layer}.``, shape in dimensions named by :func:`_dimensions`), in checkpoint
+#: order. The ``*_bias`` roles exist only with ``attention_bias``.
+_LAYER: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "input_norm": ("input_layernorm.weight", ("hidden",)),
+        "q_proj": ("self_attn.q_proj.weight", ("q", "hidden")),
+        "k_proj": ("self_attn.k_proj.weight", ("kv", "hidden")),
+        "v_proj": ("self_attn.v_proj.weight", ("kv", "hidden")),
+        "o_proj": ("self_attn.o_proj.weight", ("hidden", "q")),
+        "q_bias": ("self_attn.q_proj.bias", ("q",)),
+        "k_bias": ("self_attn.k_proj.bias", ("kv",)),
+        "v_bias": ("self_attn.v_proj.bias", ("kv",)),
+        "o_bias": ("self_attn.o_proj.bias", ("hidden",)),
+        "q_norm": ("self_attn.q_norm.weight", ("head",)),
+        "k_norm": ("self_attn.k_norm.weight", ("head",)),
+        "post_norm": ("post_attention_layernorm.weight", ("hidden",)),
+        "gate_proj": ("mlp.gate_proj.weight", ("inner", "hidden")),
+        "up_proj": ("mlp.up_proj.weight", ("inner", "hidden")),
+        "down_proj": ("mlp.down_proj.weight", ("hidden", "inner")),
+    }
+)
 #: One decoder layer's tensors: role -> name after the layer's prefix
 #: ``model.layers.{layer}.``, in checkpoint order. The ``*_bias`` roles exist only with
 #: ``attention_bias``. Both bundled backends name their weights by these roles.
 LAYER_TENSORS: Mapping[str, str] = MappingProxyType(
-    {
-        "input_norm": "input_layernorm.weight",
-        "q_proj": "self_attn.q_proj.weight",
-        "k_proj": "self_attn.k_proj.weight",
-        "v_proj": "self_attn.v_proj.weight",
-        "o_proj": "self_attn.o_proj.weight",
-        "q_bias": "self_attn.q_proj.bias",
-        "k_bias": "self_attn.k_proj.bias",
-        "v_bias": "self_attn.v_proj.bias",
-        "o_bias": "self_attn.o_proj.bias",
-        "q_norm": "self_attn.q_norm.weight",
-        "k_norm": "self_attn.k_norm.weight",
-        "post_norm": "post_attention_layernorm.weight",
-        "gate_proj": "mlp.gate_proj.weight",
-        "up_proj": "mlp.up_proj.weight",
-        "down_proj": "mlp.down_proj.weight",
-    }
+    {role: name for role, (name, _) in _LAYER.items()}
 )
 _BIASES = ("q_bias", "k_bias", "v_bias", "o_bias")
 
@@ -407,28 +413,21 @@ def layer_tensor_names(config: ModelConfig, layer: int) -> dict[str, str]:
     }
 
 
+def _dimensions(config: ModelConfig) -> dict[str, int]:
+    """The sizes the shapes of :data:`_LAYER` are written in."""
+    return {
+        "hidden": config.hidden_size,
+        "inner": config.intermediate_size,
+        "head": config.head_dim,
+        "q": config.num_attention_heads * config.head_dim,
+        "kv": config.num_key_value_heads * config.head_dim,
+    }
+
+
 def _layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every layer's tensors' shapes, by role."""
-    hidden, inner, head = config.hidden_size, config.intermediate_size, config.head_dim
-    q_size = config.num_attention_heads * head
-    kv_size = config.num_key_value_heads * head
-    return {
-        "input_norm": (hidden,),
-        "q_proj": (q_size, hidden),
-        "k_proj": (kv_size, hidden),
-        "v_proj": (kv_size, hidden),
-        "o_proj": (hidden, q_size),
-        "q_bias": (q_size,),
-        "k_bias": (kv_size,),
-        "v_bias": (kv_size,),
-        "o_bias": (hidden,),
-        "q_norm": (head,),
-        "k_norm": (head,),
-        "post_norm": (hidden,),
-        "gate_proj": (inner, hidden),
-        "up_proj": (inner, hidden),
-        "down_proj": (hidden, inner),
-    }
+    sizes = _dimensions(config)
+    return {role: tuple(sizes[d] for d in dims) for role, (_, dims) in _LAYER.items()}
 
 
 def _expected(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:

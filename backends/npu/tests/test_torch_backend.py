@@ -6,17 +6,22 @@ check: discovery, defaults, refusals, and the conformance check on the CPU."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend needs torch")
 
-from pypto_sched import InvalidInputError  # noqa: E402
+from pypto_sched import POLICIES, InvalidInputError, PlannerConfig, plan_prefill  # noqa: E402
 from pypto_sched.backends import backend_statuses, list_backends, load_backend  # noqa: E402
+from pypto_sched.execute import execute_schedule  # noqa: E402
 from pypto_sched.testing import check_backend  # noqa: E402
-from pypto_sched_npu import NpuBackend, TorchBackend  # noqa: E402
+from pypto_sched_npu import TorchBackend  # noqa: E402
 
 NO_CUDA = not torch.cuda.is_available()
+#: As test_npu_logits: float32 logits within this of transformers'.
+FLOAT32_TOLERANCE = 1e-4
 
 
 def test_it_is_discovered_under_the_name_torch(checkpoints: dict[str, Path]) -> None:
@@ -57,11 +62,24 @@ def test_devices_it_does_not_run_on_are_refused_naming_the_backend_that_does(
         load_backend("torch", checkpoint=checkpoints["tied"], ops="npu")
 
 
-def test_it_computes_what_the_npu_backends_torch_path_does(checkpoints: dict[str, Path]) -> None:
-    ours = TorchBackend.from_checkpoint(checkpoints["untied"], device="cpu")
-    npu = NpuBackend.from_checkpoint(checkpoints["untied"], device="cpu", ops="torch")
-    assert repr(ours).replace("ops='torch'", "") == repr(npu).replace("ops='torch'", "")
-    assert (ours.tolerance, ours.relative_tolerance) == (npu.tolerance, npu.relative_tolerance)
+@pytest.mark.parametrize("model", ["tied", "untied", "sharded"])
+def test_its_final_logits_are_transformers(
+    model: str, checkpoints: dict[str, Path], reference: Any
+) -> None:
+    """Chunked prefill on the torch backend gives transformers' Qwen3ForCausalLM logits at
+    each prompt's last position (float32), whichever the policy."""
+    backend = TorchBackend.from_checkpoint(checkpoints[model], device="cpu")
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 101, size=n, dtype=np.int64) for n in (1, 13, 40, 57)]
+    expected = reference.batch(model, prompts)
+    for policy in POLICIES:
+        config = PlannerConfig(
+            max_num_batched_tokens=24, long_prefill_token_threshold=10, policy=policy
+        )
+        schedule = plan_prefill([p.size for p in prompts], config)
+        result = execute_schedule(schedule, backend, prompts)
+        assert result.logits is not None
+        assert np.abs(result.logits - expected).max() <= FLOAT32_TOLERANCE
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
