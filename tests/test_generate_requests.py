@@ -273,6 +273,9 @@ def test_num_pages_and_page_size_are_the_kv_pools_retired_names() -> None:
         generate(BACKEND, PROMPTS, config=CONFIG, num_pages=9, num_kv_pages=9)
     with pytest.raises(InvalidInputError, match=r"^'page_size' must not be given with 'kv_page"):
         generate(BACKEND, PROMPTS, config=CONFIG, page_size=4, kv_page_size=8)
+    # (The default size given by name is given too: neither silently wins.)
+    with pytest.raises(InvalidInputError, match=r"^'page_size' must not be given with 'kv_page"):
+        generate(BACKEND, PROMPTS, config=CONFIG, page_size=32, kv_page_size=16)
 
 
 def test_an_error_about_the_pool_names_generates_argument() -> None:

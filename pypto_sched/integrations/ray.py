@@ -84,8 +84,8 @@ from ..runtime._generate import (
     GeneratedSequence,
     GenerationInputs,
     GenerationStats,
+    kv_pool_arguments,
     prepare_generation,
-    renamed_argument,
     run_generation,
     token_arrays,
 )
@@ -98,7 +98,6 @@ from ..runtime.backends import (
     relative_tolerance,
 )
 from ..runtime.execute import (
-    DEFAULT_PAGE_SIZE,
     DispatchDone,
     TokenIds,
     execute_schedule_with_options,
@@ -657,12 +656,12 @@ class RayReplicas:
         prompts: TokenIds,
         *,
         config: PlannerConfig,
-        max_new_tokens: int | Sequence[int],
+        max_new_tokens: int | Sequence[int] | None = None,
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         stop_token_ids: Collection[int] = (),
         request_stop_token_ids: Sequence[Collection[int]] | None = None,
         num_kv_pages: int | None = None,
-        kv_page_size: int = DEFAULT_PAGE_SIZE,
+        kv_page_size: int | None = None,
         on_progress: Callable[[BatchProgress], None] | None = None,
         num_pages: int | None = None,
         page_size: int | None = None,
@@ -671,17 +670,12 @@ class RayReplicas:
         pool (default: what a step's rows can use, from its part's requests). Sequences in
         input order. ``num_pages`` and ``page_size`` are the retired names of
         ``num_kv_pages`` and ``kv_page_size``, as in ``generate``."""
-        where = "RayReplicas.generate"
-        num_kv_pages = renamed_argument(
-            where, "num_pages", num_pages, "num_kv_pages", num_kv_pages, num_kv_pages is not None
-        )
-        kv_page_size = renamed_argument(
-            where,
-            "page_size",
-            page_size,
-            "kv_page_size",
+        num_kv_pages, kv_page_size = kv_pool_arguments(
+            "RayReplicas.generate",
+            num_kv_pages,
             kv_page_size,
-            kv_page_size != DEFAULT_PAGE_SIZE,
+            num_pages=num_pages,
+            page_size=page_size,
         )
         # generate()'s checks, on the whole batch before any part runs: a part would name its
         # requests by their place in the part.

@@ -123,7 +123,7 @@ def generate(
     stop_token_ids: Collection[int] = (),
     request_stop_token_ids: Sequence[Collection[int]] | None = None,
     num_kv_pages: int | None = None,
-    kv_page_size: int = DEFAULT_PAGE_SIZE,
+    kv_page_size: int | None = None,
     on_dispatch: Callable[[DispatchDone], None] | None = None,
     request_indices: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     on_finish: Callable[[int, GeneratedSequence], None] | None = None,
@@ -141,10 +141,10 @@ def generate(
     :class:`~pypto_sched.SamplingParams` for every request or one per request; a request's
     ``max_tokens`` takes the place of ``max_new_tokens`` (give one or the other: a request
     with neither gets :data:`~pypto_sched.DEFAULT_MAX_TOKENS`), and its ``stop`` strings need
-    ``detokenize`` (generated ids to text). The KV cache has
-    ``num_kv_pages`` pages of ``kv_page_size`` tokens (default: what a step's rows can use at
-    once, see ``default_num_pages``); when it holds fewer than every request, requests wait for
-    pages and are preempted by recomputation. A pool the backend cannot allocate is an
+    ``detokenize`` (generated ids to text). The KV cache has ``num_kv_pages`` pages (default:
+    what a step's rows can use at once, see ``default_num_pages``) of ``kv_page_size`` tokens
+    (default: 16); when it holds fewer than every request, requests wait for pages and are
+    preempted by recomputation. A pool the backend cannot allocate is an
     :class:`~pypto_sched.InvalidConfigError` before any dispatch.
     ``sampling`` defaults to greedy. Results come back in input order.
 
@@ -161,21 +161,13 @@ def generate(
 
     ``on_step``, ``num_pages`` and ``page_size`` are the retired names of ``on_dispatch``,
     ``num_kv_pages`` and ``kv_page_size`` (a ``DeprecationWarning``; with the new name too,
-    an ``InvalidInputError``; ``kv_page_size`` counts as given when not the default).
+    an ``InvalidInputError``).
     """
     on_dispatch = renamed_argument(
         "generate", "on_step", on_step, "on_dispatch", on_dispatch, on_dispatch is not None
     )
-    num_kv_pages = renamed_argument(
-        "generate", "num_pages", num_pages, "num_kv_pages", num_kv_pages, num_kv_pages is not None
-    )
-    kv_page_size = renamed_argument(
-        "generate",
-        "page_size",
-        page_size,
-        "kv_page_size",
-        kv_page_size,
-        kv_page_size != DEFAULT_PAGE_SIZE,
+    num_kv_pages, kv_page_size = kv_pool_arguments(
+        "generate", num_kv_pages, kv_page_size, num_pages=num_pages, page_size=page_size
     )
     check_is_backend(backend)
     inputs = prepare_generation(
@@ -195,6 +187,26 @@ def generate(
         detokenize=detokenize,
     )
     return run_generation(backend, inputs)
+
+
+def kv_pool_arguments(
+    where: str,
+    num_kv_pages: int | None,
+    kv_page_size: int | None,
+    *,
+    num_pages: int | None,
+    page_size: int | None,
+) -> tuple[int | None, int]:
+    """``where``'s KV pool arguments ``(num_kv_pages, kv_page_size)`` given under their new
+    or retired names (see :func:`renamed_argument`), the page size defaulting to
+    :data:`DEFAULT_PAGE_SIZE`."""
+    num_kv_pages = renamed_argument(
+        where, "num_pages", num_pages, "num_kv_pages", num_kv_pages, num_kv_pages is not None
+    )
+    kv_page_size = renamed_argument(
+        where, "page_size", page_size, "kv_page_size", kv_page_size, kv_page_size is not None
+    )
+    return num_kv_pages, DEFAULT_PAGE_SIZE if kv_page_size is None else kv_page_size
 
 
 def renamed_argument(
