@@ -140,8 +140,13 @@ def test_prefill_of_any_batch_equals_one_process(replicas: RayReplicas, lengths:
          "sampling": SamplingParams(temperature=1.3, seed=2)},
         {"config": CONFIGS["packed"], "max_new_tokens": 5,
          "sampling": [SamplingParams(temperature=0.7, seed=s) for s in range(10)]},
+        {"config": CONFIGS["round_robin"],
+         "sampling": [SamplingParams(max_tokens=1 + s % 4) for s in range(10)]},
     ],
-    ids=["greedy", "sampled", "small pool, stop token", "one sampling a request"],
+    ids=[
+        "greedy", "sampled", "small pool, stop token", "one sampling a request",
+        "max_tokens a request, no max_new_tokens",
+    ],
 )  # fmt: skip
 def test_generate_on_two_replicas_equals_one_process(
     replicas: RayReplicas, prompts: list[np.ndarray], options: dict[str, Any]
