@@ -160,6 +160,38 @@ def test_generate_on_two_replicas_writes_the_one_process_lines(
 
 @pytest.mark.slow
 @needs_ray
+def test_lines_with_their_own_sampling_on_two_replicas_write_the_one_process_lines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cluster: None
+) -> None:
+    rng = np.random.default_rng(6)
+    lines = [
+        {"token_ids": rng.integers(0, 64, size=n).tolist(), **keys}
+        for n, keys in [
+            (5, {"temperature": 0.9, "seed": 4}),
+            (40, {}),
+            (300, {"max_tokens": 3, "top_k": 5, "temperature": 1.2}),
+            (17, {"ignore_eos": True, "stop_token_ids": [7]}),
+            (90, {"top_p": 0.5, "temperature": 0.7}),
+        ]
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["generate", "--backend", "reference", "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--max-num-batched-tokens", "64",
+            "--sampling-seed", "3"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    one = capsys.readouterr().out
+    assert main([*argv, "--replicas", "2"]) == EXIT_OK
+    two, _ = capsys.readouterr()
+    assert two == one
+    stop = tmp_path / "stop.jsonl"
+    stop.write_text(json.dumps({"token_ids": [1, 2, 3], "stop": ["x"]}) + "\n")
+    assert main([*argv[:3], "--prompts", str(stop), "--replicas", "2"]) != EXIT_OK
+    assert "--replicas: lines with stop strings need one process" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@needs_ray
 def test_replicas_the_cluster_cannot_hold_are_one_line_at_once(
     capsys: pytest.CaptureFixture[str], cluster: None
 ) -> None:

@@ -20,7 +20,6 @@ import numpy.typing as npt
 from ..core._config import PlannerConfig
 from ..core._partition import partition_requests
 from ..core._plan import plan_prefill
-from ..core._sampling import SamplingParams
 from ..core._validate import check_int
 from ..runtime._generate import GenerationResult
 from . import _progress, _render
@@ -284,19 +283,19 @@ def generate_on(
     requests: Sequence[PromptRequest],
     *,
     config: PlannerConfig,
-    sampling: SamplingParams,
     stop_token_ids: Collection[int],
     num_kv_pages: int | None,
     kv_page_size: int,
     on_progress: Callable[[BatchProgress], None],
 ) -> tuple[GenerationResult, dict[str, Any]]:
-    """``generate``'s execution on Ray replicas (``--replicas``); ``num_kv_pages`` is each
-    replica's. Returns the result and the replicas' figures for the summary."""
+    """``generate``'s execution on Ray replicas (``--replicas``), each request with its own
+    sampling; ``num_kv_pages`` is each replica's. Returns the result and the replicas'
+    figures for the summary."""
     result = pool.generate(
         [r.token_ids for r in requests],
         config=config,
         max_new_tokens=[r.max_new_tokens for r in requests],
-        sampling=sampling,
+        sampling=[r.sampling for r in requests],
         stop_token_ids=stop_token_ids,
         request_stop_token_ids=[r.stop_token_ids for r in requests],
         num_kv_pages=num_kv_pages,

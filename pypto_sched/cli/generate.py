@@ -238,9 +238,9 @@ def _generate(
         else eos_token_ids(checkpoint, vocab_size=backend.vocab_size)
     )
     params = [r.sampling for r in requests]
-    if not isinstance(backend, Backend) and (len(set(params)) > 1 or params[0].stop):
-        raise UsageError("--replicas: lines with their own sampling keys or stop strings "
-                         "need one process")  # fmt: skip
+    if not isinstance(backend, Backend) and any(p.stop for p in params):
+        raise UsageError("--replicas: lines with stop strings need one process (the replicas "
+                         "hold no tokenizer to read them)")  # fmt: skip
     tokenizer = model.tokenizer
     sink = _job.open_sink(
         args, len(requests), _job.identity(args, requests, params, eos, tokenizer=tokenizer)
@@ -263,7 +263,7 @@ def _generate(
                 )  # fmt: skip
         with _replicas.progress_bar(args)("generate") as on_progress, flags_named(**FLAGS):
             result, figures = _replicas.generate_on(
-                backend, part, config=config, sampling=params[0], stop_token_ids=eos,
+                backend, part, config=config, stop_token_ids=eos,
                 num_kv_pages=args.num_kv_pages, kv_page_size=page_size, on_progress=on_progress,
             )  # fmt: skip
         replicas.update(figures)
