@@ -23,7 +23,13 @@ import attrs
 from ..core._errors import InvalidInputError, PyptoSchedError
 from ..core._sampling import SamplingParams
 from ..runtime._generate import GeneratedSequence, GenerationResult
-from ..runtime.output import PARTIAL_SUFFIX, OutputFile, ResumeError, fingerprint
+from ..runtime.output import (
+    PARTIAL_SUFFIX,
+    OutputFile,
+    ResumeError,
+    fingerprint,
+    unfinished_requests,
+)
 from ..runtime.prompts import PromptRequest, TextCodec, output_line
 from . import _render
 from ._errors import CommandFailed, Terminated, UsageError
@@ -221,12 +227,11 @@ def _failure(error: BaseException, sink: Sink, output: str | None) -> BaseExcept
     else:
         where = "lost"
     missing = sink.missing
-    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-    done, total = len(sink.finished), len(sink.finished) + len(missing)
+    total = len(sink.finished) + len(missing)
     kept = (
-        f"all {total} requests finished, {where}"
-        if not missing
-        else f"{done} of {total} requests finished, {where}; not finished: requests {shown}"
+        unfinished_requests(missing, total, where=where)
+        if missing
+        else f"all {total} requests finished, {where}"
     )
     if Terminated.caused(error):
         return Terminated(f"terminated by SIGTERM; {kept}")

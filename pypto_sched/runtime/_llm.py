@@ -29,6 +29,7 @@ from ._generate import FinishReason, GeneratedSequence, generate
 from .backends import Backend, check_is_backend, load_backend
 from .chat import ChatTemplate, check_messages
 from .execute import DEFAULT_PAGE_SIZE
+from .output import unfinished_requests
 from .prompts import Tokenizer, eos_token_ids, generated_text, load_tokenizer, read_config
 
 __all__ = [
@@ -283,10 +284,8 @@ class LLM:
             )
         except ExecutionError as error:
             missing = [r for r, output in enumerate(outputs) if output is None]
-            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
             raise IncompleteGenerationError(
-                f"{error}; {len(encoded) - len(missing)} of {len(encoded)} requests finished; "
-                f"not finished: requests {shown}",
+                f"{error}; {unfinished_requests(missing, len(encoded))}",
                 outputs=outputs,
                 unfinished=missing,
             ) from error

@@ -28,7 +28,7 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -41,6 +41,15 @@ __all__ = ["PARTIAL_SUFFIX", "OutputFile", "ResumeError", "fingerprint", "write_
 PARTIAL_SUFFIX = ".partial"
 _FORMAT = "pypto-sched-partial"
 _VERSION = 1
+
+
+def unfinished_requests(missing: Sequence[int], total: int, *, where: str = "") -> str:
+    """How many of ``total`` requests finished (then ``where``, when given), and the first of
+    the ``missing`` ones: ``"3 of 5 requests finished; not finished: requests 1, 4"`` (the
+    first 8, then ``...``)."""
+    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+    done = f"{total - len(missing)} of {total} requests finished"
+    return f"{done}{', ' + where if where else ''}; not finished: requests {shown}"
 
 
 class ResumeError(InvalidInputError):
