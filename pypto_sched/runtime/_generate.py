@@ -291,11 +291,11 @@ def prepare_generation(
     check_config(config)
     tokens = token_arrays("prompts", prompts, vocab_size=vocab_size)
     params = sampling_list(sampling, len(tokens))
-    stops = stop_sets(stop_token_ids, request_stop_token_ids, len(tokens), vocab_size=vocab_size)
-    without_common = stop_sets((), request_stop_token_ids, len(tokens), vocab_size=vocab_size)
+    common = _token_set("stop_token_ids", stop_token_ids, vocab_size)
+    stops = stop_sets((), request_stop_token_ids, len(tokens), vocab_size=vocab_size)
     for r, p in enumerate(params):
         own = _token_set(f"sampling[{r}].stop_token_ids", p.stop_token_ids, vocab_size)
-        stops[r] = (without_common[r] if p.ignore_eos else stops[r]) | own
+        stops[r] |= own if p.ignore_eos else own | common  # (ignore_eos: not the common ones)
         if p.stop and detokenize is None:
             raise InvalidInputError.about(
                 f"sampling[{r}].stop", f"needs text: pass 'detokenize' (ids to text): {p.stop!r}"
@@ -350,16 +350,16 @@ def prepare_generation(
 def run_generation(backend: Backend, inputs: GenerationInputs) -> GenerationResult:
     """Run ``inputs``, checked by :func:`prepare_generation` for ``backend``'s vocabulary and
     positions, on ``backend`` (see :func:`generate`)."""
-    lengths = [prompt.size for prompt in inputs.prompts]
+    run = _Run(backend, inputs)
     state = initial_state(
-        lengths,
+        [prompt.size for prompt in inputs.prompts],
         inputs.max_new_tokens,
         config=inputs.config,
         num_pages=inputs.num_kv_pages,
         page_size=inputs.kv_page_size,
-        count=_admission_window(inputs.config, len(lengths)),
+        count=run.window,
     )
-    return _Run(backend, inputs).until_done(state)
+    return run.until_done(state)
 
 
 def sampling_list(sampling: object, count: int) -> list[SamplingParams]:
