@@ -60,6 +60,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from _targets import growth_miss
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # (vllm_driver)
+
 from pypto_sched import (
     POLICIES,
     PagePool,
@@ -200,7 +202,6 @@ class VllmScheduler:
 
     def __init__(self, vllm: Vllm, knobs: Knobs, *, num_blocks: int, max_model_len: int):
         # (Imported here: vllm_driver imports vLLM, which only the rerun under its Python has.)
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from vllm_driver import write_model_config
 
         self.vllm = vllm

@@ -6,6 +6,8 @@ kernel arrays with :func:`dispatch_arrays`, and run it with a backend. Generate 
 or chat messages.
 """
 
+import importlib
+import typing
 import warnings
 
 from .backends import (
@@ -137,18 +139,30 @@ __all__ = [
     "verify_against_one_shot",
 ]
 
-#: Retired public names -> the names that replaced them (the same objects). Reading one
-#: warns (``DeprecationWarning``) and returns its replacement; none is in ``__all__``.
-_RETIRED_NAMES = {"StepDone": "DispatchDone", "step_arrays": "dispatch_arrays"}
+#: Retired public names -> (the module that holds the object, its name there). Reading one
+#: warns (``DeprecationWarning``) and returns it; none is in ``__all__``. ``StepDone`` is
+#: :class:`DispatchDone` itself; ``step_arrays`` keeps its own signature and calls
+#: :func:`dispatch_arrays`.
+_RETIRED_NAMES = {
+    "StepDone": ("pypto_sched.runtime.execute", "DispatchDone"),
+    "step_arrays": ("pypto_sched.core._arrays", "step_arrays"),
+}
+#: What to use instead of each retired name.
+_REPLACEMENTS = {"StepDone": "DispatchDone", "step_arrays": "dispatch_arrays"}
+
+if typing.TYPE_CHECKING:  # (type checkers see the retired names' types, not __getattr__'s)
+    from .core._arrays import step_arrays as step_arrays
+
+    StepDone = DispatchDone
 
 
 def __getattr__(name: str) -> object:
-    new = _RETIRED_NAMES.get(name)
-    if new is None:
+    if name not in _RETIRED_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     warnings.warn(
-        f"pypto_sched.{name} is deprecated: use pypto_sched.{new}",
+        f"pypto_sched.{name} is deprecated: use pypto_sched.{_REPLACEMENTS[name]}",
         DeprecationWarning,
         stacklevel=2,
     )
-    return globals()[new]
+    module, attribute = _RETIRED_NAMES[name]
+    return getattr(importlib.import_module(module), attribute)

@@ -327,6 +327,9 @@ def test_knobs_and_a_config_or_two_names_of_one_knob_are_refused(model: Path) ->
         LLM(model, config=PlannerConfig(max_num_batched_tokens=8), max_num_seqs=2)
     with pytest.raises(InvalidInputError, match="give 'kv_page_size' or vLLM's name"):
         LLM(model, kv_page_size=8, block_size=4)
+    with pytest.raises(InvalidInputError, match="give 'kv_page_size' or vLLM's name"):
+        LLM(model, kv_page_size=16, block_size=32)  # (16, the default, given by name: given)
+    assert LLM(model, kv_page_size=4, block_size=4).kv_page_size == 4  # (they agree)
     with pytest.raises(InvalidConfigError, match="'max_num_seqs' must be >= 1: 0"):
         LLM(model, max_num_seqs=0)
     with pytest.raises(InvalidConfigError, match="'long_prefill_token_threshold' must be >= 0"):

@@ -333,11 +333,13 @@ def test_the_replicas_take_the_kv_pools_retired_names_as_generate_does(
 ) -> None:
     options: dict[str, Any] = {"config": CONFIGS["packed"], "max_new_tokens": 3}
     want = replicas.generate(prompts, **options, kv_page_size=4, num_kv_pages=30)
-    with (
-        pytest.warns(DeprecationWarning, match=r"RayReplicas.generate's 'num_pages' is deprecated"),
-        pytest.warns(DeprecationWarning, match=r"RayReplicas.generate's 'page_size' is deprecated"),
-    ):
+    with pytest.warns(DeprecationWarning, match="RayReplicas.generate's") as warned:
         got = replicas.generate(prompts, **options, page_size=4, num_pages=30)
+    assert sorted(str(w.message) for w in warned) == [
+        "RayReplicas.generate's 'num_pages' is deprecated: use 'num_kv_pages'",
+        "RayReplicas.generate's 'page_size' is deprecated: use 'kv_page_size'",
+    ]
+    assert {w.filename for w in warned} == {__file__}  # the caller's line, which filters show
     assert [s.token_ids.tolist() for s in got.sequences] == [
         s.token_ids.tolist() for s in want.sequences
     ]

@@ -11,16 +11,19 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import pypto_sched
-from pypto_sched import PlannerConfig, generate, load_backend
+from pypto_sched import PagePool, PlannerConfig, PrefillState, generate, load_backend, plan_step
 from pypto_sched.testing import planner_configs
 
 #: Retired public name -> the name that replaced it.
 RETIRED = {"StepDone": "DispatchDone", "step_arrays": "dispatch_arrays"}
+#: Retired names that are their replacement itself (``step_arrays`` keeps its signature).
+ALIASES = {"StepDone": "DispatchDone"}
 #: Words no public name may use any more.
 RETIRED_WORDS = ("step_arrays", "StepDone")
 #: The modules whose ``__all__`` is the public surface.
@@ -34,18 +37,39 @@ PUBLIC_MODULES = [
 
 
 @pytest.mark.parametrize(("old", "new"), RETIRED.items())
-def test_a_retired_name_warns_and_is_its_replacement(old: str, new: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"pypto_sched\.{old} .*pypto_sched\.{new}"):
+def test_a_retired_name_warns_naming_its_replacement_where_it_is_read(old: str, new: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"pypto_sched\.{old} .*pypto_sched\.{new}") as got:
         value = getattr(pypto_sched, old)
-    assert value is getattr(pypto_sched, new)
+    assert got[0].filename == __file__  # the user's line, which Python's filters show
+    if old in ALIASES:
+        assert value is getattr(pypto_sched, new)
 
 
-@pytest.mark.parametrize(("old", "new"), RETIRED.items())
-def test_a_retired_name_imports_with_a_warning(old: str, new: str) -> None:
+@pytest.mark.parametrize(("old", "new"), ALIASES.items())
+def test_a_retired_alias_imports_with_a_warning(old: str, new: str) -> None:
     namespace: dict[str, object] = {}
     with pytest.warns(DeprecationWarning, match=new):
         exec(f"from pypto_sched import {old}", namespace)
     assert namespace[old] is getattr(pypto_sched, new)
+
+
+def test_step_arrays_keeps_its_signature_and_gives_dispatch_arrays_arrays() -> None:
+    state = PrefillState.from_prompt_lengths([5, 3])
+    plan = plan_step(
+        state, PlannerConfig(max_num_batched_tokens=6), pool=PagePool(num_pages=4, page_size=2)
+    )
+    assert plan.pool is not None
+    with pytest.warns(DeprecationWarning, match="use pypto_sched.dispatch_arrays"):
+        retired = pypto_sched.step_arrays
+    want = pypto_sched.dispatch_arrays(plan.rows, plan.pool, index=3)
+    for got in (
+        retired(plan.rows, plan.pool, index=3),
+        retired(rows=plan.rows, pool=plan.pool, index=3),
+        retired(plan.rows, pool=plan.pool, index=3),
+    ):
+        assert attrs.asdict(got, recurse=False).keys() == attrs.asdict(want).keys()
+        for name, value in attrs.asdict(got, recurse=False).items():
+            np.testing.assert_array_equal(value, getattr(want, name), err_msg=name)
 
 
 @pytest.mark.parametrize("module", PUBLIC_MODULES)
@@ -83,6 +107,12 @@ RETIRED_KEYWORDS: list[tuple[Callable[..., Any], str, str, dict[str, Any]]] = [
         "chunk_alignment",
         {"max_num_batched_tokens": 8},
     ),
+    (
+        lambda **kwargs: PlannerConfig.from_dict(kwargs),
+        "page_size",
+        "chunk_alignment",
+        {"max_num_batched_tokens": 8},
+    ),
 ]
 
 
@@ -94,8 +124,9 @@ RETIRED_KEYWORDS: list[tuple[Callable[..., Any], str, str, dict[str, Any]]] = [
 def test_a_retired_keyword_warns_naming_its_replacement_and_gives_the_same_value(
     function: Callable[..., Any], old: str, new: str, others: dict[str, Any]
 ) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"'{old}' is deprecated: use '{new}'"):
+    with pytest.warns(DeprecationWarning, match=rf"'{old}' is deprecated: use '{new}'") as got:
         value = function(**others, **{old: 4})
+    assert [w.filename for w in got] == [__file__]
     assert value == function(**others, **{new: 4})
 
 
@@ -112,19 +143,22 @@ def test_generates_retired_keywords_come_after_every_current_one(old: str, new: 
 def test_generate_warns_for_each_retired_keyword() -> None:
     backend = load_backend("reference")
     config = PlannerConfig(max_num_batched_tokens=8)
-    with (
-        pytest.warns(DeprecationWarning, match="'on_step' is deprecated: use 'on_dispatch'"),
-        pytest.warns(DeprecationWarning, match="'num_pages' is deprecated: use 'num_kv_pages'"),
-        pytest.warns(DeprecationWarning, match="'page_size' is deprecated: use 'kv_page_size'"),
-    ):
+    with pytest.warns(DeprecationWarning, match="is deprecated") as got:
         generate(
             backend, [[1, 2, 3]], config=config, max_new_tokens=2,
             on_step=lambda _done: None, num_pages=4, page_size=4,
         )  # fmt: skip
+    assert sorted(str(w.message) for w in got) == [
+        "generate's 'num_pages' is deprecated: use 'num_kv_pages'",
+        "generate's 'on_step' is deprecated: use 'on_dispatch'",
+        "generate's 'page_size' is deprecated: use 'kv_page_size'",
+    ]
+    assert [w.filename for w in got] == [__file__] * 3
 
 
 @given(st.data())
 def test_planner_configs_takes_page_size_by_its_retired_name(data: st.DataObject) -> None:
-    with pytest.warns(DeprecationWarning, match="'page_size' is deprecated: use 'chunk_al"):
-        config = data.draw(planner_configs(page_size=st.just(2)))
-    assert config.chunk_alignment == 2
+    with pytest.warns(DeprecationWarning, match="'page_size' is deprecated: use 'chunk_al") as got:
+        strategy = planner_configs(page_size=st.just(2))
+    assert [w.filename for w in got] == [__file__]  # once, when the strategy is made
+    assert data.draw(strategy).chunk_alignment == 2

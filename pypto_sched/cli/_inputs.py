@@ -113,7 +113,10 @@ def chunk_alignment(args: argparse.Namespace) -> int | None:
     if args.page_size is None:
         return args.chunk_alignment  # type: ignore[no-any-return]
     if args.chunk_alignment is not None:
-        raise UsageError("--page-size is the retired name of --chunk-alignment: give one")
+        raise UsageError(
+            "--page-size is the retired name of --chunk-alignment: give one (--page-size "
+            f"{args.page_size}, --chunk-alignment {args.chunk_alignment})"
+        )
     return args.page_size  # type: ignore[no-any-return]
 
 

@@ -167,7 +167,8 @@ def configurations(args: argparse.Namespace) -> list[PlannerConfig]:
     specs = [_parse_config_spec(spec, retired) for spec in args.config] or [{}]
     sweeps = [_parse_vary(spec, retired) for spec in args.vary]
     for old in sorted(retired):
-        warn_retired(f"the setting {old!r}", repr(_RETIRED_KNOBS[old]))
+        new = _RETIRED_KNOBS[old.lower().replace("-", "_")]
+        warn_retired(f"the setting {old!r}", repr(new))
     _check_each_setting_once(specs, sweeps)
     if not args.config and not args.vary and args.policy is None:
         sweeps = [[{"policy": policy} for policy in POLICIES]]
@@ -204,7 +205,7 @@ def _knob(key: str, option: str, retired: set[str]) -> str:
     """The config field a setting's ``key`` names (a retired name is added to ``retired``)."""
     name = key.strip().lower().replace("-", "_")
     if name in _RETIRED_KNOBS:
-        retired.add(name)
+        retired.add(key.strip())  # (as the user wrote it)
         name = "chunk_alignment"
     name = _KNOB_ALIASES.get(name, name)
     if name not in _KNOB_HEADS:

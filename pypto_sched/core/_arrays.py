@@ -9,7 +9,7 @@ are :class:`BlockTables`) or from a step planned online (a :class:`StepPlan`'s o
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from ._dispatch import DispatchArrays, dispatch_arrays_with_ids, rows_arrays
 from ._errors import InvalidInputError
@@ -66,13 +66,8 @@ def dispatch_arrays(
             raise InvalidInputError(
                 f"'index' must not be given with a Dispatch (it has its own): {index!r}"
             )
-        if not isinstance(dispatch, Dispatch):
-            raise InvalidInputError(f"'dispatch' must be a Dispatch: {type(dispatch).__name__}")
-        if not isinstance(block_tables, BlockTables):
-            raise InvalidInputError(
-                f"'block_tables' must be BlockTables: {type(block_tables).__name__}"
-            )
-        return dispatch_arrays_with_ids(dispatch, block_tables)
+        # (Which checks both: a wrong one is an error naming it.)
+        return dispatch_arrays_with_ids(cast(Dispatch, dispatch), cast(BlockTables, block_tables))
     return _step_rows_arrays(dispatch, block_tables, 0 if index is None else index)
 
 
@@ -80,11 +75,7 @@ def _step_rows_arrays(rows: object, pool: object, index: int) -> DispatchArrays:
     """:func:`dispatch_arrays` of a step's rows (or the step) and a pool (or the step's)."""
     if isinstance(rows, (StepPlan, GenerationStep)):
         if pool is None:
-            pool = rows.pool
-            if pool is None:
-                raise InvalidInputError(
-                    "'pool' must be given for a StepPlan planned without one: it has none"
-                )
+            return rows.arrays(index=index)  # (a plan made without a pool has none: an error)
         rows = rows.rows
     elif not isinstance(rows, Mapping) and not isinstance(pool, PagePool):
         raise InvalidInputError(
@@ -95,3 +86,11 @@ def _step_rows_arrays(rows: object, pool: object, index: int) -> DispatchArrays:
     if not isinstance(pool, PagePool):
         raise InvalidInputError(f"'pool' must be a PagePool: {type(pool).__name__}")
     return rows_arrays(checked, pool, index=index)
+
+
+def step_arrays(
+    rows: Mapping[RequestId, StepChunk], pool: PagePool[RequestId], *, index: int = 0
+) -> DispatchArrays:
+    """The retired name of :func:`dispatch_arrays` for a step's rows, with its signature:
+    ``step_arrays(rows, pool, *, index=0)`` (``pypto_sched.step_arrays`` warns)."""
+    return dispatch_arrays(rows, pool, index=index)

@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 
 from ._errors import InvalidConfigError, InvalidInputError, PyptoSchedError
-from ._validate import check_int, count_validator
+from ._validate import check_int, count_validator, retired_argument
 
 __all__ = ["POLICIES", "PlannerConfig", "Policy", "check_config"]
 
@@ -88,18 +88,7 @@ class PlannerConfig:
         max_num_partial_prefills: Count | None = None,
         page_size: Count | None = None,
     ) -> None:
-        if page_size is not None:
-            if chunk_alignment is not None:
-                raise InvalidConfigError.about(
-                    "page_size",
-                    f"must not be given with 'chunk_alignment', its new name: {page_size!r}",
-                )
-            warnings.warn(
-                "PlannerConfig's 'page_size' is deprecated: use 'chunk_alignment'",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            chunk_alignment = page_size
+        chunk_alignment = _alignment("PlannerConfig", chunk_alignment, page_size)
         self.__attrs_init__(
             max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=long_prefill_token_threshold,
@@ -185,10 +174,11 @@ class PlannerConfig:
             max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=threshold or None,
             max_num_seqs=max_num_seqs,
-            chunk_alignment=chunk_alignment,
+            chunk_alignment=_alignment(
+                "PlannerConfig.from_engine_args", chunk_alignment, page_size
+            ),
             policy=policy,
             max_num_partial_prefills=max_num_partial_prefills,
-            page_size=page_size,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,7 +202,27 @@ class PlannerConfig:
             raise InvalidConfigError.about(
                 "data", "must set 'max_num_batched_tokens': it is missing"
             )
-        return cls(**data)
+        fields = dict(data)
+        retired = fields.pop("page_size", None)
+        fields["chunk_alignment"] = _alignment(
+            "PlannerConfig.from_dict", fields.get("chunk_alignment"), retired
+        )
+        return cls(**fields)
+
+
+def _alignment(where: str, chunk_alignment: Any, page_size: Any) -> Any:
+    """``chunk_alignment``, or ``page_size``, its retired name, given to ``where`` by its
+    caller (warned of there; both given is an :class:`InvalidConfigError`)."""
+    retired = retired_argument(
+        where,
+        "page_size",
+        page_size,
+        "chunk_alignment",
+        new_given=chunk_alignment is not None,
+        error=InvalidConfigError,
+        stacklevel=3,
+    )
+    return chunk_alignment if retired is None else retired
 
 
 def check_config(

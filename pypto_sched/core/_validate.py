@@ -6,6 +6,7 @@ error naming the parameter instead of failing deep inside NumPy.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeGuard, TypeVar
 
@@ -191,6 +192,7 @@ def read_only(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 _Class = TypeVar("_Class", bound=type[Any])
+_T = TypeVar("_T")
 
 
 def arrays_stay_read_only(cls: _Class) -> _Class:
@@ -304,3 +306,26 @@ def check_hashable(request_id: object) -> None:
         raise InvalidInputError.about(
             "request_id", f"must be hashable: {request_id!r} ({type(request_id).__name__})"
         ) from None
+
+
+def retired_argument(
+    where: str,
+    old: str,
+    value: _T | None,
+    new: str,
+    *,
+    new_given: bool,
+    error: type[PyptoSchedError] = InvalidInputError,
+    stacklevel: int = 2,
+) -> _T | None:
+    """``value``, given to ``where`` under ``old``, the retired name of its argument ``new``
+    (``None``: not given). Given, it warns (``DeprecationWarning``, attributed ``stacklevel``
+    frames above the caller of this function: 2, its caller's caller); given with ``new``
+    too (``new_given``), it is an ``error`` naming ``old`` and its value."""
+    if value is None:
+        return None
+    if new_given:
+        raise error.about(old, f"must not be given with {new!r}, its new name: {value!r}")
+    message = f"{where}'s {old!r} is deprecated: use {new!r}"
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
+    return value

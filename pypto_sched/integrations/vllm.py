@@ -269,9 +269,11 @@ class _Planner:
             blocked = blocked | waiting_ids
         if blocked:
             state = state.discard_all(blocked)
-        config = self.step_config(sched) if self.adaptive_threshold else self.config
         plan = plan_step(
-            state, config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
+            state,
+            self.step_config(sched),
+            reserved_tokens=reserved_tokens,
+            reserved_rows=reserved_rows,
         )
         self.rows = rows = plan.rows
         waiting = sched.waiting

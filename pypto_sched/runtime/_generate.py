@@ -19,9 +19,8 @@ when its code is 0); a ``KeyboardInterrupt`` passes through unchanged.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
 import attrs
 import numpy as np
@@ -40,6 +39,7 @@ from ..core._validate import (
     check_positions,
     is_int,
     read_only,
+    retired_argument,
 )
 from .backends import Backend, DispatchInput, check_is_backend, make_cache, max_positions
 from .execute import (
@@ -53,7 +53,6 @@ from .execute import (
 __all__ = ["GeneratedSequence", "GenerationResult", "GenerationStats", "generate"]
 
 FinishReason = Literal["length", "stop"]
-_T = TypeVar("_T")
 
 
 @arrays_stay_read_only
@@ -163,9 +162,10 @@ def generate(
     ``num_kv_pages`` and ``kv_page_size`` (a ``DeprecationWarning``; with the new name too,
     an ``InvalidInputError``).
     """
-    on_dispatch = renamed_argument(
-        "generate", "on_step", on_step, "on_dispatch", on_dispatch, on_dispatch is not None
+    old_callback = retired_argument(
+        "generate", "on_step", on_step, "on_dispatch", new_given=on_dispatch is not None
     )
+    on_dispatch = on_dispatch if old_callback is None else old_callback
     num_kv_pages, kv_page_size = kv_pool_arguments(
         "generate", num_kv_pages, kv_page_size, num_pages=num_pages, page_size=page_size
     )
@@ -198,29 +198,21 @@ def kv_pool_arguments(
     page_size: int | None,
 ) -> tuple[int | None, int]:
     """``where``'s KV pool arguments ``(num_kv_pages, kv_page_size)`` given under their new
-    or retired names (see :func:`renamed_argument`), the page size defaulting to
+    or retired names (see :func:`~pypto_sched.core._validate.retired_argument`), the page size
+    defaulting to
     :data:`DEFAULT_PAGE_SIZE`."""
-    num_kv_pages = renamed_argument(
-        where, "num_pages", num_pages, "num_kv_pages", num_kv_pages, num_kv_pages is not None
-    )
-    kv_page_size = renamed_argument(
-        where, "page_size", page_size, "kv_page_size", kv_page_size, kv_page_size is not None
-    )
+    # (stacklevel 3: the warning is the caller of `where`'s, two frames above this one.)
+    old_pages = retired_argument(
+        where, "num_pages", num_pages, "num_kv_pages", new_given=num_kv_pages is not None,
+        stacklevel=3,
+    )  # fmt: skip
+    old_size = retired_argument(
+        where, "page_size", page_size, "kv_page_size", new_given=kv_page_size is not None,
+        stacklevel=3,
+    )  # fmt: skip
+    num_kv_pages = num_kv_pages if old_pages is None else old_pages
+    kv_page_size = kv_page_size if old_size is None else old_size
     return num_kv_pages, DEFAULT_PAGE_SIZE if kv_page_size is None else kv_page_size
-
-
-def renamed_argument(
-    where: str, old: str, value: Any, new: str, replacement: _T, replacement_given: bool
-) -> _T:
-    """The value of ``where``'s argument ``new``, once called ``old``: ``replacement``, or
-    ``value`` (with a ``DeprecationWarning``) when the old name was given (not ``None``);
-    both given is an ``InvalidInputError`` naming ``old``."""
-    if value is None:
-        return replacement
-    if replacement_given:
-        raise InvalidInputError.about(old, f"must not be given with {new!r}, its new name")
-    warnings.warn(f"{where}'s {old!r} is deprecated: use {new!r}", DeprecationWarning, stacklevel=3)
-    return cast(_T, value)
 
 
 @attrs.frozen(kw_only=True, eq=False)

@@ -165,7 +165,8 @@ class LLM:
     installed backend's name, built with ``checkpoint=model`` and ``backend_options``, or a
     :class:`~pypto_sched.Backend` already built), every dispatch planned under ``config``
     (default: ``packed``, :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS`), over a KV pool of
-    ``num_kv_pages`` pages of ``kv_page_size`` tokens (default: room for every request).
+    ``num_kv_pages`` pages (default: room for every request) of ``kv_page_size`` tokens
+    (default: 16).
 
     ``generation_config="auto"`` takes the sampling defaults of the model's
     ``generation_config.json`` for calls that pass no :class:`SamplingParams`, as vLLM does;
@@ -181,7 +182,7 @@ class LLM:
         backend_options: Mapping[str, Any] | None = None,
         config: PlannerConfig | None = None,
         num_kv_pages: int | None = None,
-        kv_page_size: int = DEFAULT_PAGE_SIZE,
+        kv_page_size: int | None = None,
         generation_config: Literal["auto"] | None = "auto",
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
@@ -210,7 +211,8 @@ class LLM:
         if config is not None and given:
             raise InvalidInputError(f"give 'config' or {given[0]!r}, not both")
         self.num_kv_pages = _one_of("num_kv_pages", num_kv_pages, num_gpu_blocks_override)
-        self.kv_page_size = _one_of("kv_page_size", kv_page_size, block_size, DEFAULT_PAGE_SIZE)
+        size = _one_of("kv_page_size", kv_page_size, block_size)
+        self.kv_page_size: int = DEFAULT_PAGE_SIZE if size is None else size
         self.tokenizer: Tokenizer | None = load_tokenizer(self.model)
         self.chat_template = ChatTemplate.from_directory(self.model)
         self._defaults = generation_defaults(self.model) if generation_config == "auto" else {}
@@ -443,11 +445,12 @@ def _vllm_config(knobs: Mapping[str, Any]) -> PlannerConfig:
     )
 
 
-def _one_of(name: str, ours: Any, vllms: Any, default: Any = None) -> Any:
-    """``name``'s value, given by our name or vLLM's (both only when they agree)."""
+def _one_of(name: str, ours: Any, vllms: Any) -> Any:
+    """``name``'s value, given by our name or vLLM's (both only when they agree; ``None``:
+    neither given)."""
     if vllms is None:
         return ours
-    if ours not in (None, default, vllms):
+    if ours not in (None, vllms):
         raise InvalidInputError(f"give {name!r} or vLLM's name for it, not both: {ours}, {vllms}")
     return vllms
 

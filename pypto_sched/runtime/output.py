@@ -35,7 +35,14 @@ from typing import IO, Any
 
 from ..core._errors import InvalidInputError
 
-__all__ = ["PARTIAL_SUFFIX", "OutputFile", "ResumeError", "fingerprint", "write_atomically"]
+__all__ = [
+    "PARTIAL_SUFFIX",
+    "OutputFile",
+    "ResumeError",
+    "fingerprint",
+    "unfinished_requests",
+    "write_atomically",
+]
 
 #: What the side file's name adds to the output's.
 PARTIAL_SUFFIX = ".partial"

@@ -26,8 +26,7 @@ constants below.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeGuard, TypeVar
 
 try:
@@ -54,7 +53,7 @@ from pypto_sched import (
 from pypto_sched.core._config import check_config
 from pypto_sched.core._online import PrefillState, plan_step
 from pypto_sched.core._policies import request_cap
-from pypto_sched.core._validate import MAX_TOKENS
+from pypto_sched.core._validate import MAX_TOKENS, retired_argument
 
 __all__ = [
     "planner_configs",
@@ -130,9 +129,7 @@ class _FieldStrategies:
             _check_strategy(name, value)
 
 
-@st.composite
 def planner_configs(
-    draw: st.DrawFn,
     *,
     policy: st.SearchStrategy[Policy] | None = None,
     max_num_batched_tokens: st.SearchStrategy[int] | None = None,
@@ -141,7 +138,7 @@ def planner_configs(
     chunk_alignment: st.SearchStrategy[int | None] | None = None,
     max_num_partial_prefills: st.SearchStrategy[int | None] | None = None,
     page_size: st.SearchStrategy[int | None] | None = None,
-) -> PlannerConfig:
+) -> st.SearchStrategy[PlannerConfig]:
     """Valid :class:`~pypto_sched.PlannerConfig` values; each argument draws that field.
 
     By default: any policy; a budget in ``[1, 512]``; each optional limit either off
@@ -159,28 +156,40 @@ def planner_configs(
 
     ``page_size`` is the retired name of ``chunk_alignment`` (a ``DeprecationWarning``).
     """
-    if page_size is not None:
-        if chunk_alignment is not None:
-            raise InvalidArgument(
-                "planner_configs() takes 'chunk_alignment' or its retired name 'page_size', "
-                "not both"
-            )
-        warnings.warn(
-            "planner_configs' 'page_size' is deprecated: use 'chunk_alignment'",
-            DeprecationWarning,
-            stacklevel=2,
+    if page_size is not None and chunk_alignment is not None:
+        raise InvalidArgument(
+            "planner_configs() takes 'chunk_alignment' or its retired name 'page_size', not "
+            f"both: {page_size!r}"
         )
-        chunk_alignment = page_size
-    given = _FieldStrategies(
-        policy=policy,
-        max_num_batched_tokens=max_num_batched_tokens,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        max_num_seqs=max_num_seqs,
-        chunk_alignment=chunk_alignment,
-        max_num_partial_prefills=max_num_partial_prefills,
-    )
-    given.check()
-    return _draw_config(draw, given, min_chunk_cap=1)
+    retired = retired_argument("planner_configs", "page_size", page_size, "chunk_alignment",
+                               new_given=False)  # fmt: skip
+    fields = {
+        "policy": policy,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "long_prefill_token_threshold": long_prefill_token_threshold,
+        "max_num_seqs": max_num_seqs,
+        "chunk_alignment": chunk_alignment if retired is None else retired,
+        "max_num_partial_prefills": max_num_partial_prefills,
+    }
+    return _config_strategy(**{name: value for name, value in fields.items() if value is not None})
+
+
+def _named_planner_configs() -> Callable[..., st.SearchStrategy[PlannerConfig]]:
+    """The strategy :func:`planner_configs` returns, a composite of its own name (Hypothesis
+    names a strategy by its function: ``planner_configs(chunk_alignment=just(16))``)."""
+
+    @st.composite
+    def planner_configs(
+        draw: st.DrawFn, /, **fields: st.SearchStrategy[Any] | None
+    ) -> PlannerConfig:
+        given = _FieldStrategies(**fields)
+        given.check()
+        return _draw_config(draw, given, min_chunk_cap=1)
+
+    return planner_configs
+
+
+_config_strategy = _named_planner_configs()
 
 
 def _draw_config(draw: st.DrawFn, given: _FieldStrategies, *, min_chunk_cap: int) -> PlannerConfig:
