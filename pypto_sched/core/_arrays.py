@@ -63,14 +63,16 @@ def dispatch_arrays(
     """
     if isinstance(dispatch, Dispatch) or isinstance(block_tables, BlockTables):
         if index is not None:
-            raise InvalidInputError(
-                f"'index' must not be given with a Dispatch (it has its own): {index!r}"
+            raise InvalidInputError.about(
+                "index", f"must not be given with a Dispatch (it has its own): {index!r}"
             )
         if not isinstance(dispatch, Dispatch):
-            raise InvalidInputError(f"'dispatch' must be a Dispatch: {type(dispatch).__name__}")
+            raise InvalidInputError.about(
+                "dispatch", f"must be a Dispatch: {type(dispatch).__name__}"
+            )
         if not isinstance(block_tables, BlockTables):
-            raise InvalidInputError(
-                f"'block_tables' must be BlockTables: {type(block_tables).__name__}"
+            raise InvalidInputError.about(
+                "block_tables", f"must be BlockTables: {type(block_tables).__name__}"
             )
         return dispatch_arrays_with_ids(dispatch, block_tables)
     return _step_rows_arrays(dispatch, block_tables, 0 if index is None else index)
@@ -82,16 +84,17 @@ def _step_rows_arrays(rows: object, pool: object, index: int) -> DispatchArrays:
         if pool is None:
             pool = rows.pool
             if pool is None:
-                raise InvalidInputError(
-                    "'pool' must be given for a StepPlan planned without one: it has none"
+                raise InvalidInputError.about(
+                    "pool", "must be given for a StepPlan planned without one: it has none"
                 )
         rows = rows.rows
     elif not isinstance(rows, Mapping) and not isinstance(pool, PagePool):
-        raise InvalidInputError(
-            f"'dispatch' must be a Dispatch (with BlockTables), or 'rows' a step's rows, a "
-            f"StepPlan or a GenerationStep (with a PagePool): {type(rows).__name__}"
+        raise InvalidInputError.about(
+            "dispatch",
+            f"must be a Dispatch (with BlockTables), or 'rows' a step's rows, a "
+            f"StepPlan or a GenerationStep (with a PagePool): {type(rows).__name__}",
         )
     checked: Mapping[Any, StepChunk] = as_step_rows(rows)
     if not isinstance(pool, PagePool):
-        raise InvalidInputError(f"'pool' must be a PagePool: {type(pool).__name__}")
+        raise InvalidInputError.about("pool", f"must be a PagePool: {type(pool).__name__}")
     return rows_arrays(checked, pool, index=index)

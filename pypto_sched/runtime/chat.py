@@ -52,7 +52,9 @@ class ChatTemplate:
         self, source: str, *, special_tokens: Mapping[str, str] | None = None, where: str = ""
     ) -> None:
         if not isinstance(source, str):
-            raise InvalidInputError(f"'source' must be a template string: {type(source).__name__}")
+            raise InvalidInputError.about(
+                "source", f"must be a template string: {type(source).__name__}"
+            )
         self.source = source
         self.special_tokens = dict(special_tokens or {})
         self.where = where or "the chat template"

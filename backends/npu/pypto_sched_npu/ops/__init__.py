@@ -41,7 +41,7 @@ TAKES_CPU_TENSORS = "TAKES_CPU_TENSORS"
 def select_ops(device: torch.device, *, choice: OpsChoice = "auto") -> Ops:
     """The ops for tensors on ``device``: ``"auto"`` picks by device type."""
     if choice not in OPS_CHOICES:
-        raise InvalidInputError(f"'ops' must be one of {OPS_CHOICES}: {choice!r}")
+        raise InvalidInputError.about("ops", f"must be one of {OPS_CHOICES}: {choice!r}")
     if choice == "torch" or (choice == "auto" and device.type != "npu"):
         return TorchOps()
     module = torch_npu_module()
