@@ -150,7 +150,7 @@ class DispatchArrays:
         try:
             return check_index("row", row, self.num_rows)
         except IndexError as error:  # a row out of range is bad input here, as documented
-            raise InvalidInputError(str(error)) from None
+            raise InvalidInputError(str(error), parameter="row") from None
 
 
 def dispatch_arrays_with_ids(

@@ -605,7 +605,8 @@ def _checked_rows(dispatches: Sequence[object]) -> _Columns:
     for d, dispatch in enumerate(dispatches):
         if not isinstance(dispatch, Sequence) or isinstance(dispatch, str | bytes):
             raise InvalidScheduleError(
-                f"dispatch {d} must be a list of rows: {type(dispatch).__name__}"
+                f"dispatch {d} must be a list of rows: {type(dispatch).__name__}",
+                parameter="dispatches",
             )
         for k, row in enumerate(dispatch):
             rows.append(_row(row, f"dispatch {d} row {k}"))
@@ -653,11 +654,12 @@ def _row(row: object, where: str) -> tuple[int, int, int, bool]:
     if not isinstance(row, Chunk):
         if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
             raise InvalidScheduleError(
-                f"{where} must be [request, start, length, is_final]: {row!r}"
+                f"{where} must be [request, start, length, is_final]: {row!r}",
+                parameter="dispatches",
             )
         request, start, length, final = row
         try:
             row = Chunk(request=request, start=start, length=length, is_final=final)
         except InvalidInputError as error:
-            raise InvalidScheduleError(f"{where}: {error}") from None
+            raise InvalidScheduleError(f"{where}: {error}", parameter="dispatches") from None
     return (row.request, row.start, row.length, row.is_final)

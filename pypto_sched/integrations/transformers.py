@@ -285,7 +285,8 @@ class PyptoScheduler(Scheduler):
         except InvalidConfigError as error:
             raise InvalidConfigError(
                 f"the planner config does not fit the server ({token_budget} tokens a "
-                f"batch): {error}"
+                f"batch): {error}",
+                parameter=error.parameter,
             ) from error
         self._step_configs[token_budget] = config
         return config

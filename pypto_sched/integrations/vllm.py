@@ -174,7 +174,8 @@ def planner_config_from_vllm(
         )
     except InvalidConfigError as error:
         raise InvalidConfigError(
-            f"vLLM's scheduler config does not fit pypto_sched's planner: {error}"
+            f"vLLM's scheduler config does not fit pypto_sched's planner: {error}",
+            parameter=error.parameter,
         ) from error
 
 

@@ -48,6 +48,7 @@ def select_ops(device: torch.device, *, choice: OpsChoice = "auto") -> Ops:
     if device.type != "npu" and not getattr(module, TAKES_CPU_TENSORS, False):
         raise InvalidInputError(
             f"'ops'='npu' needs an npu device: torch_npu's kernels take NPU tensors, so "
-            f"pass device='npu' (or ops='torch' to run on {device.type}): device {device}"
+            f"pass device='npu' (or ops='torch' to run on {device.type}): device {device}",
+            parameter="ops",
         )
     return NpuOps(module)
