@@ -323,14 +323,15 @@ class LLM:
         messages: object,
         *,
         add_generation_prompt: bool = True,
-        what: str = "'messages'",
+        what: str = "messages",
         **variables: Any,
     ) -> str:
         """The prompt text of a conversation, by the model's chat template."""
         if self.chat_template is None:
-            raise InvalidInputError(
-                f"{what}: the model has no chat template ({str(self.model)!r} has neither "
-                "chat_template.jinja nor a 'chat_template' in tokenizer_config.json)"
+            raise InvalidInputError.about(
+                what,
+                f"needs a chat template: the model has none ({str(self.model)!r} has "
+                "neither chat_template.jinja nor a 'chat_template' in tokenizer_config.json)",
             )
         check_messages(messages, what=what)
         return self.chat_template.render(
@@ -364,11 +365,12 @@ class LLM:
 
     def _tokens(self, text: object, what: str, *, special: bool) -> list[int]:
         if not isinstance(text, str):
-            raise InvalidInputError(f"{what!r}: the prompt must be a string: {text!r}")
+            raise InvalidInputError.about(f"{what}['prompt']", f"must be a string: {text!r}")
         if self.tokenizer is None:
-            raise InvalidInputError(
-                f"{what!r}: text needs a tokenizer (tokenizer.json in {str(self.model)!r}); "
-                "give token ids instead"
+            raise InvalidInputError.about(
+                what,
+                f"needs a tokenizer for its text (tokenizer.json in {str(self.model)!r}); "
+                "give token ids instead",
             )
         return self.tokenizer.encode(text, add_special_tokens=special)
 
