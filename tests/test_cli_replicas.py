@@ -164,16 +164,14 @@ def test_lines_with_their_own_sampling_on_two_replicas_write_the_one_process_lin
     capsys: pytest.CaptureFixture[str], tmp_path: Path, cluster: None
 ) -> None:
     rng = np.random.default_rng(6)
-    lines = [
-        {"token_ids": rng.integers(0, 64, size=n).tolist(), **keys}
-        for n, keys in [
-            (5, {"temperature": 0.9, "seed": 4}),
-            (40, {}),
-            (300, {"max_tokens": 3, "top_k": 5, "temperature": 1.2}),
-            (17, {"ignore_eos": True, "stop_token_ids": [7]}),
-            (90, {"top_p": 0.5, "temperature": 0.7}),
-        ]
+    own: list[tuple[int, dict[str, Any]]] = [
+        (5, {"temperature": 0.9, "seed": 4}),
+        (40, {}),
+        (300, {"max_tokens": 3, "top_k": 5, "temperature": 1.2}),
+        (17, {"ignore_eos": True, "stop_token_ids": [7]}),
+        (90, {"top_p": 0.5, "temperature": 0.7}),
     ]
+    lines = [{"token_ids": rng.integers(0, 64, size=n).tolist(), **keys} for n, keys in own]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     argv = ["generate", "--backend", "reference", "--prompts", str(prompts),

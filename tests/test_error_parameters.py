@@ -5,13 +5,23 @@ An error about a parameter as a whole reads ``'<parameter>' <rule>`` and says bo
 (``'max_new_tokens[2]'``) names the parameter and keeps no rule; the command line maps
 ``parameter`` to its flag. Also here: the one config check (``check_config``), and the one
 ``prepare_generation`` step that ``generate`` and the Ray replicas share.
+
+The rule for the whole tree is held by reading it: every error of the library's (a
+``PyptoSchedError`` subclass, in ``pypto_sched/`` or a bundled backend) built with a message
+that begins with a quoted name (``'max_num_seqs' must ...``, ``f"{name!r} must ..."``) is
+built by ``XError.about(name, rule)`` or given ``parameter=``. The checker is tested on
+snippets, so that a rule that stopped matching fails here rather than passing quietly.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import pickle
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -20,6 +30,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pypto_sched import (
+    LLM,
     POLICIES,
     GenerationState,
     InvalidConfigError,
@@ -30,13 +41,17 @@ from pypto_sched import (
     PyptoSchedError,
     SamplingParams,
     Schedule,
+    dispatch_arrays,
     generate,
     load_backend,
     plan_generation_step,
+    plan_pages,
     plan_prefill,
     plan_step,
     plan_warmup,
 )
+from pypto_sched.chat import ChatTemplate
+from pypto_sched.checkpoints import ModelConfig
 from pypto_sched.cli._errors import UsageError, flags_named
 from pypto_sched.core._config import check_config
 from pypto_sched.core._validate import check_int
@@ -279,3 +294,257 @@ def test_prepare_checks_every_request_against_the_pool_before_any_runs() -> None
         )
     _about(info.value, "num_kv_pages")
     assert "request 2 needs" in str(info.value)
+
+
+# -- the rule, over the whole tree ---------------------------------------------------------------
+
+
+REPO = Path(__file__).resolve().parent.parent
+#: The library's packages: ``pypto_sched`` and the bundled backends'.
+PACKAGES = [
+    REPO / "pypto_sched",
+    *sorted(p.parent for p in (REPO / "backends").glob("*/pypto_sched_*/__init__.py")),
+]
+#: A message that begins with a quoted name (``'max_num_seqs'``, ``'sampling[3].stop'``,
+#: ``'config.policy'``) and not a list of several (``'start' + 'length'``,
+#: ``'requests', 'starts' ...``, ``'a' and 'b'``: about no one parameter).
+QUOTED_NAME = re.compile(r"'[A-Za-z_][\w.\[\]]*'(?!\s*(?:[+*,]|and)\s*')")
+
+
+def _class_name(node: ast.expr) -> str:
+    """The name a call or a base class is spelled with: ``X`` of ``X`` and ``module.X``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _error_classes(trees: Iterable[ast.AST]) -> frozenset[str]:
+    """``PyptoSchedError`` and the names of the classes ``trees`` define that derive from it
+    (the backends' own, the runtime's ``ResumeError`` ...)."""
+    classes = [
+        (node.name, {_class_name(base) for base in node.bases})
+        for tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    ]
+    names = {"PyptoSchedError"}
+    while more := {name for name, bases in classes if bases & names} - names:
+        names |= more
+    return frozenset(names)
+
+
+def _leads_with_a_name(message: ast.expr) -> bool:
+    """Whether ``message``, a str or f-string literal, begins with a quoted name: written out
+    (``'max_num_seqs'``, ``f"'sampling[{i}].stop'"``), a variable's repr (``{name!r}``,
+    ``{field.name!r}``) or a variable quoted by hand (``'{name}'``). A path's repr
+    (``{str(path)!r}``) or a place (``{where}: 'max_new_tokens'``) is not one."""
+    if isinstance(message, ast.Constant):
+        return isinstance(message.value, str) and QUOTED_NAME.match(message.value) is not None
+    if not isinstance(message, ast.JoinedStr):
+        return False
+    # The message's text with each placeholder that can be a name standing as one.
+    text = ""
+    for part in message.values:
+        if isinstance(part, ast.Constant):
+            text += str(part.value)
+            continue
+        assert isinstance(part, ast.FormattedValue)
+        if part.conversion == ord("r") and isinstance(part.value, ast.Name | ast.Attribute):
+            text += "'name'"
+        elif part.conversion == -1 and isinstance(part.value, ast.Name):
+            text += "name"
+        else:
+            break
+    return QUOTED_NAME.match(text) is not None
+
+
+def rule_breaches(tree: ast.AST, error_classes: frozenset[str]) -> Iterator[tuple[int, str]]:
+    """``(line, call)`` for each error of ``error_classes`` that ``tree`` builds with a message
+    about a parameter but neither by ``.about`` nor with ``parameter=``."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and _class_name(node.func) in error_classes
+            and node.args
+            and _leads_with_a_name(node.args[0])
+            and not any(keyword.arg == "parameter" for keyword in node.keywords)
+        ):
+            yield node.lineno, ast.unparse(node)[:100]
+
+
+@functools.cache
+def _package_trees() -> dict[Path, ast.AST]:
+    """Every module of :data:`PACKAGES`, parsed."""
+    return {
+        path: ast.parse(path.read_text(), filename=str(path))
+        for package in PACKAGES
+        for path in sorted(package.rglob("*.py"))
+    }
+
+
+def test_every_error_whose_message_names_a_parameter_carries_it() -> None:
+    trees = _package_trees()
+    classes = _error_classes(trees.values())
+    # The scan sees every package: the backends' errors and the runtime's own are known.
+    assert {"InvalidModelError", "NpuUnavailableError", "ResumeError"} <= classes
+    breaches = [
+        f"{path.relative_to(REPO)}:{line}: {call}"
+        for path, tree in trees.items()
+        for line, call in rule_breaches(tree, classes)
+    ]
+    assert not breaches, (
+        "errors whose message names a parameter but that do not carry it (build them with "
+        "XError.about(name, rule), or pass parameter=):\n" + "\n".join(breaches)
+    )
+
+
+def _breaches(source: str) -> list[int]:
+    """The lines of ``source`` (a snippet, which may define its own errors) that break the
+    rule."""
+    tree = ast.parse(source)
+    classes = _error_classes([*_package_trees().values(), tree])
+    return [line for line, _ in rule_breaches(tree, classes)]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        """raise InvalidInputError(f"'max_num_seqs' must be >= 1: {value}")""",
+        """raise InvalidInputError("'policy' must be one of ...")""",
+        """raise InvalidInputError(\n    f"'sampling[{i}].stop' needs text: "\n    "{stop!r}"\n)""",
+        """raise InvalidInputError(f"'config.policy' must be {policy!r}")""",
+        """raise InvalidInputError(f"{name!r} must be >= 1: {value}")""",
+        """raise InvalidInputError(f"{field.name!r} must be an int: {value!r}")""",
+        """raise InvalidInputError(f"'{name}' must have one entry per prompt")""",
+        """raise InvalidInputError(f"{what!r}: the prompt must be a string")""",
+        """error = errors.InvalidInputError("'data' must be a JSON object")""",
+        """class SeedError(InvalidInputError): ...\nraise SeedError("'seed' must be >= 0")""",
+    ],
+    ids=["literal", "str", "multi-line", "field", "repr", "attribute", "quoted", "colon",
+         "built", "subclass"],
+)  # fmt: skip
+def test_the_checker_finds_an_error_that_names_a_parameter_without_carrying_it(
+    source: str,
+) -> None:
+    assert len(_breaches(source)) == 1
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        """raise InvalidInputError.about("max_num_seqs", f"must be >= 1: {value}")""",
+        """raise InvalidInputError(f"'ops'='npu' needs an npu device", parameter="ops")""",
+        """raise InvalidInputError(f"'start' + 'length' must be <= {limit}: {end}")""",
+        """raise InvalidInputError("'requests', 'starts' and 'lengths' must have one length")""",
+        """raise InvalidInputError("'max_examples' and 'generation_examples' must not be 0")""",
+        """raise InvalidInputError(f"{where}: 'max_new_tokens' must be >= 1: {new}")""",
+        """raise InvalidInputError(f"{str(path)!r} is not a tokenizer: {error}")""",
+        """raise InvalidInputError(f"'{self.path}' cannot be completed")""",
+        """raise InvalidInputError(f"{name} must be a list of token ids")""",
+        """raise InvalidInputError("the batch is empty")""",
+        """raise InvalidInputError(message)""",
+        """raise ValueError("'max_num_seqs' must be >= 1")""",
+    ],
+    ids=["about", "parameter", "sum", "list", "both", "where", "path", "path-quoted",
+         "unquoted", "no-name", "variable", "not-ours"],
+)  # fmt: skip
+def test_the_checker_lets_an_error_that_carries_its_parameter_or_names_none_through(
+    source: str,
+) -> None:
+    assert _breaches(source) == []
+
+
+# -- errors that carry their parameter, through the public API ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "parameter", "message"),
+    [
+        (lambda: plan_step(None, CONFIG), "state", "'state' must be a PrefillState"),  # type: ignore[arg-type]
+        (lambda: PrefillState.from_prompt_lengths([4])[9], "request_id", "'request_id' must be"),
+        (lambda: Schedule.from_dict({"format": "x"}), "format", "'format' must be"),
+        (lambda: dispatch_arrays("x", None), "dispatch", "'dispatch' must be a Dispatch"),  # type: ignore[call-overload]
+        (lambda: load_backend("reference", seed=-1), "seed", "'seed' must be an int >= 0: -1"),
+        (lambda: BACKEND.new_cache(num_pages=0, page_size=4), "num_pages", "'num_pages' must"),
+    ],
+    ids=["plan_step", "PrefillState", "Schedule.from_dict", "dispatch_arrays", "seed",
+         "new_cache"],
+)  # fmt: skip
+def test_an_error_about_an_argument_carries_it(
+    call: Callable[[], object], parameter: str, message: str
+) -> None:
+    with pytest.raises(PyptoSchedError) as info:
+        call()
+    assert str(info.value).startswith(message)
+    _about(info.value, parameter)
+
+
+@pytest.mark.parametrize(
+    "dispatches",
+    [[[[0, 0, 4]]], [[[0, -1, 4, True]]], [3]],
+    ids=["a row of three", "a row Chunk refuses", "a dispatch not a list"],
+)
+def test_a_bad_row_of_from_dispatches_is_about_the_dispatches(dispatches: Any) -> None:
+    with pytest.raises(InvalidScheduleError) as info:
+        Schedule.from_dispatches(CONFIG, [4], dispatches)
+    assert info.value.parameter == "dispatches"
+    assert str(info.value).startswith("dispatch 0")
+
+
+def test_a_row_out_of_range_is_about_the_row() -> None:
+    schedule = plan_prefill([4, 6], CONFIG)
+    arrays = dispatch_arrays(schedule.dispatch(0), plan_pages([4, 6], page_size=4, num_pages=3))
+    with pytest.raises(InvalidInputError) as info:
+        arrays.row_tokens(arrays.num_rows)
+    assert info.value.parameter == "row"
+    assert str(info.value) == f"'row' must be in [0, {arrays.num_rows}): {arrays.num_rows}"
+
+
+NOT_A_DIMENSION = st.one_of(
+    st.integers(max_value=0),
+    st.floats(max_value=0) | st.just(float("nan")),
+    st.text(max_size=3),
+    st.none(),
+)
+
+
+@given(field=st.sampled_from([f.name for f in attrs.fields(ModelConfig)]), value=NOT_A_DIMENSION)
+def test_a_bad_model_config_field_is_the_errors_parameter(field: str, value: object) -> None:
+    fields: dict[str, Any] = {field: value}
+    with pytest.raises(InvalidInputError) as info:
+        ModelConfig(**fields)
+    _about(info.value, field)
+
+
+NOT_A_MESSAGE = st.one_of(st.integers(), st.text(max_size=3), st.none(), st.just({"content": "x"}))
+
+
+@given(
+    good=st.integers(min_value=0, max_value=3),
+    bad=NOT_A_MESSAGE,
+)
+def test_a_bad_message_of_a_conversation_is_about_the_messages(good: int, bad: object) -> None:
+    messages: list[Any] = [{"role": "user", "content": "x"}] * good + [bad]
+    with pytest.raises(InvalidInputError) as info:
+        ChatTemplate("{{ messages }}").render(messages)
+    assert info.value.parameter == "messages"
+    assert str(info.value).startswith(f"'messages[{good}]' must ")
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ({"prompt": 5}, "\"prompts[0]['prompt']\" must be a string: 5"),
+        ([[1, 2], "text"], "'prompts[1]' needs a tokenizer for its text"),
+        ([[1, 2], [{"role": "user", "content": "x"}]], "'prompts[1]' needs a chat template"),
+    ],
+    ids=["prompt", "text", "conversation"],
+)
+def test_a_bad_prompt_of_llm_generate_is_about_the_prompts(
+    tmp_path: Path, prompts: Any, message: str
+) -> None:
+    llm = LLM(tmp_path, backend=BACKEND)  # a model directory with no tokenizer or template
+    with pytest.raises(InvalidInputError) as info:
+        llm.generate(prompts)
+    assert info.value.parameter == "prompts"
+    assert str(info.value).startswith(message)

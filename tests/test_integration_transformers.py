@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -324,6 +325,15 @@ def test_a_config_that_does_not_fit_the_server_fails_every_request(model: Any) -
     assert output.error is not None
     assert "does not fit the server (32 tokens a batch)" in output.error
     assert "'chunk_alignment' must be <=" in output.error
+
+
+def test_a_config_that_does_not_fit_the_server_is_about_the_field_it_breaks() -> None:
+    scheduler = register(PlannerConfig(max_num_batched_tokens=64, chunk_alignment=48))
+    # (The scheduler reads only the token budget of the server's cache before it refuses.)
+    cache: Any = types.SimpleNamespace(max_batch_tokens=32)
+    with pytest.raises(InvalidConfigError, match=r"^the planner config does not fit") as info:
+        scheduler(cache, None, 4)
+    assert info.value.parameter == "chunk_alignment"
 
 
 # -- the same tokens as transformers -----------------------------------------------------------

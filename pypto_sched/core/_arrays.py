@@ -63,8 +63,8 @@ def dispatch_arrays(
     """
     if isinstance(dispatch, Dispatch) or isinstance(block_tables, BlockTables):
         if index is not None:
-            raise InvalidInputError(
-                f"'index' must not be given with a Dispatch (it has its own): {index!r}"
+            raise InvalidInputError.about(
+                "index", f"must not be given with a Dispatch (it has its own): {index!r}"
             )
         # (Which checks both: a wrong one is an error naming it.)
         return dispatch_arrays_with_ids(cast(Dispatch, dispatch), cast(BlockTables, block_tables))
@@ -78,13 +78,14 @@ def _step_rows_arrays(rows: object, pool: object, index: int) -> DispatchArrays:
             return rows.arrays(index=index)  # (a plan made without a pool has none: an error)
         rows = rows.rows
     elif not isinstance(rows, Mapping) and not isinstance(pool, PagePool):
-        raise InvalidInputError(
-            f"'dispatch' must be a Dispatch (with BlockTables), or 'rows' a step's rows, a "
-            f"StepPlan or a GenerationStep (with a PagePool): {type(rows).__name__}"
+        raise InvalidInputError.about(
+            "dispatch",
+            f"must be a Dispatch (with BlockTables), or 'rows' a step's rows, a "
+            f"StepPlan or a GenerationStep (with a PagePool): {type(rows).__name__}",
         )
     checked: Mapping[Any, StepChunk] = as_step_rows(rows)
     if not isinstance(pool, PagePool):
-        raise InvalidInputError(f"'pool' must be a PagePool: {type(pool).__name__}")
+        raise InvalidInputError.about("pool", f"must be a PagePool: {type(pool).__name__}")
     return rows_arrays(checked, pool, index=index)
 
 

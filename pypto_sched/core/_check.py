@@ -75,9 +75,9 @@ def _check_shapes(s: ScheduleArrays) -> None:
     if n == 0:
         raise InvalidScheduleError("a schedule must hold at least one request")
     if s.num_computed_tokens.shape != s.prompt_lengths.shape:
-        raise InvalidScheduleError(
-            f"'num_computed_tokens' must have one entry per request ({n}): "
-            f"{s.num_computed_tokens.size}"
+        raise InvalidScheduleError.about(
+            "num_computed_tokens",
+            f"must have one entry per request ({n}): {s.num_computed_tokens.size}",
         )
     lengths, computed = s.prompt_lengths, s.num_computed_tokens
     if (lengths < 1).any():

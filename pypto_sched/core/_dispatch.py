@@ -150,7 +150,7 @@ class DispatchArrays:
         try:
             return check_index("row", row, self.num_rows)
         except IndexError as error:  # a row out of range is bad input here, as documented
-            raise InvalidInputError(str(error)) from None
+            raise InvalidInputError(str(error), parameter="row") from None
 
 
 def dispatch_arrays_with_ids(
@@ -160,16 +160,16 @@ def dispatch_arrays_with_ids(
     request ``r`` as ``request_ids[r]`` (its repr) when given: a server's step names its rows
     by the server's ids, not by index."""
     if not isinstance(dispatch, Dispatch):
-        raise InvalidInputError(f"'dispatch' must be a Dispatch: {type(dispatch).__name__}")
+        raise InvalidInputError.about("dispatch", f"must be a Dispatch: {type(dispatch).__name__}")
     if not isinstance(block_tables, BlockTables):
-        raise InvalidInputError(
-            f"'block_tables' must be BlockTables: {type(block_tables).__name__}"
+        raise InvalidInputError.about(
+            "block_tables", f"must be BlockTables: {type(block_tables).__name__}"
         )
     requests = dispatch.requests.astype(np.int64)
     if requests.size and int(requests.max()) >= block_tables.num_requests:
-        raise InvalidInputError(
-            f"'block_tables' must cover request {int(requests.max())}: it has "
-            f"{block_tables.num_requests} tables"
+        raise InvalidInputError.about(
+            "block_tables",
+            f"must cover request {int(requests.max())}: it has {block_tables.num_requests} tables",
         )
     starts = dispatch.starts.astype(np.int64)
     sizes = dispatch.lengths.astype(np.int64)
@@ -182,10 +182,11 @@ def dispatch_arrays_with_ids(
         row = int(np.flatnonzero(short)[0])
         request = int(requests[row])
         name = request if request_ids is None else repr(request_ids[request])
-        raise CacheTooSmallError(
-            f"'block_tables' must cover every row's context: request {name} "
+        raise CacheTooSmallError.about(
+            "block_tables",
+            f"must cover every row's context: request {name} "
             f"needs {int(pages_needed[row])} pages for context {int(ends[row])} at page_size "
-            f"{page}, its table has {int(pages_held[row])}"
+            f"{page}, its table has {int(pages_held[row])}",
         )
     cu = np.concatenate(([0], np.cumsum(sizes)))
     total = int(cu[-1])

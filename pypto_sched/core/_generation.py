@@ -193,9 +193,9 @@ class GenerationState(Frozen, Generic[RequestId]):
         else:
             news = as_count_array("max_new_tokens", max_new_tokens, min_value=1, allow_empty=True)
             if news.size != lengths.size:
-                raise InvalidInputError(
-                    f"'max_new_tokens' must have one entry per prompt ({lengths.size}): "
-                    f"{news.size} entries"
+                raise InvalidInputError.about(
+                    "max_new_tokens",
+                    f"must have one entry per prompt ({lengths.size}): {news.size} entries",
                 )
         state: GenerationState[int] = GenerationState(num_pages=num_pages, page_size=page_size)
         # The state add() after add() would build, built at once (a million requests take
@@ -241,8 +241,8 @@ class GenerationState(Frozen, Generic[RequestId]):
             error=InvalidConfigError,
         )
         if request_id in self:
-            raise DuplicateRequestError(
-                f"'request_id' must not be in the state already: {request_id!r} is"
+            raise DuplicateRequestError.about(
+                "request_id", f"must not be in the state already: {request_id!r} is"
             )
         sequence = _Sequence(self._next_arrival, length, new, 0, False)
         return self._replace(
@@ -311,9 +311,9 @@ class GenerationState(Frozen, Generic[RequestId]):
         except TypeError:
             sequence = None
         if sequence is None:
-            raise UnknownRequestError(
-                f"'request_id' must be a request of the state: {request_id!r} is not "
-                "(never added, or finished)"
+            raise UnknownRequestError.about(
+                "request_id",
+                f"must be a request of the state: {request_id!r} is not (never added, or finished)",
             )
         return sequence
 
@@ -462,8 +462,8 @@ def decode_rows_first(
                 or not isinstance(taken, int)
                 or not 0 < taken <= tokens_left
             ):
-                raise InvalidInputError(
-                    f"'take_row' must return an int in [0, {tokens_left}]: {taken!r}"
+                raise InvalidInputError.about(
+                    "take_row", f"must return an int in [0, {tokens_left}]: {taken!r}"
                 )
             tokens_left -= taken
             rows_left -= 1
@@ -477,10 +477,10 @@ def plan_generation_step(
     """Plan the next dispatch of a generation: decode rows, then prefill chunks, as the
     module docstring states. ``state`` must not be empty."""
     if not isinstance(state, GenerationState):
-        raise InvalidInputError(f"'state' must be a GenerationState: {type(state).__name__}")
+        raise InvalidInputError.about("state", f"must be a GenerationState: {type(state).__name__}")
     check_config(config)
     if not state:
-        raise InvalidInputError("'state' must hold a request to plan a step: it is empty")
+        raise InvalidInputError.about("state", "must hold a request to plan a step: it is empty")
     planner = _GenerationStep(state, config)
     while True:
         step = planner.plan()

@@ -123,9 +123,10 @@ def _is_started(value: object) -> bool:
 
 def _check_progress(request: PrefillRequest, _field: object, computed: int) -> None:
     if computed >= request.prompt_length:
-        raise InvalidInputError(
-            f"'num_computed_tokens' must be below 'prompt_length' ({request.prompt_length}), "
-            f"as a request with tokens left to prefill has: {computed}"
+        raise InvalidInputError.about(
+            "num_computed_tokens",
+            f"must be below 'prompt_length' ({request.prompt_length}), "
+            f"as a request with tokens left to prefill has: {computed}",
         )
 
 
@@ -280,8 +281,8 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
             raise computed_tokens_error(cached, length)
         check_hashable(request_id)
         if self._find(request_id) is not None:
-            raise DuplicateRequestError(
-                f"'request_id' must not be in the state already: {request_id!r} is"
+            raise DuplicateRequestError.about(
+                "request_id", f"must not be in the state already: {request_id!r} is"
             )
         record = RequestRecord(request_id, length, cached, False)
         return self._evolve(
@@ -386,14 +387,15 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         the run's.
         """
         if not isinstance(plan, StepPlan):
-            raise InvalidInputError(f"'plan' must be a StepPlan: {type(plan).__name__}")
+            raise InvalidInputError.about("plan", f"must be a StepPlan: {type(plan).__name__}")
         if not plan.rows:
             return self
         policy = plan.state._policy  # None: every row finished its request
         if self._policy is not None and policy is not None and policy != self._policy:
-            raise InvalidInputError(
-                f"'plan' must be planned with {self._policy!r}, the policy of the run in "
-                f"progress: it was planned with {policy!r}"
+            raise InvalidInputError.about(
+                "plan",
+                f"must be planned with {self._policy!r}, the policy of the run in "
+                f"progress: it was planned with {policy!r}",
             )
         requests, queue = self._requests, self._queue
         started: list[RequestRecord | None] = list(self._started)  # None: finished here
@@ -413,11 +415,12 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
                 or chunk.end > record.prompt_length
                 or (chunk.is_final != ends)
             ):
-                raise InvalidInputError(
-                    f"'plan' must run request {request_id!r} as it is here, at position "
+                raise InvalidInputError.about(
+                    "plan",
+                    f"must run request {request_id!r} as it is here, at position "
                     f"{record.position} of {record.prompt_length} tokens: its chunk runs "
                     f"{chunk.start}:{chunk.end}{', final' if chunk.is_final else ''} (applied "
-                    f"twice, or planned from another state?)"
+                    f"twice, or planned from another state?)",
                 )
             num_tokens -= chunk.length
             after = None
@@ -453,9 +456,9 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         check_hashable(request_id)
         record = self._find(request_id)
         if record is None:
-            raise UnknownRequestError(
-                f"'request_id' must be a request in the state (not finished or removed): "
-                f"{request_id!r}"
+            raise UnknownRequestError.about(
+                "request_id",
+                f"must be a request in the state (not finished or removed): {request_id!r}",
             )
         return record
 
@@ -597,26 +600,27 @@ class StepRows(dict[RequestId, StepChunk]):
 def as_step_rows(rows: object) -> Mapping[Any, StepChunk]:
     """A plan's ``rows`` checked, as a read-only mapping."""
     if not isinstance(rows, Mapping):
-        raise InvalidInputError(
-            f"'rows' must be a mapping of request ids to StepChunk: {type(rows).__name__}"
+        raise InvalidInputError.about(
+            "rows", f"must be a mapping of request ids to StepChunk: {type(rows).__name__}"
         )
     for request_id, chunk in rows.items():
         if not isinstance(chunk, StepChunk):
-            raise InvalidInputError(
-                f"'rows' must map each request id to a StepChunk: {request_id!r} maps to "
-                f"{chunk!r} ({type(chunk).__name__})"
+            raise InvalidInputError.about(
+                "rows",
+                f"must map each request id to a StepChunk: {request_id!r} maps to "
+                f"{chunk!r} ({type(chunk).__name__})",
             )
     return rows if type(rows) is StepRows else StepRows(rows)
 
 
 def _check_state(_plan: object, _field: object, state: object) -> None:
     if not isinstance(state, PrefillState):
-        raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
+        raise InvalidInputError.about("state", f"must be a PrefillState: {type(state).__name__}")
 
 
 def _check_pool(_plan: object, _field: object, pool: PagePool[Any] | None) -> None:
     if pool is not None and not isinstance(pool, PagePool):
-        raise InvalidInputError(f"'pool' must be a PagePool or None: {type(pool).__name__}")
+        raise InvalidInputError.about("pool", f"must be a PagePool or None: {type(pool).__name__}")
 
 
 @attrs.frozen(kw_only=True)
@@ -654,8 +658,8 @@ class StepPlan(Generic[RequestId]):
         """The dispatch's kernel arrays over :attr:`pool`; row ``i``'s ``requests`` entry is
         ``i``. A plan made without a pool has no pages to read: ``InvalidInputError``."""
         if self.pool is None:
-            raise InvalidInputError(
-                "'pool' must be given to plan_step for a plan's arrays: this plan has none"
+            raise InvalidInputError.about(
+                "pool", "must be given to plan_step for a plan's arrays: this plan has none"
             )
         return rows_arrays(self.rows, self.pool, index=index)
 
@@ -684,7 +688,7 @@ def plan_step(
     is the pool with the rows' pages held.
     """
     if not isinstance(state, PrefillState):
-        raise InvalidInputError(f"'state' must be a PrefillState: {type(state).__name__}")
+        raise InvalidInputError.about("state", f"must be a PrefillState: {type(state).__name__}")
     check_config(config)
     reserved_tokens = _token_count("reserved_tokens", reserved_tokens)
     reserved_rows = _token_count("reserved_rows", reserved_rows)
@@ -692,9 +696,10 @@ def plan_step(
         reserved_rows = 0  # rows are not limited: no rule reads it (the tail, the bound)
     room_tokens, room_rows = prefill_room(config, reserved_tokens, reserved_rows)
     if state._policy is not None and state._policy != config.policy:
-        raise InvalidInputError(
-            f"'config.policy' must be {state._policy!r}, the policy of the run in progress, "
-            f"until the state drains: {config.policy!r}"
+        raise InvalidInputError.about(
+            "config.policy",
+            f"must be {state._policy!r}, the policy of the run in progress, "
+            f"until the state drains: {config.policy!r}",
         )
     if pool is not None:
         _check_pool(None, None, pool)

@@ -59,9 +59,10 @@ class BlockTables:
         ``num_pages``), so that padding never reads as a real page."""
         fill = check_int("fill", fill, min_value=-(2**31))
         if 0 <= fill < self.num_pages:
-            raise InvalidInputError(
-                f"'fill' must not be a page of the cache (below 0 or at least {self.num_pages}, "
-                f"the number of pages): {fill}"
+            raise InvalidInputError.about(
+                "fill",
+                f"must not be a page of the cache (below 0 or at least {self.num_pages}, "
+                f"the number of pages): {fill}",
             )
         return _padded(self.pages, self.offsets, fill=fill)
 
@@ -76,8 +77,8 @@ class BlockTables:
         page_size = check_int("page_size", page_size, min_value=1)
         num_pages = check_int("num_pages", num_pages, min_value=1)
         if not isinstance(tables, Sequence) or isinstance(tables, str | bytes):
-            raise InvalidInputError(
-                f"'tables' must be a sequence of page lists: {type(tables).__name__}"
+            raise InvalidInputError.about(
+                "tables", f"must be a sequence of page lists: {type(tables).__name__}"
             )
         arrays = [
             as_count_array(
@@ -91,7 +92,9 @@ class BlockTables:
         values, seen = np.unique(pages, return_counts=True)
         if (seen > 1).any():
             shared = int(values[np.argmax(seen > 1)])
-            raise InvalidInputError(f"'tables' must not share pages: page {shared} is reused")
+            raise InvalidInputError.about(
+                "tables", f"must not share pages: page {shared} is reused"
+            )
         return cls(
             page_size=page_size,
             num_pages=num_pages,
@@ -124,9 +127,10 @@ def plan_pages(
     counts = -(-tokens // page_size)
     needed = int(counts.sum())
     if needed > num_pages:
-        raise CacheTooSmallError(
-            f"'num_pages' must be >= {needed}, the pages {lengths.size} requests need at "
-            f"page_size {page_size}: {num_pages}"
+        raise CacheTooSmallError.about(
+            "num_pages",
+            f"must be >= {needed}, the pages {lengths.size} requests need at "
+            f"page_size {page_size}: {num_pages}",
         )
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     return BlockTables(

@@ -128,9 +128,10 @@ def partition_requests(
         over = np.flatnonzero(computed >= lengths)
         if over.size:
             r = int(over[0])
-            raise InvalidInputError(
-                f"'num_computed_tokens' must be < the prompt length: request {r} has "
-                f"{int(computed[r])} of {int(lengths[r])}"
+            raise InvalidInputError.about(
+                "num_computed_tokens",
+                f"must be < the prompt length: request {r} has "
+                f"{int(computed[r])} of {int(lengths[r])}",
             )
         balanced = lengths - computed
     else:
@@ -147,8 +148,8 @@ def partition_requests(
 
 def _same_size(name: str, values: IntArray, lengths: IntArray) -> None:
     if values.size != lengths.size:
-        raise InvalidInputError(
-            f"'{name}' must have one entry per prompt ({lengths.size}): {values.size} entries"
+        raise InvalidInputError.about(
+            name, f"must have one entry per prompt ({lengths.size}): {values.size} entries"
         )
 
 

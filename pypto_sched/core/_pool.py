@@ -244,9 +244,10 @@ class PagePool(Frozen, Generic[RequestId]):
         pages, length = self._table(request_id)
         position = check_int("position", position, min_value=0)
         if position >= length * self._page_size:
-            raise InvalidInputError(
-                f"'position' must be < the {length * self._page_size} slots request "
-                f"{request_id!r} holds: {position}"
+            raise InvalidInputError.about(
+                "position",
+                f"must be < the {length * self._page_size} slots request "
+                f"{request_id!r} holds: {position}",
             )
         page, offset = divmod(position, self._page_size)
         return pages[page] * self._page_size + offset
@@ -308,14 +309,16 @@ class PagePool(Frozen, Generic[RequestId]):
         first: dict[RequestId, int] = {}
         for i, request_id in enumerate(ids):
             if self._held(request_id) == 0:
-                raise InvalidInputError(
-                    f"'request_ids' must name requests that own pages: item {i} is "
-                    f"{request_id!r}, which owns none"
+                raise InvalidInputError.about(
+                    "request_ids",
+                    f"must name requests that own pages: item {i} is "
+                    f"{request_id!r}, which owns none",
                 )
             if first.setdefault(request_id, i) != i:
-                raise InvalidInputError(
-                    f"'request_ids' must name each request once (two rows would share its "
-                    f"pages): items {first[request_id]} and {i} are {request_id!r}"
+                raise InvalidInputError.about(
+                    "request_ids",
+                    f"must name each request once (two rows would share its "
+                    f"pages): items {first[request_id]} and {i} are {request_id!r}",
                 )
         return self._block_tables(ids)
 

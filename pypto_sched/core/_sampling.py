@@ -168,7 +168,9 @@ def sample_token(
     never one of ``banned``.
     """
     if not isinstance(params, SamplingParams):
-        raise InvalidInputError(f"'params' must be a SamplingParams: {type(params).__name__}")
+        raise InvalidInputError.about(
+            "params", f"must be a SamplingParams: {type(params).__name__}"
+        )
     row = _logits_row(logits)
     # (Checked under greedy decoding too, which does not read them: a bad index is a bug
     # whichever the params.)
@@ -203,21 +205,25 @@ def _logits_row(logits: npt.NDArray[np.floating[Any]]) -> npt.NDArray[Any]:
     """``logits`` as one non-empty row of finite real numbers, or :class:`InvalidInputError`."""
     row = np.asarray(logits)
     if row.ndim != 1 or row.size == 0:
-        raise InvalidInputError(f"'logits' must be one non-empty row: shape {row.shape}")
+        raise InvalidInputError.about("logits", f"must be one non-empty row: shape {row.shape}")
     if row.dtype.kind not in "fiu":  # not bools, complex numbers, strings or objects
-        raise InvalidInputError(f"'logits' must hold real numbers: dtype {row.dtype}")
+        raise InvalidInputError.about("logits", f"must hold real numbers: dtype {row.dtype}")
     if not np.isfinite(row).all():
         bad = int(np.flatnonzero(~np.isfinite(row))[0])
-        raise InvalidInputError(f"'logits' must be finite: column {bad} is {row[bad]}")
+        raise InvalidInputError.about("logits", f"must be finite: column {bad} is {row[bad]}")
     return row
 
 
 def _banned(banned: Iterable[int], vocab_size: int) -> npt.NDArray[np.int64]:
     ids = sorted({check_int("banned", token, min_value=0) for token in banned})
     if ids and ids[-1] >= vocab_size:
-        raise InvalidInputError(f"'banned' ids must be < the row's {vocab_size} columns: {ids[-1]}")
+        raise InvalidInputError.about(
+            "banned", f"ids must be < the row's {vocab_size} columns: {ids[-1]}"
+        )
     if len(ids) == vocab_size:
-        raise InvalidInputError(f"'banned' must leave a token to choose: all {vocab_size} banned")
+        raise InvalidInputError.about(
+            "banned", f"must leave a token to choose: all {vocab_size} banned"
+        )
     return np.array(ids, dtype=np.int64)
 
 

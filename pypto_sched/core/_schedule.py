@@ -147,11 +147,11 @@ class Chunk:
 def _finality(values: object) -> npt.NDArray[np.bool_]:
     array = np.asarray(values) if isinstance(values, Sequence) else values
     if not isinstance(array, np.ndarray) or array.ndim != 1:
-        raise InvalidInputError(
-            f"'is_final' must be a sequence or 1-D array of bools: {type(values).__name__}"
+        raise InvalidInputError.about(
+            "is_final", f"must be a sequence or 1-D array of bools: {type(values).__name__}"
         )
     if array.size and array.dtype != np.bool_:
-        raise InvalidInputError(f"'is_final' must hold bools: dtype {array.dtype}")
+        raise InvalidInputError.about("is_final", f"must hold bools: dtype {array.dtype}")
     return read_only(array.astype(np.bool_))
 
 
@@ -173,8 +173,8 @@ def _check_dispatch_rows(dispatch: Dispatch, _attribute: object, _value: object)
         )
     requests = dispatch.requests
     if np.unique(requests).size < requests.size:  # two rows would write the same slots
-        raise InvalidInputError(
-            f"'requests' must name each request at most once: {requests.tolist()}"
+        raise InvalidInputError.about(
+            "requests", f"must name each request at most once: {requests.tolist()}"
         )
     _check_ends(dispatch.starts, dispatch.lengths)
 
@@ -456,20 +456,21 @@ class Schedule:
         check_config(config, error=InvalidScheduleError)
         lengths = _int_list("prompt_lengths", prompt_lengths, min_value=1)
         if not lengths:
-            raise InvalidScheduleError("'prompt_lengths' must hold at least one request: []")
+            raise InvalidScheduleError.about("prompt_lengths", "must hold at least one request: []")
         computed = (
             [0] * len(lengths)
             if num_computed_tokens is None
             else _int_list("num_computed_tokens", num_computed_tokens, min_value=0)
         )
         if not isinstance(dispatches, Sequence) or isinstance(dispatches, str | bytes):
-            raise InvalidScheduleError(
-                f"'dispatches' must be a list of dispatches: {type(dispatches).__name__}"
+            raise InvalidScheduleError.about(
+                "dispatches", f"must be a list of dispatches: {type(dispatches).__name__}"
             )
         if not dispatches:
-            raise InvalidScheduleError(
-                "'dispatches' must hold at least one dispatch (every request has a token to "
-                f"prefill): [] for {len(lengths)} requests"
+            raise InvalidScheduleError.about(
+                "dispatches",
+                "must hold at least one dispatch (every request has a token to "
+                f"prefill): [] for {len(lengths)} requests",
             )
         offsets, (requests, starts, sizes, final) = _json_rows(dispatches) or _checked_rows(
             dispatches
@@ -517,24 +518,32 @@ class Schedule:
     def from_dict(cls, data: object) -> Schedule:
         """Load and validate a schedule from :meth:`to_dict`'s output."""
         if not isinstance(data, dict):
-            raise InvalidScheduleError(f"'data' must be a JSON object: {type(data).__name__}")
+            raise InvalidScheduleError.about(
+                "data", f"must be a JSON object: {type(data).__name__}"
+            )
         if data.get("format") != FORMAT_NAME:
-            raise InvalidScheduleError(f"'format' must be {FORMAT_NAME!r}: {data.get('format')!r}")
+            raise InvalidScheduleError.about(
+                "format", f"must be {FORMAT_NAME!r}: {data.get('format')!r}"
+            )
         version = data.get("version")
         # `type() is int`: JSON true and 1.0 compare equal to 1 but are not version 1.
         if type(version) is not int or version not in _READABLE_VERSIONS:
-            raise InvalidScheduleError(
-                f"'version' must be one of {sorted(_READABLE_VERSIONS)} (the versions this "
-                f"library reads): {version!r}"
+            raise InvalidScheduleError.about(
+                "version",
+                f"must be one of {sorted(_READABLE_VERSIONS)} (the versions this "
+                f"library reads): {version!r}",
             )
         missing = sorted(_REQUIRED_KEYS - set(data))
         if missing:
-            raise InvalidScheduleError(f"'data' must hold the keys {missing}: they are missing")
+            raise InvalidScheduleError.about(
+                "data", f"must hold the keys {missing}: they are missing"
+            )
         unknown = sorted(map(str, set(data) - _REQUIRED_KEYS - _OPTIONAL_KEYS))
         if unknown:
-            raise InvalidScheduleError(
-                f"'data' must hold only the keys of the format "
-                f"{sorted(_REQUIRED_KEYS | _OPTIONAL_KEYS)}: {unknown} are not"
+            raise InvalidScheduleError.about(
+                "data",
+                f"must hold only the keys of the format "
+                f"{sorted(_REQUIRED_KEYS | _OPTIONAL_KEYS)}: {unknown} are not",
             )
         try:
             config = PlannerConfig.from_dict(_READABLE_VERSIONS[version](data["config"]))
@@ -551,7 +560,9 @@ class Schedule:
     def from_json(cls, text: str | bytes) -> Schedule:
         """Load and validate a schedule from :meth:`to_json`'s output."""
         if not isinstance(text, str | bytes | bytearray):
-            raise InvalidScheduleError(f"'text' must be a JSON str or bytes: {type(text).__name__}")
+            raise InvalidScheduleError.about(
+                "text", f"must be a JSON str or bytes: {type(text).__name__}"
+            )
         return cls.from_dict(load_json(text, what="a schedule", error=InvalidScheduleError))
 
     # -- invariants --------------------------------------------------------------------------
@@ -574,11 +585,11 @@ def _int_list(name: str, values: object, *, min_value: int) -> list[int]:
     if isinstance(values, np.ndarray) and values.ndim == 1:  # a schedule's own arrays too
         values = values.tolist()
     if not isinstance(values, Sequence) or isinstance(values, str | bytes):
-        raise InvalidScheduleError(f"{name!r} must be a list of ints: {type(values).__name__}")
+        raise InvalidScheduleError.about(name, f"must be a list of ints: {type(values).__name__}")
     for index, value in enumerate(values):
         if not is_int(value) or not min_value <= value <= MAX_TOKENS:
-            raise InvalidScheduleError(
-                f"{name!r} must hold ints in [{min_value}, {MAX_TOKENS}]: item {index} is {value!r}"
+            raise InvalidScheduleError.about(
+                name, f"must hold ints in [{min_value}, {MAX_TOKENS}]: item {index} is {value!r}"
             )
     return [int(value) for value in values]
 
@@ -594,7 +605,8 @@ def _checked_rows(dispatches: Sequence[object]) -> _Columns:
     for d, dispatch in enumerate(dispatches):
         if not isinstance(dispatch, Sequence) or isinstance(dispatch, str | bytes):
             raise InvalidScheduleError(
-                f"dispatch {d} must be a list of rows: {type(dispatch).__name__}"
+                f"dispatch {d} must be a list of rows: {type(dispatch).__name__}",
+                parameter="dispatches",
             )
         for k, row in enumerate(dispatch):
             rows.append(_row(row, f"dispatch {d} row {k}"))
@@ -642,11 +654,12 @@ def _row(row: object, where: str) -> tuple[int, int, int, bool]:
     if not isinstance(row, Chunk):
         if not isinstance(row, Sequence) or isinstance(row, str | bytes) or len(row) != 4:
             raise InvalidScheduleError(
-                f"{where} must be [request, start, length, is_final]: {row!r}"
+                f"{where} must be [request, start, length, is_final]: {row!r}",
+                parameter="dispatches",
             )
         request, start, length, final = row
         try:
             row = Chunk(request=request, start=start, length=length, is_final=final)
         except InvalidInputError as error:
-            raise InvalidScheduleError(f"{where}: {error}") from None
+            raise InvalidScheduleError(f"{where}: {error}", parameter="dispatches") from None
     return (row.request, row.start, row.length, row.is_final)

@@ -223,36 +223,39 @@ def verify_greedy_generation(
     if missing is not None:
         raise MissingDependencyError(missing)
     if not isinstance(checkpoint, str | os.PathLike):
-        raise InvalidInputError(
-            f"'checkpoint' must be a checkpoint directory: {checkpoint!r} "
-            f"({type(checkpoint).__name__})"
+        raise InvalidInputError.about(
+            "checkpoint",
+            f"must be a checkpoint directory: {checkpoint!r} ({type(checkpoint).__name__})",
         )
     if not Path(checkpoint).is_dir():
-        raise CheckpointError(f"'checkpoint' must be a checkpoint directory: {str(checkpoint)!r}")
+        raise CheckpointError.about(
+            "checkpoint", f"must be a checkpoint directory: {str(checkpoint)!r}"
+        )
     vocab_size = read_config(Path(checkpoint)).vocab_size
     ours = token_lists("prompts", prompts, vocab_size=vocab_size)
     count = len(ours)
     if not isinstance(generated, Sequence) or len(generated) != count:
-        raise InvalidInputError(
-            f"'generated' must be a sequence of one token id array per prompt ({count}): "
-            f"{type(generated).__name__} of {_length(generated)}"
+        raise InvalidInputError.about(
+            "generated",
+            f"must be a sequence of one token id array per prompt ({count}): "
+            f"{type(generated).__name__} of {_length(generated)}",
         )
     outputs = token_lists("generated", generated, vocab_size=vocab_size, allow_empty=True)
     news = per_request_counts(max_new_tokens, count)
     stops = stop_sets(stop_token_ids, request_stop_token_ids, count, vocab_size=vocab_size)
     if dtype not in _DTYPES:
-        raise InvalidInputError(f"'dtype' must be one of {list(_DTYPES)}: {dtype!r}")
+        raise InvalidInputError.about("dtype", f"must be one of {list(_DTYPES)}: {dtype!r}")
     for name, value in (("tolerance", tolerance), ("relative_tolerance", relative_tolerance)):
         if not is_tolerance(value):
-            raise InvalidInputError(f"{name!r} must be a finite real number >= 0: {value!r}")
+            raise InvalidInputError.about(name, f"must be a finite real number >= 0: {value!r}")
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     try:
         target = torch.device(device)
     except (RuntimeError, TypeError):
-        raise InvalidInputError(
-            f"'device' must be a torch device such as 'cpu' or 'cuda:0': {device!r}"
+        raise InvalidInputError.about(
+            "device", f"must be a torch device such as 'cpu' or 'cuda:0': {device!r}"
         ) from None
     model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype))
     model.to(target)

@@ -177,16 +177,17 @@ def register(
     """
     check_config(config, error=InvalidConfigError)
     if not isinstance(name, str) or not name:
-        raise InvalidConfigError(f"'name' must be a non-empty string: {name!r}")
+        raise InvalidConfigError.about("name", f"must be a non-empty string: {name!r}")
     if order not in ORDERS:
-        raise InvalidConfigError(f"'order' must be one of {ORDERS}: {order!r}")
+        raise InvalidConfigError.about("order", f"must be one of {ORDERS}: {order!r}")
     existing = SCHEDULER_MAPPING.get(name)
     if existing is not None and not (
         isinstance(existing, type) and issubclass(existing, PyptoScheduler)
     ):
-        raise InvalidConfigError(
-            f"'name' {name!r} is another scheduler's ({getattr(existing, '__name__', existing)}): "
-            f"registering over it would change every run that asks for it; choose another name"
+        raise InvalidConfigError.about(
+            "name",
+            f"{name!r} is another scheduler's ({getattr(existing, '__name__', existing)}): "
+            f"registering over it would change every run that asks for it; choose another name",
         )
     check_callback("on_batch", on_batch, error=InvalidConfigError)
     observers = () if on_batch is None else (on_batch,)
@@ -251,8 +252,8 @@ class PyptoScheduler(Scheduler):
             and not isinstance(safety_margin, bool)
             and 0 <= safety_margin <= 1
         ):
-            raise InvalidConfigError(
-                f"'safety_margin' must be None or a number in [0, 1]: {safety_margin!r}"
+            raise InvalidConfigError.about(
+                "safety_margin", f"must be None or a number in [0, 1]: {safety_margin!r}"
             )
         # The server's FIFO default: stop admitting prefills when under 15% of the cache is free.
         super().__init__(
@@ -284,7 +285,8 @@ class PyptoScheduler(Scheduler):
         except InvalidConfigError as error:
             raise InvalidConfigError(
                 f"the planner config does not fit the server ({token_budget} tokens a "
-                f"batch): {error}"
+                f"batch): {error}",
+                parameter=error.parameter,
             ) from error
         self._step_configs[token_budget] = config
         return config

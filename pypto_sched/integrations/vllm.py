@@ -130,9 +130,10 @@ def check_vllm_version(version: str | None = None) -> str:
     release = version.split("+", 1)[0]
     if release not in SUPPORTED_VLLM_VERSIONS:
         supported = ", ".join(SUPPORTED_VLLM_VERSIONS)
-        raise InvalidConfigError(
-            f"'vllm' must be one of the releases pypto_sched's scheduler is tested against "
-            f"({supported}): {version}"
+        raise InvalidConfigError.about(
+            "vllm",
+            f"must be one of the releases pypto_sched's scheduler is tested against "
+            f"({supported}): {version}",
         )
     return release
 
@@ -173,7 +174,8 @@ def planner_config_from_vllm(
         )
     except InvalidConfigError as error:
         raise InvalidConfigError(
-            f"vLLM's scheduler config does not fit pypto_sched's planner: {error}"
+            f"vLLM's scheduler config does not fit pypto_sched's planner: {error}",
+            parameter=error.parameter,
         ) from error
 
 

@@ -150,29 +150,29 @@ _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 def _dimension(_self: object, field: attrs.Attribute[Any], value: object) -> None:
     if type(value) is not int:
-        raise InvalidInputError(f"{field.name!r} must be an int: {value!r}")
+        raise InvalidInputError.about(field.name, f"must be an int: {value!r}")
     if value < 1:
-        raise InvalidInputError(f"{field.name!r} must be >= 1: {value}")
+        raise InvalidInputError.about(field.name, f"must be >= 1: {value}")
     if value > MAX_DIMENSION:
-        raise InvalidInputError(f"{field.name!r} must be <= {MAX_DIMENSION}: {value}")
+        raise InvalidInputError.about(field.name, f"must be <= {MAX_DIMENSION}: {value}")
 
 
 def _positive_finite(_self: object, field: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInputError(f"{field.name!r} must be a number: {value!r}")
+        raise InvalidInputError.about(field.name, f"must be a number: {value!r}")
     try:
         finite = math.isfinite(value)
     except OverflowError:  # an int too large for a float
         finite = False
     if not finite:
-        raise InvalidInputError(f"{field.name!r} must be finite: {value!r}")
+        raise InvalidInputError.about(field.name, f"must be finite: {value!r}")
     if not value > 0:
-        raise InvalidInputError(f"{field.name!r} must be > 0: {value!r}")
+        raise InvalidInputError.about(field.name, f"must be > 0: {value!r}")
 
 
 def _boolean(_self: object, field: attrs.Attribute[Any], value: object) -> None:
     if type(value) is not bool:
-        raise InvalidInputError(f"{field.name!r} must be a bool: {value!r}")
+        raise InvalidInputError.about(field.name, f"must be a bool: {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -201,12 +201,13 @@ class ModelConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
-            raise InvalidInputError(
-                "'num_attention_heads' must be a multiple of 'num_key_value_heads' "
-                f"({self.num_key_value_heads}): {self.num_attention_heads}"
+            raise InvalidInputError.about(
+                "num_attention_heads",
+                "must be a multiple of 'num_key_value_heads' "
+                f"({self.num_key_value_heads}): {self.num_attention_heads}",
             )
         if self.head_dim % 2:
-            raise InvalidInputError(f"'head_dim' must be even for rotary: {self.head_dim}")
+            raise InvalidInputError.about("head_dim", f"must be even for rotary: {self.head_dim}")
 
     @property
     def queries_per_kv_head(self) -> int:
@@ -655,8 +656,8 @@ def read_safetensors(path: str | Path, names: Iterable[str] | None = None) -> di
     """Tensors ``names`` (default: all) of the safetensors file ``path``, memory-mapped and
     read-only, each of a dtype in :data:`SAFETENSORS_DTYPES`. Nothing is unpickled."""
     if isinstance(names, str | bytes):
-        raise InvalidInputError(
-            f"'names' must be an iterable of tensor names ([name] for one): {names!r}"
+        raise InvalidInputError.about(
+            "names", f"must be an iterable of tensor names ([name] for one): {names!r}"
         )
     path = Path(path)
     header = read_safetensors_header(path)
@@ -752,17 +753,17 @@ def _check_header_metadata(metadata: object) -> None:
     if metadata is None:
         return
     if not isinstance(metadata, Mapping):
-        raise InvalidInputError(
-            f"'metadata' must map strings to strings: {type(metadata).__name__}"
+        raise InvalidInputError.about(
+            "metadata", f"must map strings to strings: {type(metadata).__name__}"
         )
     for key, value in metadata.items():
         if not (isinstance(key, str) and isinstance(value, str)):
-            raise InvalidInputError(
-                f"'metadata' must map strings to strings: {key!r} maps to {value!r}"
+            raise InvalidInputError.about(
+                "metadata", f"must map strings to strings: {key!r} maps to {value!r}"
             )
         if not (_is_unicode(key) and _is_unicode(value)):
-            raise InvalidInputError(
-                f"'metadata' must hold valid Unicode: {key!r} maps to {value!r}"
+            raise InvalidInputError.about(
+                "metadata", f"must hold valid Unicode: {key!r} maps to {value!r}"
             )
 
 

@@ -194,10 +194,12 @@ class LLM:
     ) -> None:
         self.model = Path(model)
         if not self.model.is_dir():
-            raise InvalidInputError(f"'model' must be a checkpoint directory: {str(model)!r}")
+            raise InvalidInputError.about(
+                "model", f"must be a checkpoint directory: {str(model)!r}"
+            )
         if generation_config not in ("auto", None):
-            raise InvalidInputError(
-                f"'generation_config' must be 'auto' or None: {generation_config!r}"
+            raise InvalidInputError.about(
+                "generation_config", f"must be 'auto' or None: {generation_config!r}"
             )
         knobs = {
             "max_num_batched_tokens": max_num_batched_tokens,
@@ -219,7 +221,7 @@ class LLM:
         if isinstance(backend, str):
             backend = load_backend(backend, checkpoint=str(self.model), **(backend_options or {}))
         elif backend_options:
-            raise InvalidInputError("'backend_options' are for a backend given by name")
+            raise InvalidInputError.about("backend_options", "are for a backend given by name")
         check_is_backend(backend)
         self.backend: Backend = backend
         self.eos_token_ids = eos_token_ids(self.model, vocab_size=backend.vocab_size)
@@ -323,14 +325,15 @@ class LLM:
         messages: object,
         *,
         add_generation_prompt: bool = True,
-        what: str = "'messages'",
+        what: str = "messages",
         **variables: Any,
     ) -> str:
         """The prompt text of a conversation, by the model's chat template."""
         if self.chat_template is None:
-            raise InvalidInputError(
-                f"{what}: the model has no chat template ({str(self.model)!r} has neither "
-                "chat_template.jinja nor a 'chat_template' in tokenizer_config.json)"
+            raise InvalidInputError.about(
+                what,
+                f"needs a chat template: the model has none ({str(self.model)!r} has "
+                "neither chat_template.jinja nor a 'chat_template' in tokenizer_config.json)",
             )
         check_messages(messages, what=what)
         return self.chat_template.render(
@@ -356,18 +359,20 @@ class LLM:
             return text, self._tokens(text, what, special=False)
         if _is_ids(item):
             return None, [int(t) for t in item]  # type: ignore[arg-type]
-        raise InvalidInputError(
-            f"{what!r} must be text, token ids, a conversation, or a mapping with 'prompt', "
-            f"'prompt_token_ids' or 'messages': {type(item).__name__}"
+        raise InvalidInputError.about(
+            what,
+            f"must be text, token ids, a conversation, or a mapping with 'prompt', "
+            f"'prompt_token_ids' or 'messages': {type(item).__name__}",
         )
 
     def _tokens(self, text: object, what: str, *, special: bool) -> list[int]:
         if not isinstance(text, str):
-            raise InvalidInputError(f"{what!r}: the prompt must be a string: {text!r}")
+            raise InvalidInputError.about(f"{what}['prompt']", f"must be a string: {text!r}")
         if self.tokenizer is None:
-            raise InvalidInputError(
-                f"{what!r}: text needs a tokenizer (tokenizer.json in {str(self.model)!r}); "
-                "give token ids instead"
+            raise InvalidInputError.about(
+                what,
+                f"needs a tokenizer for its text (tokenizer.json in {str(self.model)!r}); "
+                "give token ids instead",
             )
         return self.tokenizer.encode(text, add_special_tokens=special)
 
@@ -380,9 +385,9 @@ class LLM:
             return [sampling_params] * count
         params = list(sampling_params)
         if len(params) != count or not all(isinstance(p, SamplingParams) for p in params):
-            raise InvalidInputError(
-                f"'sampling_params' must be SamplingParams, one per prompt ({count}), or None: "
-                f"{sampling_params!r}"
+            raise InvalidInputError.about(
+                "sampling_params",
+                f"must be SamplingParams, one per prompt ({count}), or None: {sampling_params!r}",
             )
         return params
 
@@ -471,8 +476,8 @@ def _prompt_list(prompts: object) -> list[Prompt]:
     if _is_ids(prompts):
         return [prompts]  # type: ignore[list-item]
     if not isinstance(prompts, Sequence) or not prompts:
-        raise InvalidInputError(
-            f"'prompts' must be a prompt or a non-empty list of prompts: {prompts!r}"
+        raise InvalidInputError.about(
+            "prompts", f"must be a prompt or a non-empty list of prompts: {prompts!r}"
         )
     return list(prompts)
 

@@ -210,18 +210,20 @@ def compare_results(
     name each request's last position."""
     if isinstance(expected, ExecutionResult):
         if expected.logits is None:
-            raise InvalidInputError("'expected' must hold logits: it was run without them")
+            raise InvalidInputError.about("expected", "must hold logits: it was run without them")
         expected_logits = expected.logits
     else:
         expected_logits = expected
     reference_logits = _float_rows("expected", expected_logits)
     if not isinstance(actual, ExecutionResult):
-        raise InvalidInputError(f"'actual' must be an ExecutionResult: {type(actual).__name__}")
+        raise InvalidInputError.about(
+            "actual", f"must be an ExecutionResult: {type(actual).__name__}"
+        )
     if actual.logits is None and actual.greedy_token_ids is None:
-        raise InvalidInputError("'actual' must hold logits or greedy ids: it holds neither")
+        raise InvalidInputError.about("actual", "must hold logits or greedy ids: it holds neither")
     for name, value in (("tolerance", tolerance), ("relative_tolerance", relative_tolerance)):
         if not is_tolerance(value):
-            raise InvalidInputError(f"{name!r} must be a finite real number >= 0: {value!r}")
+            raise InvalidInputError.about(name, f"must be a finite real number >= 0: {value!r}")
     num_requests = reference_logits.shape[0]
     scales = _scales(reference_logits)
     positions = _last_positions(prompt_lengths, num_requests)
@@ -230,18 +232,18 @@ def compare_results(
     if actual.logits is not None:
         logits = _float_rows("actual.logits", actual.logits)
         if logits.shape != reference_logits.shape:
-            raise InvalidInputError(
-                f"'actual.logits' must have the reference's shape {reference_logits.shape}: "
-                f"{logits.shape}"
+            raise InvalidInputError.about(
+                "actual.logits",
+                f"must have the reference's shape {reference_logits.shape}: {logits.shape}",
             )
         difference, columns = _row_differences(logits, reference_logits)
     greedy = agrees = consistent = None
     if actual.greedy_token_ids is not None:
         greedy = np.asarray(actual.greedy_token_ids).astype(np.int64)
         if greedy.shape != (num_requests,):
-            raise InvalidInputError(
-                f"'actual.greedy_token_ids' must have one id per request ({num_requests}): "
-                f"shape {greedy.shape}"
+            raise InvalidInputError.about(
+                "actual.greedy_token_ids",
+                f"must have one id per request ({num_requests}): shape {greedy.shape}",
             )
         agrees, _ = greedy_ids_agree(
             reference_logits, greedy, tolerance=tolerance, relative_tolerance=relative_tolerance
@@ -306,14 +308,14 @@ def verify_against_one_shot(
     """
     check_is_backend(backend)
     if not isinstance(schedule, Schedule):
-        raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
+        raise InvalidInputError.about("schedule", f"must be a Schedule: {type(schedule).__name__}")
     if chunked is None:
         chunked = _run_chunked(
             schedule, backend, token_ids, input_embeddings, page_size, on_dispatch
         )
     elif not isinstance(chunked, ExecutionResult):
-        raise InvalidInputError(
-            f"'chunked' must be an ExecutionResult or None: {type(chunked).__name__}"
+        raise InvalidInputError.about(
+            "chunked", f"must be an ExecutionResult or None: {type(chunked).__name__}"
         )
     one_shot = execute_schedule(
         plan_one_shot(schedule.prompt_lengths),
@@ -370,9 +372,10 @@ def _run_chunked(
 def _float_rows(name: str, values: object) -> F64:
     array = np.asarray(values)
     if array.ndim != 2 or array.dtype.kind != "f":
-        raise InvalidInputError(
-            f"{name!r} must be a float array [num_requests, vocab_size]: shape {array.shape}, "
-            f"dtype {array.dtype}"
+        raise InvalidInputError.about(
+            name,
+            f"must be a float array [num_requests, vocab_size]: shape {array.shape}, "
+            f"dtype {array.dtype}",
         )
     return array.astype(np.float64)
 
@@ -382,9 +385,9 @@ def _last_positions(lengths: object, num_requests: int) -> npt.NDArray[np.int64]
         return None
     array = np.asarray(lengths, dtype=np.int64)
     if array.shape != (num_requests,):
-        raise InvalidInputError(
-            f"'prompt_lengths' must have one entry per request ({num_requests}): "
-            f"shape {array.shape}"
+        raise InvalidInputError.about(
+            "prompt_lengths",
+            f"must have one entry per request ({num_requests}): shape {array.shape}",
         )
     return read_only(array - 1)
 

@@ -52,7 +52,9 @@ class ChatTemplate:
         self, source: str, *, special_tokens: Mapping[str, str] | None = None, where: str = ""
     ) -> None:
         if not isinstance(source, str):
-            raise InvalidInputError(f"'source' must be a template string: {type(source).__name__}")
+            raise InvalidInputError.about(
+                "source", f"must be a template string: {type(source).__name__}"
+            )
         self.source = source
         self.special_tokens = dict(special_tokens or {})
         self.where = where or "the chat template"
@@ -126,20 +128,24 @@ class ChatTemplate:
         return f"ChatTemplate({self.where})"
 
 
-def check_messages(messages: object, *, what: str = "'messages'") -> None:
+def check_messages(messages: object, *, what: str = "messages") -> None:
     """Refuse anything but a non-empty list of messages, each a mapping with a string
-    ``"role"`` (an :class:`~pypto_sched.InvalidInputError` naming ``what``)."""
+    ``"role"`` (an :class:`~pypto_sched.InvalidInputError` about ``what``: ``"messages"``,
+    or an item of another argument, ``"prompts[2]['messages']"``)."""
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not messages:
-        raise InvalidInputError(
-            f"{what} must be a non-empty list of messages: {type(messages).__name__}"
+        raise InvalidInputError.about(
+            what, f"must be a non-empty list of messages: {type(messages).__name__}"
         )
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            raise InvalidInputError(
-                f"{what}[{i}] must be a message, an object with a 'role': {type(message).__name__}"
+            raise InvalidInputError.about(
+                f"{what}[{i}]",
+                f"must be a message, an object with a 'role': {type(message).__name__}",
             )
         if not isinstance(message.get("role"), str):
-            raise InvalidInputError(f"{what}[{i}] must have a string 'role': {dict(message)!r}")
+            raise InvalidInputError.about(
+                f"{what}[{i}]", f"must have a string 'role': {dict(message)!r}"
+            )
 
 
 def _compile(source: str, where: str) -> Any:

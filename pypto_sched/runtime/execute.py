@@ -185,7 +185,7 @@ def execute_schedule_with_options(
     non-finite input embeddings through to the backend (the conformance check hands it NaN
     ones to see that it refuses its NaN logits)."""
     if not isinstance(schedule, Schedule):
-        raise InvalidInputError(f"'schedule' must be a Schedule: {type(schedule).__name__}")
+        raise InvalidInputError.about("schedule", f"must be a Schedule: {type(schedule).__name__}")
     check_is_backend(backend)
     schedule.validate()
     check_callback("on_dispatch", on_dispatch)
@@ -202,10 +202,11 @@ def execute_schedule_with_options(
     tables = _block_tables(schedule, block_tables, page_size)
     if cache is None and schedule.num_computed_tokens.any():
         r = int(np.flatnonzero(schedule.num_computed_tokens)[0])
-        raise InvalidInputError(
-            f"'cache' must be given when the schedule has cached prefixes: request {r} has "
+        raise InvalidInputError.about(
+            "cache",
+            f"must be given when the schedule has cached prefixes: request {r} has "
             f"num_computed_tokens {int(schedule.num_computed_tokens[r])}, and a new cache "
-            f"would be empty; fill one with write_prefixes (or your prefix cache) and pass it"
+            f"would be empty; fill one with write_prefixes (or your prefix cache) and pass it",
         )
     if cache is None:
         cache = make_cache(backend, num_pages=tables.num_pages, page_size=tables.page_size)
@@ -338,16 +339,18 @@ def _embeddings(
     for r, prompt in enumerate(prompts):
         array = np.asarray(prompt)
         if array.ndim != 2 or array.shape[1] != hidden_size or array.dtype.kind != "f":
-            raise InvalidInputError(
-                f"'input_embeddings[{r}]' must be a float array [length, {hidden_size}]: "
-                f"shape {array.shape}, dtype {array.dtype}"
+            raise InvalidInputError.about(
+                f"input_embeddings[{r}]",
+                f"must be a float array [length, {hidden_size}]: "
+                f"shape {array.shape}, dtype {array.dtype}",
             )
         _check_length(f"input_embeddings[{r}]", array, int(schedule.prompt_lengths[r]))
         if finite and not np.isfinite(array).all():
             position = int(np.argmin(np.isfinite(array).all(axis=1)))
-            raise InvalidInputError(
-                f"'input_embeddings[{r}]' must be finite: position {position} holds "
-                f"{array[position][~np.isfinite(array[position])][0]}"
+            raise InvalidInputError.about(
+                f"input_embeddings[{r}]",
+                f"must be finite: position {position} holds "
+                f"{array[position][~np.isfinite(array[position])][0]}",
             )
         checked.append(array)
     return checked
@@ -359,20 +362,20 @@ def _per_request(
     """``values``, a sequence (not text) or an array of one entry per request (``count`` of
     them, when given)."""
     if not isinstance(values, Sequence | np.ndarray) or isinstance(values, str | bytes):
-        raise InvalidInputError(
-            f"{name!r} must hold one entry per request: {type(values).__name__}"
+        raise InvalidInputError.about(
+            name, f"must hold one entry per request: {type(values).__name__}"
         )
     if count is not None and len(values) != count:
-        raise InvalidInputError(
-            f"{name!r} must hold one entry per request ({count}): {len(values)} entries"
+        raise InvalidInputError.about(
+            name, f"must hold one entry per request ({count}): {len(values)} entries"
         )
     return values
 
 
 def _check_length(name: str, array: npt.NDArray[Any], length: int) -> None:
     if array.shape[0] != length:
-        raise InvalidInputError(
-            f"{name!r} must cover the whole prompt, {length} tokens: {array.shape[0]}"
+        raise InvalidInputError.about(
+            name, f"must cover the whole prompt, {length} tokens: {array.shape[0]}"
         )
 
 
@@ -386,26 +389,28 @@ def _block_tables(
         pages = int((-(-schedule.prompt_lengths // page_size)).sum())
         return plan_pages(schedule.prompt_lengths, page_size=page_size, num_pages=pages)
     if not isinstance(block_tables, BlockTables):
-        raise InvalidInputError(
-            f"'block_tables' must be BlockTables: {type(block_tables).__name__}"
+        raise InvalidInputError.about(
+            "block_tables", f"must be BlockTables: {type(block_tables).__name__}"
         )
     if page_size is not None and page_size != block_tables.page_size:
-        raise InvalidInputError(
-            f"'page_size' must match the block tables' page size {block_tables.page_size}: "
-            f"{page_size}"
+        raise InvalidInputError.about(
+            "page_size",
+            f"must match the block tables' page size {block_tables.page_size}: {page_size}",
         )
     if block_tables.num_requests != schedule.num_requests:
-        raise InvalidInputError(
-            f"'block_tables' must hold one table per request ({schedule.num_requests}): "
-            f"{block_tables.num_requests}"
+        raise InvalidInputError.about(
+            "block_tables",
+            f"must hold one table per request ({schedule.num_requests}): "
+            f"{block_tables.num_requests}",
         )
     short = block_tables.capacity < schedule.prompt_lengths
     if short.any():
         r = int(np.flatnonzero(short)[0])
-        raise CacheTooSmallError(
-            f"'block_tables' must hold every prompt: request {r} has "
+        raise CacheTooSmallError.about(
+            "block_tables",
+            f"must hold every prompt: request {r} has "
             f"{int(schedule.prompt_lengths[r])} tokens, its pages hold "
-            f"{int(block_tables.capacity[r])}"
+            f"{int(block_tables.capacity[r])}",
         )
     return block_tables
 

@@ -253,15 +253,17 @@ def read_prompts(
     :class:`~pypto_sched.InvalidInputError` naming it, before any line is read.
     """
     if not isinstance(data, str | bytes):
-        raise InvalidInputError(f"'data' must be JSON Lines, str or bytes: {type(data).__name__}")
+        raise InvalidInputError.about(
+            "data", f"must be JSON Lines, str or bytes: {type(data).__name__}"
+        )
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, min_value=1)
     vocab_size = check_int("vocab_size", vocab_size, min_value=1)
     if max_positions is not None:
         max_positions = check_int("max_positions", max_positions, min_value=1)
     sampling = SamplingParams() if sampling is None else sampling
     if not isinstance(sampling, SamplingParams):
-        raise InvalidInputError(
-            f"'sampling' must be SamplingParams or None: {type(sampling).__name__}"
+        raise InvalidInputError.about(
+            "sampling", f"must be SamplingParams or None: {type(sampling).__name__}"
         )
     context = _Context(max_new_tokens, vocab_size, tokenizer, sampling, chat_template)
     if isinstance(data, bytes):
@@ -294,8 +296,8 @@ def output_lines(result: GenerationResult, *, tokenizer: TextCodec | None = None
     """The output format, one JSON line per request in input order (without newlines): each
     :func:`output_line`."""
     if not isinstance(result, GenerationResult):
-        raise InvalidInputError(
-            f"'result' must be a GenerationResult: {result!r} ({type(result).__name__})"
+        raise InvalidInputError.about(
+            "result", f"must be a GenerationResult: {result!r} ({type(result).__name__})"
         )
     for index, sequence in enumerate(result.sequences):
         yield output_line(index, sequence, tokenizer=tokenizer)

@@ -207,18 +207,18 @@ def check_backend(
         ("generation_examples", generation_examples),
     ):
         if type(count) is not int or count < 0:
-            raise InvalidInputError(f"{option!r} must be an int >= 0: {count!r}")
+            raise InvalidInputError.about(option, f"must be an int >= 0: {count!r}")
     if max_examples + generation_examples == 0:
         raise InvalidInputError(
             "'max_examples' and 'generation_examples' must not both be 0: nothing would be checked"
         )
     sizes = tuple(page_sizes) if isinstance(page_sizes, Sequence) else ()
     if not sizes or any(type(size) is not int or size < 1 for size in sizes):
-        raise InvalidInputError(
-            f"'page_sizes' must be a non-empty sequence of ints >= 1: {page_sizes!r}"
+        raise InvalidInputError.about(
+            "page_sizes", f"must be a non-empty sequence of ints >= 1: {page_sizes!r}"
         )
     if name is not None and not isinstance(name, str):
-        raise InvalidInputError(f"'name' must be a str or None: {name!r}")
+        raise InvalidInputError.about("name", f"must be a str or None: {name!r}")
     check_callback("oracle", oracle)
     seed = check_int("seed", seed, min_value=0, max_value=2**63 - 1)
     _check_metadata(backend, name)
@@ -227,8 +227,8 @@ def check_backend(
         ("oracle_relative_tolerance", oracle_relative_tolerance),
     ):
         if value is not None and not is_tolerance(value):
-            raise InvalidInputError(
-                f"{option!r} must be a finite real number >= 0 or None: {value!r}"
+            raise InvalidInputError.about(
+                option, f"must be a finite real number >= 0 or None: {value!r}"
             )
     tolerance = Tolerance.of(backend)
     oracle_allows = Tolerance(

@@ -120,8 +120,8 @@ class PagedKVCache:
         order = "KV heads first" if heads_first else "slots first"
         expected = f"{num_layers} layers of {list(shape)} {dtype} on {device}, {order}"
         if len(self.layers) != num_layers:
-            raise InvalidInputError(
-                f"'cache' must have this backend's layout ({expected}): {len(self.layers)} layers"
+            raise InvalidInputError.about(
+                "cache", f"must have this backend's layout ({expected}): {len(self.layers)} layers"
             )
         for index, layer in enumerate(self.layers):
             for name, pages in (("key", layer.key), ("value", layer.value)):
@@ -131,9 +131,10 @@ class PagedKVCache:
                     found = f"strides {list(pages.stride())}"
                 else:
                     continue
-                raise InvalidInputError(
-                    f"'cache' must have this backend's layout ({expected}): layer {index} "
-                    f"{name} pages {found}"
+                raise InvalidInputError.about(
+                    "cache",
+                    f"must have this backend's layout ({expected}): layer {index} "
+                    f"{name} pages {found}",
                 )
 
     def check_fits(self, arrays: DispatchArrays) -> None:
@@ -160,8 +161,8 @@ class PagedKVCache:
         fills pages by hand (an external prefix cache) does before dispatches read them."""
         given = np.asarray(slots, dtype=np.int64).ravel()
         if given.size and not 0 <= int(given.min()) <= int(given.max()) < self.num_slots:
-            raise InvalidInputError(
-                f"'slots' must be in [0, {self.num_slots}): {int(given.min())}..{int(given.max())}"
+            raise InvalidInputError.about(
+                "slots", f"must be in [0, {self.num_slots}): {int(given.min())}..{int(given.max())}"
             )
         np.maximum.at(self.filled, given // self.page_size, given % self.page_size + 1)
 

@@ -167,7 +167,7 @@ class NpuBackend:
     def new_cache(self, *, num_pages: int, page_size: int) -> PagedKVCache:
         for name, value in (("num_pages", num_pages), ("page_size", page_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name!r} must be an int >= 1: {value!r}")
+                raise InvalidInputError.about(name, f"must be an int >= 1: {value!r}")
         self._model.ops.check_page_size(page_size)
         return PagedKVCache.allocate(
             num_pages=num_pages, page_size=page_size, **self._cache_layout()
@@ -196,17 +196,18 @@ class NpuBackend:
         ids = np.asarray(token_ids)
         bad_shape = ids.shape != (count,) or (ids.size and ids.dtype.kind not in "iu")
         if bad_shape or (ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab_size):
-            raise InvalidInputError(
-                f"'token_ids' must be {count} ids in [0, {self.vocab_size}): shape "
+            raise InvalidInputError.about(
+                "token_ids",
+                f"must be {count} ids in [0, {self.vocab_size}): shape "
                 f"{list(ids.shape)}, dtype {ids.dtype}, values "
-                f"{ids.min() if ids.size else None}..{ids.max() if ids.size else None}"
+                f"{ids.min() if ids.size else None}..{ids.max() if ids.size else None}",
             )
         return ids.astype(np.int64)
 
     def run_dispatch(self, batch: DispatchInput, cache: Any) -> DispatchOutput:
         if not isinstance(cache, PagedKVCache):
-            raise InvalidInputError(
-                f"'cache' must come from this backend's new_cache: {type(cache).__name__}"
+            raise InvalidInputError.about(
+                "cache", f"must come from this backend's new_cache: {type(cache).__name__}"
             )
         # Another backend's cache may hold another model's pages (layers, KV heads, head_dim),
         # in another dtype or on another device, or pages these ops cannot take.
@@ -234,8 +235,8 @@ class NpuBackend:
             return self._model.embed(torch.from_numpy(ids).to(self.device))
         given = np.asarray(batch.input_embeddings)
         if given.shape != (tokens, self.hidden_size):
-            raise InvalidInputError(
-                f"'input_embeddings' must be [{tokens}, {self.hidden_size}]: {list(given.shape)}"
+            raise InvalidInputError.about(
+                "input_embeddings", f"must be [{tokens}, {self.hidden_size}]: {list(given.shape)}"
             )
         return torch.from_numpy(np.array(given, copy=True)).to(self.device, self.dtype)
 
@@ -340,7 +341,7 @@ def _dtype(value: str | torch.dtype) -> torch.dtype:
         return value
     if isinstance(value, str) and value in DTYPES:
         return DTYPES[value]
-    raise InvalidInputError(f"'dtype' must be one of {sorted(DTYPES)}: {value!r}")
+    raise InvalidInputError.about("dtype", f"must be one of {sorted(DTYPES)}: {value!r}")
 
 
 #: The device types each backend runs on: the NPU (the CPU as the fallback), and CUDA.
@@ -363,14 +364,16 @@ def _device(value: str | torch.device, allowed: tuple[str, ...]) -> torch.device
             hint = " (the 'torch' backend runs on CUDA)"
         elif device.type == "npu":
             hint = " (the 'npu' backend runs on NPUs)"
-        raise InvalidInputError(
-            f"'device' must be {_DEVICE_NAMES[allowed]} device (type "
-            f"{' or '.join(map(repr, allowed))}){hint}: {value!r}"
+        raise InvalidInputError.about(
+            "device",
+            f"must be {_DEVICE_NAMES[allowed]} device (type "
+            f"{' or '.join(map(repr, allowed))}){hint}: {value!r}",
         )
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError(
-            f"'device' {value!r} needs a CUDA device, and torch sees none "
-            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}): {value!r}"
+        raise InvalidInputError.about(
+            "device",
+            f"{value!r} needs a CUDA device, and torch sees none "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}): {value!r}",
         )
     return device
 
@@ -387,8 +390,8 @@ def _parsed_device(value: str | torch.device) -> torch.device:
             return torch.device(value)
         except RuntimeError:  # torch's message lists every device type it knows
             pass
-    raise InvalidInputError(
-        f"'device' must be a torch device such as 'cpu', 'cuda:0' or 'npu:0': {value!r}"
+    raise InvalidInputError.about(
+        "device", f"must be a torch device such as 'cpu', 'cuda:0' or 'npu:0': {value!r}"
     )
 
 

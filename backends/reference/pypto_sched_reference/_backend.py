@@ -89,14 +89,14 @@ class ReferenceBackend:
         tokens = batch.arrays.num_tokens
         ids = np.asarray(batch.token_ids)
         if ids.shape != (tokens,):
-            raise InvalidModelError(f"'token_ids' must have shape ({tokens},): {ids.shape}")
+            raise InvalidModelError.about("token_ids", f"must have shape ({tokens},): {ids.shape}")
         if batch.input_embeddings is None:
             x = self.embed(ids)
         else:
             x = np.asarray(batch.input_embeddings, dtype=self.dtype)
             if x.shape != (tokens, self.hidden_size):
-                raise InvalidModelError(
-                    f"'input_embeddings' must have shape ({tokens}, {self.hidden_size}): {x.shape}"
+                raise InvalidModelError.about(
+                    "input_embeddings", f"must have shape ({tokens}, {self.hidden_size}): {x.shape}"
                 )
         hidden = final_hidden(self.weights, x, cache=cache, arrays=batch.arrays)
         if not (batch.return_logits or batch.return_greedy):
@@ -115,15 +115,16 @@ class ReferenceBackend:
         if ids.dtype.kind not in "iu" or (
             ids.size and not 0 <= ids.min() <= ids.max() < self.vocab_size
         ):
-            raise InvalidModelError(
-                f"'token_ids' must be ints in [0, {self.vocab_size}): dtype {ids.dtype}, "
-                f"range [{ids.min() if ids.size else None}, {ids.max() if ids.size else None}]"
+            raise InvalidModelError.about(
+                "token_ids",
+                f"must be ints in [0, {self.vocab_size}): dtype {ids.dtype}, "
+                f"range [{ids.min() if ids.size else None}, {ids.max() if ids.size else None}]",
             )
 
     def _check_cache(self, cache: object) -> None:
         if not isinstance(cache, PagedKVCache):
-            raise CacheWriteError(
-                f"'cache' must be a PagedKVCache from new_cache(): {type(cache).__name__}"
+            raise CacheWriteError.about(
+                "cache", f"must be a PagedKVCache from new_cache(): {type(cache).__name__}"
             )
         expected = (
             self.config.num_hidden_layers,
@@ -132,9 +133,10 @@ class ReferenceBackend:
             self.config.head_dim,
         )
         if cache.keys.shape != expected or cache.keys.dtype != self.dtype:
-            raise CacheWriteError(
-                f"'cache' must be built by this backend: shape {cache.keys.shape}, dtype "
-                f"{cache.keys.dtype}; expected {expected}, {self.dtype}"
+            raise CacheWriteError.about(
+                "cache",
+                f"must be built by this backend: shape {cache.keys.shape}, dtype "
+                f"{cache.keys.dtype}; expected {expected}, {self.dtype}",
             )
 
 

@@ -47,7 +47,7 @@ class PagedKVCache:
     ) -> PagedKVCache:
         for name, value in (("num_pages", num_pages), ("page_size", page_size)):
             if type(value) is not int or value < 1:
-                raise CacheWriteError(f"{name!r} must be an int >= 1: {value!r}")
+                raise CacheWriteError.about(name, f"must be an int >= 1: {value!r}")
         shape = (
             config.num_hidden_layers,
             num_pages * page_size,

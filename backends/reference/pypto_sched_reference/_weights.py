@@ -99,7 +99,9 @@ class Weights:
     def random(cls, config: ModelConfig, *, seed: int, dtype: str = "float64") -> Weights:
         """Weights drawn from ``seed`` (an int >= 0), scaled so activations stay of order one."""
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise InvalidModelError(f"'seed' must be an int >= 0: {seed!r} ({type(seed).__name__})")
+            raise InvalidModelError.about(
+                "seed", f"must be an int >= 0: {seed!r} ({type(seed).__name__})"
+            )
         rng = np.random.default_rng(seed)
 
         def draw(role: str, shape: tuple[int, ...]) -> Array:
@@ -171,7 +173,7 @@ _FIELDS = tuple(field.name for field in attrs.fields(LayerWeights))
 
 def _dtype(name: str) -> type[np.floating[Any]]:
     if not isinstance(name, str) or name not in DTYPES:
-        raise InvalidModelError(f"'dtype' must be one of {sorted(DTYPES)}: {name!r}")
+        raise InvalidModelError.about("dtype", f"must be one of {sorted(DTYPES)}: {name!r}")
     return DTYPES[name]
 
 

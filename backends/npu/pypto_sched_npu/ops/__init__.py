@@ -41,13 +41,14 @@ TAKES_CPU_TENSORS = "TAKES_CPU_TENSORS"
 def select_ops(device: torch.device, *, choice: OpsChoice = "auto") -> Ops:
     """The ops for tensors on ``device``: ``"auto"`` picks by device type."""
     if choice not in OPS_CHOICES:
-        raise InvalidInputError(f"'ops' must be one of {OPS_CHOICES}: {choice!r}")
+        raise InvalidInputError.about("ops", f"must be one of {OPS_CHOICES}: {choice!r}")
     if choice == "torch" or (choice == "auto" and device.type != "npu"):
         return TorchOps()
     module = torch_npu_module()
     if device.type != "npu" and not getattr(module, TAKES_CPU_TENSORS, False):
         raise InvalidInputError(
             f"'ops'='npu' needs an npu device: torch_npu's kernels take NPU tensors, so "
-            f"pass device='npu' (or ops='torch' to run on {device.type}): device {device}"
+            f"pass device='npu' (or ops='torch' to run on {device.type}): device {device}",
+            parameter="ops",
         )
     return NpuOps(module)

@@ -166,10 +166,11 @@ class NpuOps:
     def check_page_size(self, page_size: int) -> None:
         """Both attention calls take pages of 128 slots (see the module docstring)."""
         if page_size != PAGE_SIZE:
-            raise InvalidInputError(
-                f"'page_size' must be {PAGE_SIZE} for npu_fused_infer_attention_score (the "
+            raise InvalidInputError.about(
+                "page_size",
+                f"must be {PAGE_SIZE} for npu_fused_infer_attention_score (the "
                 f"one block size its prefill and decode calls take in every documented "
-                f"version): {page_size}"
+                f"version): {page_size}",
             )
 
     def prefill_problem(self, shape: AttentionShape, page_dtype: torch.dtype) -> str | None:
