@@ -27,9 +27,13 @@ Every ``schedule()``:
 
 1. *Plan.* :func:`~pypto_sched.plan_step` plans the prefill rows, with the running requests
    that are not in the state (the decodes) reserved: their tokens (with speculative tokens)
-   and a row each. vLLM's own ``long_prefill_token_threshold`` is switched off inside the
-   scheduler (its copy of the scheduler config), so the planner's threshold rules apply (the
-   policy's cap, ``packed``'s work-conserving tail).
+   and a row each. (vLLM's running loop places those rows before any prefill, the
+   decode-first rule of :func:`~pypto_sched.decode_rows_first`, so the adapter only counts
+   them: a reservation above the dispatch leaves the prefill no room, as the rule would.
+   Calling the rule would walk every running request each step.) vLLM's own
+   ``long_prefill_token_threshold`` is switched off inside the scheduler (its copy of the
+   scheduler config), so the planner's threshold rules apply (the policy's cap,
+   ``packed``'s work-conserving tail).
 2. *Admission.* The planner starts requests in its queue's order; vLLM starts its
    KV-holding waiting requests first, then its waiting queue's head (by priority under
    ``policy="priority"``), passing over requests blocked on a grammar, a KV transfer or a
