@@ -233,5 +233,7 @@ def test_token_logprobs_match_a_log_softmax(values: list[float], data: st.DataOb
     expected = [v - math.log(sum(math.exp(w) for w in values)) for v in values]
     assert logprob == pytest.approx(expected[token], abs=1e-9)
     assert len(ids) == min(top, len(values))  # every token when top is more than the row
-    assert list(ids) == sorted(range(len(values)), key=lambda i: (-expected[i], i))[:top]
+    assert len(set(ids.tolist())) == len(ids)
+    # The likeliest first (which of two within rounding comes first is the computation's).
+    assert top_logprobs == pytest.approx(sorted(expected, reverse=True)[:top], abs=1e-9)
     assert top_logprobs == pytest.approx([expected[i] for i in ids], abs=1e-9)
