@@ -424,20 +424,25 @@ class _Planner:
             self.apply_what_ran(sched, step, num_scheduled_tokens)
             return
         self.state = plan.state
+        self.advance(plan.rows)
+        self.admission_refused = False
+
+    def advance(self, rows: Mapping[str, StepChunk]) -> None:
+        """Note in :attr:`progress` and :attr:`waiting` that ``rows`` ran (the state has
+        applied them)."""
         progress = self.progress
-        for request_id, ran in plan.rows.items():
+        for request_id, ran in rows.items():
             if ran.is_final:
                 del progress[request_id]
             else:
                 progress[request_id] = (progress[request_id][0], ran.start + ran.length)
-        self.waiting.difference_update(plan.rows)
-        self.admission_refused = False
+        self.waiting.difference_update(rows)
 
     def apply_what_ran(self, sched: Any, step: _Step, num_scheduled_tokens: dict[str, int]) -> None:
         """Apply the chunks vLLM scheduled where they differ from the plan (a row refused
         for KV blocks, a request moved by the prefix cache, a preemption)."""
         plan = step.plan
-        requests, progress, waiting_ids = sched.requests, self.progress, self.waiting
+        requests, progress = sched.requests, self.progress
         rows: dict[str, StepChunk] = {}
         as_planned = True
         for request_id, chunk in plan.rows.items():
@@ -461,12 +466,7 @@ class _Planner:
         if rows:
             # (The plan itself when every row ran as planned: evolve checks its rows again.)
             self.state = self.state.apply(plan if as_planned else attrs.evolve(plan, rows=rows))
-            for request_id, ran in rows.items():
-                waiting_ids.discard(request_id)
-                if ran.is_final:
-                    del progress[request_id]
-                else:
-                    progress[request_id] = (progress[request_id][0], ran.end)
+            self.advance(rows)
         refused = not as_planned and any(
             request_id not in rows and requests[request_id].status in _STARTABLE
             for request_id in step.admissions
