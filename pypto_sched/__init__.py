@@ -6,7 +6,6 @@ kernel arrays with :func:`dispatch_arrays`, and run it with a backend. Generate 
 or chat messages.
 """
 
-import importlib
 import typing
 import warnings
 
@@ -19,6 +18,7 @@ from .backends import (
     refresh_backends,
 )
 from .core._arrays import dispatch_arrays
+from .core._arrays import step_arrays as _step_arrays
 from .core._config import POLICIES, PlannerConfig, Policy
 from .core._dispatch import DispatchArrays
 from .core._errors import (
@@ -139,16 +139,14 @@ __all__ = [
     "verify_against_one_shot",
 ]
 
-#: Retired public names -> (the module that holds the object, its name there). Reading one
-#: warns (``DeprecationWarning``) and returns it; none is in ``__all__``. ``StepDone`` is
+#: Retired public names -> (what reading one returns, the name to use instead). Reading one
+#: warns (``DeprecationWarning``); none is in ``__all__``. ``StepDone`` is
 #: :class:`DispatchDone` itself; ``step_arrays`` keeps its own signature and calls
 #: :func:`dispatch_arrays`.
-_RETIRED_NAMES = {
-    "StepDone": ("pypto_sched.runtime.execute", "DispatchDone"),
-    "step_arrays": ("pypto_sched.core._arrays", "step_arrays"),
+_RETIRED_NAMES: dict[str, tuple[object, str]] = {
+    "StepDone": (DispatchDone, "DispatchDone"),
+    "step_arrays": (_step_arrays, "dispatch_arrays"),
 }
-#: What to use instead of each retired name.
-_REPLACEMENTS = {"StepDone": "DispatchDone", "step_arrays": "dispatch_arrays"}
 
 if typing.TYPE_CHECKING:  # (type checkers see the retired names' types, not __getattr__'s)
     from .core._arrays import step_arrays as step_arrays
@@ -159,10 +157,10 @@ if typing.TYPE_CHECKING:  # (type checkers see the retired names' types, not __g
 def __getattr__(name: str) -> object:
     if name not in _RETIRED_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value, replacement = _RETIRED_NAMES[name]
     warnings.warn(
-        f"pypto_sched.{name} is deprecated: use pypto_sched.{_REPLACEMENTS[name]}",
+        f"pypto_sched.{name} is deprecated: use pypto_sched.{replacement}",
         DeprecationWarning,
         stacklevel=2,
     )
-    module, attribute = _RETIRED_NAMES[name]
-    return getattr(importlib.import_module(module), attribute)
+    return value
