@@ -65,15 +65,20 @@ class Cost(NamedTuple):
 
 
 def measure_cost(in_flight: int, steps: int, seed: int, max_tokens: int) -> Cost:
-    rng = random.Random(seed)
     drivers = {side: Driver(build(cls, COST_KNOBS)) for side, cls in SIDES.items()}
-    next_id = 0
+    # Each side draws its own arrivals from the same seed: the n-th request a side gets is
+    # the same on every side, whenever it comes.
+    rngs = {side: random.Random(seed) for side in SIDES}
+    arrivals = dict.fromkeys(SIDES, 0)
+
+    def arrive(side: str) -> None:
+        n = arrivals[side] = arrivals[side] + 1
+        length = rngs[side].randint(64, 2048)
+        drivers[side].add(str(n), length, max_tokens=max_tokens, fill=n)
 
     for _ in range(in_flight):
-        length = rng.randint(64, 2048)
-        for driver in drivers.values():
-            driver.add(str(next_id), length, max_tokens=max_tokens, fill=next_id)
-        next_id += 1
+        for side in SIDES:
+            arrive(side)
     samples: dict[str, list[int]] = {side: [] for side in SIDES}
     done = dict.fromkeys(SIDES, 0)
     order = list(SIDES)
@@ -89,11 +94,9 @@ def measure_cost(in_flight: int, steps: int, seed: int, max_tokens: int) -> Cost
             done[side] = len(driver.finished) - before
         # Each side keeps `in_flight` requests: a new one for every one that finished (the
         # sides finish at different rates; the arrivals are topped up per side).
-        for side, driver in drivers.items():
+        for side in SIDES:
             for _ in range(done[side]):
-                length = rng.randint(64, 2048)
-                driver.add(f"{side}-{next_id}", length, max_tokens=max_tokens, fill=next_id)
-                next_id += 1
+                arrive(side)
     return Cost(in_flight, {side: statistics.median(s) / 1000 for side, s in samples.items()})
 
 
