@@ -146,6 +146,7 @@ class History:
     snapshots: list[tuple[PrefillState[int], tuple[object, ...]]] = attrs.field(factory=list)
 
     def remember(self) -> None:
+        self.check_state()  # after every action, an add or a removal as well as a step
         self.snapshots.append((self.state, snapshot(self.state)))
 
     def add(self, length: int, cached: int) -> None:
@@ -337,6 +338,11 @@ class History:
         if self.config.max_num_partial_prefills is not None:
             started = sum(request.is_started for request in state.values())
             assert started <= self.config.max_num_partial_prefills
+        # Every record of the map has one live entry in the queue: a step reads the head
+        # without a lookup when the queue is no longer than the map (_live_head).
+        requests, queue = state._requests, state._queue
+        live = [record.id for record in queue if requests.get(record.id) is record]
+        assert sorted(live) == sorted(key for key, _ in requests.items())
 
 
 def run_history(data: st.DataObject, config: PlannerConfig, *, reserve: bool) -> History:

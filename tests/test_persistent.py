@@ -149,7 +149,7 @@ def test_a_map_growing_past_a_flat_dict_and_shrinking_back_agrees_with_a_dict(
         max_size=60,
     )
 )
-def test_a_ranked_queue_knows_its_two_highest_ranks_after_any_pushes_and_pops(
+def test_a_ranked_queue_knows_its_length_and_two_highest_ranks_after_any_change(
     operations: list[tuple[str, int]],
 ) -> None:
     queue: PersistentQueue[tuple[int, int]] = PersistentQueue(lambda item: item[0])
@@ -167,7 +167,9 @@ def test_a_ranked_queue_knows_its_two_highest_ranks_after_any_pushes_and_pops(
         elif model:
             queue, model = queue.pop(), model[1:]
         assert list(queue) == model
+        assert len(queue) == len(model)
         assert list(before) == saved  # the old queue is unchanged
+        assert len(before) == len(saved)
         rank1, item1, rank2, item2 = queue.best()
         ranks = [*sorted((r for r, _ in model), reverse=True), -1, -1]
         assert (rank1, rank2) == (ranks[0], ranks[1])

@@ -18,11 +18,12 @@ requests in the queue are also in a persistent map from id to record, which make
 ``remove`` and ``in`` cost ``O(log32 n)`` (plus a scan of ``packed``'s started requests,
 which live in a small tuple that each step rewrites). A removed request's queue entry is left
 in place and skipped when it reaches the head: an entry is live only while the map holds that
-very record; ``apply`` drops the entries of the requests it admitted off the queue's head, as
-a step's admissions pop them, so a server that applies every plan to a newer state does not
-walk them again at each step. ``discard_all`` deletes a few requests from the map and makes
-the queue's summary of its two longest live once; dropping many, it rebuilds the state of
-the others in one pass.
+very record (the queue counts its entries: while it holds no more than the map holds records,
+none is dead, and a step takes its head without a lookup); ``apply`` drops the entries of the
+requests it admitted off the queue's head, as a step's admissions pop them, so a server that
+applies every plan to a newer state does not walk them again at each step. ``discard_all``
+deletes a few requests from the map and makes the queue's summary of its two longest live
+once; dropping many, it rebuilds the state of the others in one pass.
 
 With a page pool, a step reads each row's block table from the owners' map (one dict while
 it is small), notes the pages the row lacks, and makes every hold at once: each request's
@@ -439,7 +440,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         still = tuple(record for record in started if record is not None)
         # The entries of the requests that left the queue here are dropped off its head, as
         # plan_step drops them: left there, every later step would walk them again.
-        _, queue = _live_head(requests, queue)
+        _, queue = _next_waiting(requests, queue)
         return self._evolve(requests, queue, (*still, *admitted), num_tokens, policy)
 
     # -- reading -----------------------------------------------------------------------------
@@ -486,8 +487,11 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
     def _in_order(self) -> Iterator[RequestRecord]:
         """Every request: ``packed``'s started ones, then the live entries of the queue."""
         yield from self._started
-        requests = self._requests
-        for record in self._queue:
+        requests, queue = self._requests, self._queue
+        if len(queue) == len(requests):  # no dead entry (see _next_waiting)
+            yield from queue
+            return
+        for record in queue:
             if requests.get(record.id) is record:
                 yield record
 
@@ -713,7 +717,8 @@ def plan_step(
     # bind (see _keep_to_the_bound; a page pool must hold every request whole).
     whole = reserved_tokens == 0 and reserved_rows == 0
     to_bound = config if whole and bound_rule_applies(config, num_requests) else None
-    step = _StepSizing(state, None if pool is None else StepHolds(pool), cap, page, to_bound)
+    holds = None if pool is None else StepHolds(pool)
+    step: _StepSizing[RequestId] = _new_tuple(_StepSizing, (state, holds, cap, page, to_bound))
     if config.policy == "packed":
         plan = _plan_packed(step, room_tokens, rows, config.max_num_partial_prefills)
     else:
@@ -735,7 +740,7 @@ def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[Reques
     requests = state._requests
     # (An owner the state does not hold, a decode request, gives None. The head is the first
     # live entry: the entries a removal or an admission left dead before it hold no one.)
-    head, _ = _live_head(requests, state._queue)
+    head, _ = _next_waiting(requests, state._queue)
     candidates = [*state._started, *map(requests.get, pool.owners()), head]
     for record in candidates:
         if record is None:
@@ -752,12 +757,12 @@ def _check_pool_holds_each(state: PrefillState[RequestId], pool: PagePool[Reques
 
 _NO_ROWS: Mapping[Any, StepChunk] = StepRows({})
 
-# A plan, and a record, built without a Python __init__ (as step_chunk: a plan is built on
-# every step, from rows and a state that need no check).
+# A plan, a record and a step's sizing, built without a Python __init__ or __new__ (as
+# step_chunk: each is built on every step, from values that need no check).
 _set_rows = StepPlan.__dict__["rows"].__set__
 _set_state = StepPlan.__dict__["state"].__set__
 _set_pool = StepPlan.__dict__["pool"].__set__
-_new_record = tuple.__new__
+_new_tuple = tuple.__new__
 
 
 def _step_plan(
@@ -832,7 +837,7 @@ def _run(
     rows[request_id] = step_chunk(start, size, end == length)
     if holds is not None:
         holds.hold(request_id, end)
-    return None if end == length else _new_record(RequestRecord, (request_id, length, end, True))
+    return None if end == length else _new_tuple(RequestRecord, (request_id, length, end, True))
 
 
 def _queue_of(
@@ -891,6 +896,21 @@ def _live_head(
     return None, queue
 
 
+def _next_waiting(
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
+) -> tuple[RequestRecord | None, PersistentQueue[RequestRecord]]:
+    """:func:`_live_head` of a state's map and queue, or of both as a step changes them
+    together (a record deleted or replaced in the map leaves its entry dead; a pop drops an
+    entry and a step that admits its request deletes the record too).
+
+    Every record of such a map has one live entry in the queue, so a queue no longer than
+    the map has no dead entry and its head is live without a lookup: most steps admit from
+    such a queue, and inside a server's step that lookup is a cold walk of the trie."""
+    if queue and len(queue) == len(requests):
+        return queue.peek(), queue
+    return _live_head(requests, queue)
+
+
 def _plan_packed(
     step: _StepSizing[RequestId], tokens: int, rows_left: int, max_partial: int | None
 ) -> StepPlan[RequestId]:
@@ -914,7 +934,7 @@ def _plan_packed(
     admitted: list[RequestRecord] = []
     # (With no room left no one is admitted; checking first spares the queue a walk.)
     while rows_left and tokens_left:
-        head, queue = _live_head(requests, queue)
+        head, queue = _next_waiting(requests, queue)
         if head is None:
             break
         size = step.size(head, tokens_left, rows_left)
@@ -1032,7 +1052,7 @@ def _keep_to_the_bound(
     for size in sizes[num_started:]:
         if not size:
             break
-        head, queue = _live_head(requests, queue)
+        head, queue = _next_waiting(requests, queue)
         assert head is not None  # (a record of the walk above)
         if holds is not None and size > holds.room(head.id, head.position):
             return None
@@ -1071,7 +1091,7 @@ def _plan_round_robin(
     ):
         return _plan_whole_batch(step)
     requests = state._requests
-    record, queue = _live_head(requests, state._queue)
+    record, queue = _next_waiting(requests, state._queue)
     assert record is not None, "a non-empty round_robin state has a live queue entry"
     size = step.size(record, tokens, rows_left)
     if size == 0 and holds is not None:

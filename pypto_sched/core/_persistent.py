@@ -71,21 +71,30 @@ class Frozen:
             )
 
     def _fill(self, **fields: Any) -> None:
+        self._set_fields(fields)
+
+    def _set_fields(self, fields: dict[str, Any]) -> None:
         setters = self._setters
-        if fields.keys() != setters.keys():
-            missing = sorted(setters.keys() - fields.keys())
-            unknown = sorted(fields.keys() - setters.keys())
-            raise TypeError(
-                f"{type(self).__name__} needs every field: missing {missing}, unknown {unknown}"
-            )
-        for name, value in fields.items():
-            setters[name](self, value)
+        # (As many fields as slots, each a slot: every slot set. Cheaper than comparing the
+        # names as sets, and a value is built on every planned step.)
+        if len(fields) == len(setters):
+            try:
+                for name, value in fields.items():
+                    setters[name](self, value)
+                return
+            except KeyError:
+                pass
+        missing = sorted(setters.keys() - fields.keys())
+        unknown = sorted(fields.keys() - setters.keys())
+        raise TypeError(
+            f"{type(self).__name__} needs every field: missing {missing}, unknown {unknown}"
+        )
 
     @classmethod
     def _build(cls, **fields: Any) -> Self:
         """A new value of ``fields`` (every one)."""
         new = object.__new__(cls)
-        new._fill(**fields)
+        new._set_fields(fields)
         return new
 
     def _replace(self, **changes: Any) -> Self:
@@ -133,23 +142,26 @@ class PersistentQueue(Generic[T]):
     pop still.
     """
 
-    __slots__ = ("_back", "_front", "_popped", "_rank")
+    __slots__ = ("_back", "_front", "_length", "_popped", "_rank")
 
     _front: _Link  # oldest item first
     _back: _Link  # newest item first
+    _length: int
     _rank: Callable[[T], int] | None
     _popped: PersistentQueue[T] | None  # pop()'s result, kept when it reversed the back
 
     def __init__(self, rank: Callable[[T], int] | None = None) -> None:
         self._front = None
         self._back = None
+        self._length = 0
         self._rank = rank
         self._popped = None
 
-    def _make(self, front: _Link, back: _Link) -> PersistentQueue[T]:
+    def _make(self, front: _Link, back: _Link, length: int) -> PersistentQueue[T]:
         new: PersistentQueue[T] = object.__new__(PersistentQueue)
         new._front = front
         new._back = back
+        new._length = length
         new._rank = self._rank
         new._popped = None
         return new
@@ -165,11 +177,14 @@ class PersistentQueue(Generic[T]):
     def __bool__(self) -> bool:
         return self._front is not None
 
+    def __len__(self) -> int:
+        return self._length
+
     def push(self, item: T) -> PersistentQueue[T]:
         """A queue with ``item`` added at the back."""
         if self._front is None:
-            return self._make(self._link(item, None), None)
-        return self._make(self._front, self._link(item, self._back))
+            return self._make(self._link(item, None), None, 1)
+        return self._make(self._front, self._link(item, self._back), self._length + 1)
 
     def extend(self, items: Sequence[T]) -> PersistentQueue[T]:
         """A queue with ``items`` added at the back, in order: equal to a :meth:`push` of
@@ -185,11 +200,11 @@ class PersistentQueue(Generic[T]):
         link: _Link = None
         for item in reversed(items):  # (the front list holds the oldest first)
             link = self._link(item, link)
-        return self._make(link, None)
+        return self._make(link, None, len(items))
 
     def push_front(self, item: T) -> PersistentQueue[T]:
         """A queue with ``item`` added at the front (it is the next :meth:`peek`)."""
-        return self._make(self._link(item, self._front), self._back)
+        return self._make(self._link(item, self._front), self._back, self._length + 1)
 
     def peek(self) -> T:
         """The item at the front; ``IndexError`` if the queue is empty."""
@@ -208,9 +223,9 @@ class PersistentQueue(Generic[T]):
             while back is not None:
                 front = self._link(back[0], front)
                 back = back[1]
-            self._popped = self._make(front, back)
+            self._popped = self._make(front, back, self._length - 1)
             return self._popped
-        return self._make(front, back)
+        return self._make(front, back, self._length - 1)
 
     def best(self) -> Best:
         """The two highest-ranked items (of equal ranks, any), as ``(rank, item, rank,
