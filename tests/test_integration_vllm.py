@@ -110,6 +110,23 @@ def test_without_chunked_prefill_prompts_run_whole() -> None:
         assert rows[0][1:] == (0, lengths[request_id])  # the prompt whole, then decodes
 
 
+def test_the_planner_answers_vllms_hook_unless_a_drafter_needs_vllms_rule_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    knobs = Knobs(max_num_batched_tokens=64)
+    plain = build(PackedScheduler, knobs)
+    assert plain._reserve_prefill_lookahead == plain._planner.chunk  # one call a request
+    # A multi-module MTP drafter reads 3 prompt tokens ahead: no chunk may end within 3
+    # tokens of the prompt's end, vLLM's rule, applied after the planner's.
+    config_class = type(plain.vllm_config)
+    monkeypatch.setattr(config_class, "num_prefill_lookahead_tokens", property(lambda _: 3))
+    driver = Driver(build(PackedScheduler, knobs))
+    assert driver.scheduler.num_prefill_lookahead == 3
+    driver.add("a", 66, max_tokens=1)
+    driver.step()
+    assert driver.steps[-1] == {"a": 63}  # the planner's 64, less 1: 3 tokens are left
+
+
 def test_a_config_the_planner_refuses_is_refused_with_vllms_names() -> None:
     # Blocks of 16 tokens cannot be whole in chunks of at most 8.
     aligned = scheduler_class("packed", align_to_blocks=True)

@@ -197,6 +197,9 @@ class _Step(NamedTuple):
     skips_started: bool
 
 
+_new_step = tuple.__new__
+
+
 class _Planner:
     """The planner's side of a scheduler: the prefill state and the rules of each step
     (see the module doc). ``sched`` is the vLLM scheduler it serves."""
@@ -275,18 +278,17 @@ class _Planner:
             blocked = blocked | waiting_ids
         if blocked:
             state = state.discard_all(blocked)
+        config = self.step_config(sched) if self.adaptive_threshold else self.config
         plan = plan_step(
-            state,
-            self.step_config(sched),
-            reserved_tokens=reserved_tokens,
-            reserved_rows=reserved_rows,
+            state, config, reserved_tokens=reserved_tokens, reserved_rows=reserved_rows
         )
         self.rows = rows = plan.rows
         waiting = sched.waiting
         sched.waiting = self.startable_head(sched, rows)
         admissions = tuple(filter(waiting_ids.__contains__, rows))
         skips_started = len(rows) - len(admissions) < num_started
-        self.step = _Step(plan, state, waiting, admissions, skips_started)
+        # (Built as a tuple: a NamedTuple's own __new__ is a Python call, on every step.)
+        self.step = _new_step(_Step, (plan, state, waiting, admissions, skips_started))
 
     def startable_head(self, sched: Any, rows: Mapping[str, StepChunk]) -> Any:
         """Take off vLLM's waiting queue, as a queue of their own, the requests at its head
@@ -297,17 +299,16 @@ class _Planner:
         is_blocked = sched._is_blocked_waiting_status
         waiting = sched.waiting
         head = type(waiting)()  # (vLLM's queue of the scheduling policy)
-        if self.fcfs:  # a deque: read and moved by the deque's own methods
-            count = 0
-            for request in waiting:
-                if _held_back(request, progress, rows, is_blocked):
-                    break
-                count += 1
-            if count:
-                head.extend([waiting.popleft() for _ in range(count)])
-            return head
-        while waiting and not _held_back(waiting.peek_request(), progress, rows, is_blocked):
-            head.add_request(waiting.pop_request())
+        fcfs = self.fcfs  # a deque: read and moved by the deque's own methods
+        take = waiting.popleft if fcfs else waiting.pop_request
+        put = head.append if fcfs else head.add_request
+        while waiting:
+            request = waiting[0] if fcfs else waiting.peek_request()
+            request_id = request.request_id
+            # Held back: in the state, not started by the plan, and not blocked.
+            if request_id in progress and request_id not in rows and not is_blocked(request.status):
+                break
+            put(take())
         return head
 
     def follow_vllms_order(self, sched: Any) -> set[str]:
@@ -360,7 +361,7 @@ class _Planner:
         least the budget's fair share among the requests (vLLM's rule)."""
         config = self.config
         threshold = config.long_prefill_token_threshold
-        if not self.adaptive_threshold or threshold is None:
+        if threshold is None:
             return config
         running, waiting = sched.get_request_counts()
         share = config.max_num_batched_tokens // max(running + waiting, 1)
@@ -373,21 +374,19 @@ class _Planner:
             )
         return adapted
 
-    def chunk(
-        self,
-        request_id: str,
-        length: int,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-    ) -> int:
-        """The tokens request ``request_id`` of the state, ``length`` tokens to prefill,
-        runs in this step, given vLLM's ``num_new_tokens``."""
+    def chunk(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> int:
+        """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``: the
+        planned chunk of a request of the state (0 if the plan does not run it), vLLM's
+        size for any other (a decode). vLLM's ``_reserve_prefill_lookahead`` hook."""
+        request_id = request.request_id
+        progress = self.progress.get(request_id)
         rows = self.rows
-        if rows is None:
-            return num_new_tokens  # (outside schedule())
+        if progress is None or rows is None:
+            return num_new_tokens  # a decode, or outside schedule()
         chunk = rows.get(request_id)
         if chunk is None:
             return 0
+        length = progress[0]
         if num_computed_tokens >= length:
             return num_new_tokens  # a request vLLM recomputes on its own
         if num_computed_tokens == chunk.start and num_new_tokens >= chunk.length:
@@ -479,18 +478,6 @@ class _Planner:
         self.admission_refused = refused and step.skips_started
 
 
-def _held_back(
-    request: Any,
-    progress: Mapping[str, Any],
-    rows: Mapping[str, StepChunk],
-    is_blocked: Any,
-) -> bool:
-    """Whether the plan holds back waiting ``request``: it is in the state, the plan does
-    not start it, and it is not blocked (vLLM checks a blocked one, and passes it over)."""
-    request_id = request.request_id
-    return request_id in progress and request_id not in rows and not is_blocked(request.status)
-
-
 def _ran_as_planned(
     rows: Mapping[str, StepChunk], num_scheduled_tokens: dict[str, int], requests: Any
 ) -> bool:
@@ -542,6 +529,11 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
             whole_prompts=not scheduler_config.enable_chunked_prefill,
             adaptive_threshold=bool(self.adaptive_long_prefill_threshold),
         )
+        if self.num_prefill_lookahead <= 1:
+            # vLLM's rule is a no-op without a multi-module MTP drafter: the planner answers
+            # vLLM's hook itself, a call fewer for each request vLLM asks it about (every
+            # running and waiting request it schedules, each step).
+            self._reserve_prefill_lookahead = self._planner.chunk  # type: ignore[method-assign]
 
     def get_request_counts(self) -> tuple[int, int]:
         running, waiting = super().get_request_counts()
@@ -568,15 +560,7 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
     def _reserve_prefill_lookahead(
         self, request: Any, num_computed_tokens: int, num_new_tokens: int
     ) -> int:
-        planner = self._planner
-        request_id = request.request_id
-        progress = planner.progress.get(request_id)
-        if progress is None:  # a decode: vLLM's size stands
-            planned = num_new_tokens
-        else:
-            planned = planner.chunk(request_id, progress[0], num_computed_tokens, num_new_tokens)
-        if self.num_prefill_lookahead <= 1:  # vLLM's rule below is a no-op (no MTP drafter)
-            return planned
+        planned = self._planner.chunk(request, num_computed_tokens, num_new_tokens)
         # vLLM's rule after ours: a multi-module MTP drafter's lookahead window.
         return int(super()._reserve_prefill_lookahead(request, num_computed_tokens, planned))
 
