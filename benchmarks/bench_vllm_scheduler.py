@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     misses: list[str] = []
 
-    steps = 40 if args.quick else 150
+    steps = 40 if args.quick else 300
     head = ["tokens out", "in flight", "stock us", "packed us", "ratio", "round_robin us", "ratio"]
     rows = [head]
     for max_tokens in OUTPUT_TOKENS:
