@@ -110,21 +110,49 @@ def test_without_chunked_prefill_prompts_run_whole() -> None:
         assert rows[0][1:] == (0, lengths[request_id])  # the prompt whole, then decodes
 
 
+@pytest.mark.parametrize("when", ["built", "later"])
 def test_the_planner_answers_vllms_hook_unless_a_drafter_needs_vllms_rule_after_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
     knobs = Knobs(max_num_batched_tokens=64)
-    plain = build(PackedScheduler, knobs)
-    assert plain._reserve_prefill_lookahead == plain._planner.chunk  # one call a request
+    plain = Driver(build(PackedScheduler, knobs))
+    plain.add("a", 64, max_tokens=1)
+    plain.step()
+    assert plain.steps[-1] == {"a": 64}
+    assert "a" in plain.finished
+    scheduler = plain.scheduler
+    assert scheduler._reserve_prefill_lookahead == scheduler._planner.chunk  # a call a request
     # A multi-module MTP drafter reads 3 prompt tokens ahead: no chunk may end within 3
-    # tokens of the prompt's end, vLLM's rule, applied after the planner's.
-    config_class = type(plain.vllm_config)
-    monkeypatch.setattr(config_class, "num_prefill_lookahead_tokens", property(lambda _: 3))
-    driver = Driver(build(PackedScheduler, knobs))
+    # tokens of the prompt's end, vLLM's rule, applied after the planner's. vLLM sets it when
+    # it builds the scheduler; its own tests also set it afterwards.
+    if when == "built":
+        config_class = type(scheduler.vllm_config)
+        monkeypatch.setattr(config_class, "num_prefill_lookahead_tokens", property(lambda _: 3))
+        driver = Driver(build(PackedScheduler, knobs))
+    else:
+        driver = plain
+        driver.scheduler.num_prefill_lookahead = 3
     assert driver.scheduler.num_prefill_lookahead == 3
+    driver.add("b", 66, max_tokens=1)
+    driver.step()
+    assert driver.steps[-1] == {"b": 63}  # the planner's 64, less 1: 3 tokens are left
+
+
+def test_a_subclass_that_overrides_vllms_hook_is_asked() -> None:
+    asked: list[str] = []
+
+    class Counting(PackedScheduler):
+        def _reserve_prefill_lookahead(
+            self, request: Any, num_computed_tokens: int, num_new_tokens: int
+        ) -> int:
+            asked.append(request.request_id)
+            return super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+
+    driver = Driver(build(Counting, Knobs(max_num_batched_tokens=64)))
     driver.add("a", 66, max_tokens=1)
     driver.step()
-    assert driver.steps[-1] == {"a": 63}  # the planner's 64, less 1: 3 tokens are left
+    assert asked == ["a"]
+    assert driver.steps[-1] == {"a": 64}
 
 
 def test_a_config_the_planner_refuses_is_refused_with_vllms_names() -> None:

@@ -339,7 +339,7 @@ class History:
             started = sum(request.is_started for request in state.values())
             assert started <= self.config.max_num_partial_prefills
         # Every record of the map has one live entry in the queue: a step reads the head
-        # without a lookup when the queue is no longer than the map (_live_head).
+        # without a lookup when the queue is no longer than the map (_next_waiting).
         requests, queue = state._requests, state._queue
         live = [record.id for record in queue if requests.get(record.id) is record]
         assert sorted(live) == sorted(key for key, _ in requests.items())

@@ -357,8 +357,8 @@ class _Planner:
         return blocked
 
     def step_config(self, sched: Any) -> PlannerConfig:
-        """The config of this step: with vLLM's adaptive threshold, the threshold is at
-        least the budget's fair share among the requests (vLLM's rule)."""
+        """The config of a step under vLLM's adaptive threshold (call it only then): the
+        threshold is at least the budget's fair share among the requests (vLLM's rule)."""
         config = self.config
         threshold = config.long_prefill_token_threshold
         if threshold is None:
@@ -529,11 +529,10 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
             whole_prompts=not scheduler_config.enable_chunked_prefill,
             adaptive_threshold=bool(self.adaptive_long_prefill_threshold),
         )
-        if self.num_prefill_lookahead <= 1:
-            # vLLM's rule is a no-op without a multi-module MTP drafter: the planner answers
-            # vLLM's hook itself, a call fewer for each request vLLM asks it about (every
-            # running and waiting request it schedules, each step).
-            self._reserve_prefill_lookahead = self._planner.chunk  # type: ignore[method-assign]
+        #: Whether the planner may answer vLLM's hook itself (no subclass overrides it).
+        self._planner_answers_hook = (
+            type(self)._reserve_prefill_lookahead is PyptoScheduler._reserve_prefill_lookahead
+        )
 
     def get_request_counts(self) -> tuple[int, int]:
         running, waiting = super().get_request_counts()
@@ -549,6 +548,17 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         planner = self._planner
+        # vLLM asks _reserve_prefill_lookahead about every request it schedules. While its
+        # own rule there is a no-op (no multi-module MTP drafter, a setting read at each
+        # step, as vLLM reads it) and no subclass overrides the hook, the planner's bound
+        # method answers it: one Python call a request, where the method makes two for a
+        # request in the state.
+        direct = self._planner_answers_hook and self.num_prefill_lookahead <= 1
+        if direct is not ("_reserve_prefill_lookahead" in self.__dict__):
+            if direct:
+                self._reserve_prefill_lookahead = planner.chunk  # type: ignore[method-assign]
+            else:
+                del self._reserve_prefill_lookahead
         planner.begin(self)
         output = None
         try:
