@@ -325,21 +325,17 @@ def runs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(run=runs())
-def test_every_request_finishes_and_the_state_follows_vllm(run: dict[str, Any]) -> None:
-    """Arrivals over time, decodes, a KV cache small enough to preempt and aborts (mid-
-    prefill too): no request is lost or stuck, the planner's state is vLLM's after every
-    step, every step keeps to the limits, and aligned chunks end on KV blocks."""
-    cls = scheduler_class(run["policy"], align_to_blocks=run["align"])
+def drive(cls: type[Any], run: dict[str, Any]) -> tuple[Driver, list[tuple[Any, ...]]]:
+    """Step a scheduler of ``cls`` through ``run`` (arrivals and aborts) until it drains
+    (3,000 steps at most), checking every step; with what each step scheduled, preempted
+    and finished."""
     driver = Driver(build(cls, run["knobs"]))
     requests = run["requests"]
-    lengths = {}
+    outcomes: list[tuple[Any, ...]] = []
     step = 0
     while step < 3000:
         for index, (arrival, length, max_tokens, _) in enumerate(requests):
             if arrival == step:
-                lengths[str(index)] = length
                 driver.add(str(index), length, max_tokens=max_tokens, fill=index)
         for index, (_, _, _, abort) in enumerate(requests):
             request_id = str(index)
@@ -348,11 +344,25 @@ def test_every_request_finishes_and_the_state_follows_vllm(run: dict[str, Any]) 
                 assert request_id not in driver.scheduler.prefill_state
         if step > 6 and not driver.scheduler.has_requests():
             break
-        driver.step()
+        output = driver.step()
         check_in_step(driver)
+        outcomes.append(
+            (driver.steps[-1], sorted(output.preempted_req_ids or ()), sorted(driver.finished))
+        )
         step += 1
+    return driver, outcomes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs())
+def test_every_request_finishes_and_the_state_follows_vllm(run: dict[str, Any]) -> None:
+    """Arrivals over time, decodes, a KV cache small enough to preempt and aborts (mid-
+    prefill too): no request is lost or stuck, the planner's state is vLLM's after every
+    step, every step keeps to the limits, and aligned chunks end on KV blocks."""
+    driver, _ = drive(scheduler_class(run["policy"], align_to_blocks=run["align"]), run)
     assert not driver.scheduler.has_requests(), "a request is stuck"
     assert not driver.scheduler.prefill_state
+    lengths = {str(index): length for index, (_, length, _, _) in enumerate(run["requests"])}
     assert driver.finished == set(lengths)
     if run["align"]:
         for request_id, rows in driver.rows.items():
@@ -360,6 +370,66 @@ def test_every_request_finishes_and_the_state_follows_vllm(run: dict[str, Any]) 
                 end = start + tokens
                 if end < lengths[request_id]:  # a non-final prefill chunk
                     assert end % BLOCK_SIZE == 0, (request_id, rows)
+
+
+def asked_about_every_request(cls: type[Any]) -> type[Any]:
+    """``cls`` with vLLM's hook overridden by a plain call of its own: vLLM asks it about
+    every request it schedules, and nothing is parked."""
+
+    class Asked(cls):  # type: ignore[misc]
+        def _reserve_prefill_lookahead(
+            self, request: Any, num_computed_tokens: int, num_new_tokens: int
+        ) -> int:
+            return int(
+                super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+            )
+
+    return Asked
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs(), asynchronous=st.booleans())
+def test_parking_the_passed_over_requests_changes_no_step(
+    run: dict[str, Any], asynchronous: bool
+) -> None:
+    """vLLM passes over a parked request as it would on the hook's 0: every step schedules,
+    preempts and finishes the same as when vLLM asks the hook about every request, and each
+    parked request has its own ``next_decode_eligible_step`` back after the step."""
+    cls = scheduler_class(run["policy"], align_to_blocks=run["align"], asynchronous=asynchronous)
+    parked, outcomes = drive(cls, run)
+    asked, asked_outcomes = drive(asked_about_every_request(cls), run)
+    assert outcomes == asked_outcomes
+    assert asked.finished == parked.finished
+
+
+def test_round_robins_waiting_turns_are_parked_and_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``round_robin`` the started requests waiting for their turn are parked in the
+    steps they wait, none that runs, and each has its own ``next_decode_eligible_step``
+    back after the step."""
+    knobs = Knobs(max_num_batched_tokens=64, long_prefill_token_threshold=32)
+    driver = Driver(build(RoundRobinScheduler, knobs))
+    parked_in: dict[int, set[str]] = {}  # step -> the requests parked in it
+    park = integration._Planner.park_passed_over
+
+    def noting(planner: Any, running: list[Any], parked: list[tuple[Any, int]]) -> None:
+        park(planner, running, parked)
+        parked_in[len(driver.steps)] = {request.request_id for request, _ in parked}
+
+    monkeypatch.setattr(integration._Planner, "park_passed_over", noting)
+    for index in range(6):
+        driver.add(str(index), 100, max_tokens=2)
+    while driver.scheduler.has_requests():
+        driver.step()
+        assert all(r.next_decode_eligible_step == 0 for r in driver.scheduler.requests.values())
+        assert len(driver.steps) < 200
+    assert driver.finished == {str(index) for index in range(6)}
+    assert max(map(len, parked_in.values())) >= 4
+    for step, ids in parked_in.items():
+        assert not ids & set(driver.steps[step])
+        started = {request_id for request_id, rows in driver.rows.items() if rows[0][0] < step}
+        assert ids <= started
 
 
 @pytest.mark.parametrize("cls", [PackedScheduler, RoundRobinScheduler, AsyncPackedScheduler])

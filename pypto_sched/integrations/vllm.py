@@ -52,6 +52,15 @@ Every ``schedule()``:
    does not run, which vLLM passes over. Decodes pass unchanged. A request that vLLM's prefix
    cache or a KV connector moved forward runs at most its planned length from where it now
    is, ending on a block boundary unless final when chunks are aligned.
+
+   The started requests the plan passes over are *parked* for the step: vLLM's running loop
+   works out a size for each running request before it asks the hook, and under
+   ``round_robin`` (one prefill a step) hundreds of started requests can wait in its running
+   list for their turn. Each one the hook would answer 0 gets, until ``schedule()`` returns,
+   a ``next_decode_eligible_step`` past every step, which vLLM's loop checks first and passes
+   over, as the hook's 0 would: nothing in between has side effects for a request without
+   multimodal inputs (those are not parked), and the running list, hence whom vLLM preempts,
+   is unchanged. Only while the hook is the planner's own (no subclass overrides it).
 4. *Apply.* After the step, the state advances by the chunks vLLM scheduled (read from the
    ``SchedulerOutput``): a planned chunk that vLLM refused for KV blocks did not run, and its
    request keeps its place. In the common step, where every planned chunk ran as planned and
@@ -84,6 +93,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
@@ -198,6 +208,9 @@ class _Step(NamedTuple):
 
 
 _new_step = tuple.__new__
+
+#: A parked request's ``next_decode_eligible_step``: past any step vLLM counts to.
+_PARKED = sys.maxsize
 
 
 class _Planner:
@@ -402,6 +415,19 @@ class _Planner:
             return 0
         return size
 
+    def park_passed_over(self, running: list[Any], parked: list[tuple[Any, int]]) -> None:
+        """Park, for the step, the running requests to which :meth:`chunk` gives no tokens
+        and that have no multimodal inputs (see the module doc), noting each with its own
+        ``next_decode_eligible_step`` in ``parked``."""
+        progress, rows = self.progress, self.rows
+        if rows is None:
+            return
+        for request in running:
+            request_id = request.request_id
+            if request_id in progress and request_id not in rows and not request.mm_features:
+                parked.append((request, request.next_decode_eligible_step))
+                request.next_decode_eligible_step = _PARKED
+
     def end(self, sched: Any, num_scheduled_tokens: dict[str, int] | None) -> None:
         """Put vLLM's waiting queue back whole and apply the chunks that ran."""
         step, self.step, self.rows = self.step, None, None
@@ -476,6 +502,14 @@ class _Planner:
         # packed plans them before any admission, they ran anyway, and the refused admission
         # may well fit in the next step, as vLLM would try it.)
         self.admission_refused = refused and step.skips_started
+
+
+def _unpark(parked: list[tuple[Any, int]]) -> None:
+    """Give each parked request back its own ``next_decode_eligible_step`` (unless vLLM
+    set another meanwhile)."""
+    for request, own in parked:
+        if request.next_decode_eligible_step == _PARKED:
+            request.next_decode_eligible_step = own
 
 
 def _ran_as_planned(
@@ -561,9 +595,14 @@ class PyptoScheduler(Scheduler):  # type: ignore[misc]
                 del self._reserve_prefill_lookahead
         planner.begin(self)
         output = None
+        parked: list[tuple[Any, int]] = []
         try:
+            step = planner.step
+            if direct and step is not None and step.skips_started:
+                planner.park_passed_over(self.running, parked)
             output = super().schedule(*args, **kwargs)
         finally:
+            _unpark(parked)
             planner.end(self, None if output is None else output.num_scheduled_tokens)
         return output
 
