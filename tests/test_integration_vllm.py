@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 pytest.importorskip("vllm", reason="the vLLM integration needs vLLM (make test-vllm)")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import RequestStatus
@@ -393,43 +393,72 @@ def test_parking_the_passed_over_requests_changes_no_step(
     run: dict[str, Any], asynchronous: bool
 ) -> None:
     """vLLM passes over a parked request as it would on the hook's 0: every step schedules,
-    preempts and finishes the same as when vLLM asks the hook about every request, and each
-    parked request has its own ``next_decode_eligible_step`` back after the step."""
+    preempts and finishes the same as when vLLM asks a subclass's hook about every request
+    (which turns parking off)."""
     cls = scheduler_class(run["policy"], align_to_blocks=run["align"], asynchronous=asynchronous)
-    parked, outcomes = drive(cls, run)
-    asked, asked_outcomes = drive(asked_about_every_request(cls), run)
+    parked: list[int] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(integration._Planner, "park_passed_over", noting_parked(parked))
+        driver, outcomes = drive(cls, run)
+        num_parked = sum(parked)
+        event(f"requests parked: {'some' if num_parked else 'none'}")
+        asked, asked_outcomes = drive(asked_about_every_request(cls), run)
+    assert sum(parked) == num_parked  # none under a subclass's hook
     assert outcomes == asked_outcomes
-    assert asked.finished == parked.finished
+    assert asked.finished == driver.finished
 
 
-def test_round_robins_waiting_turns_are_parked_and_given_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Under ``round_robin`` the started requests waiting for their turn are parked in the
-    steps they wait, none that runs, and each has its own ``next_decode_eligible_step``
-    back after the step."""
-    knobs = Knobs(max_num_batched_tokens=64, long_prefill_token_threshold=32)
-    driver = Driver(build(RoundRobinScheduler, knobs))
-    parked_in: dict[int, set[str]] = {}  # step -> the requests parked in it
+def noting_parked(
+    counts: list[int], parked_in: dict[int, set[str]] | None = None, driver: Driver | None = None
+) -> Any:
+    """``_Planner.park_passed_over``, noting how many requests each call parks in
+    ``counts`` (and which in ``parked_in``, by ``driver``'s step)."""
     park = integration._Planner.park_passed_over
 
     def noting(planner: Any, running: list[Any], parked: list[tuple[Any, int]]) -> None:
         park(planner, running, parked)
-        parked_in[len(driver.steps)] = {request.request_id for request, _ in parked}
+        counts.append(len(parked))
+        if parked_in is not None and driver is not None:
+            parked_in[len(driver.steps)] = {request.request_id for request, _ in parked}
 
-    monkeypatch.setattr(integration._Planner, "park_passed_over", noting)
+    return noting
+
+
+@pytest.mark.parametrize("num_blocks", [4096, 30])
+def test_round_robins_waiting_turns_are_parked_and_given_back(
+    monkeypatch: pytest.MonkeyPatch, num_blocks: int
+) -> None:
+    """Under ``round_robin`` the started requests waiting for their turn are parked in the
+    steps they wait, none that runs, and each has its own ``next_decode_eligible_step``
+    back after the step; with a KV cache small enough to preempt, vLLM preempts parked
+    requests too."""
+    knobs = Knobs(max_num_batched_tokens=64, long_prefill_token_threshold=32, num_blocks=num_blocks)
+    driver = Driver(build(RoundRobinScheduler, knobs))
+    parked_in: dict[int, set[str]] = {}  # step -> the requests parked in it
+    monkeypatch.setattr(
+        integration._Planner, "park_passed_over", noting_parked([], parked_in, driver)
+    )
+    requests = driver.scheduler.requests
+    own: dict[str, int] = {}
     for index in range(6):
-        driver.add(str(index), 100, max_tokens=2)
+        driver.add(str(index), 100, max_tokens=8)
+        own[str(index)] = requests[str(index)].next_decode_eligible_step = -index  # (<= any step)
+    preempted_parked: set[str] = set()
     while driver.scheduler.has_requests():
-        driver.step()
-        assert all(r.next_decode_eligible_step == 0 for r in driver.scheduler.requests.values())
-        assert len(driver.steps) < 200
-    assert driver.finished == {str(index) for index in range(6)}
+        output = driver.step()
+        for request_id, request in requests.items():
+            assert request.next_decode_eligible_step == own[request_id]
+        preempted_parked |= set(output.preempted_req_ids or ()) & parked_in.get(
+            len(driver.steps) - 1, set()
+        )
+        assert len(driver.steps) < 300
+    assert driver.finished == set(own)
     assert max(map(len, parked_in.values())) >= 4
     for step, ids in parked_in.items():
         assert not ids & set(driver.steps[step])
         started = {request_id for request_id, rows in driver.rows.items() if rows[0][0] < step}
         assert ids <= started
+    assert bool(preempted_parked) == (num_blocks < 100)
 
 
 @pytest.mark.parametrize("cls", [PackedScheduler, RoundRobinScheduler, AsyncPackedScheduler])

@@ -57,10 +57,12 @@ Every ``schedule()``:
    works out a size for each running request before it asks the hook, and under
    ``round_robin`` (one prefill a step) hundreds of started requests can wait in its running
    list for their turn. Each one the hook would answer 0 gets, until ``schedule()`` returns,
-   a ``next_decode_eligible_step`` past every step, which vLLM's loop checks first and passes
-   over, as the hook's 0 would: nothing in between has side effects for a request without
-   multimodal inputs (those are not parked), and the running list, hence whom vLLM preempts,
-   is unchanged. Only while the hook is the planner's own (no subclass overrides it).
+   a ``next_decode_eligible_step`` past every step, which vLLM's loop checks near its top
+   and passes over, as the hook's 0 would: nothing in between has side effects for a
+   request without multimodal inputs (those are not parked), and the running list, hence
+   whom vLLM preempts, is unchanged. (vLLM's own diffusion scheduler holds requests back
+   for one call of ``schedule()`` the same way.) Only while the hook is the planner's own
+   (no subclass overrides it).
 4. *Apply.* After the step, the state advances by the chunks vLLM scheduled (read from the
    ``SchedulerOutput``): a planned chunk that vLLM refused for KV blocks did not run, and its
    request keeps its place. In the common step, where every planned chunk ran as planned and
@@ -391,14 +393,16 @@ class _Planner:
         """The tokens ``request`` runs in this step, given vLLM's ``num_new_tokens``: the
         planned chunk of a request of the state (0 if the plan does not run it), vLLM's
         size for any other (a decode). vLLM's ``_reserve_prefill_lookahead`` hook."""
-        request_id = request.request_id
-        progress = self.progress.get(request_id)
         rows = self.rows
-        if progress is None or rows is None:
-            return num_new_tokens  # a decode, or outside schedule()
+        if rows is None:
+            return num_new_tokens  # outside schedule()
+        request_id = request.request_id
         chunk = rows.get(request_id)
-        if chunk is None:
-            return 0
+        if chunk is None:  # passed over, or a decode
+            return 0 if self.passes_over(request_id) else num_new_tokens
+        progress = self.progress.get(request_id)
+        if progress is None:  # it left the state in this step
+            return num_new_tokens
         length = progress[0]
         if num_computed_tokens >= length:
             return num_new_tokens  # a request vLLM recomputes on its own
@@ -415,16 +419,19 @@ class _Planner:
             return 0
         return size
 
+    def passes_over(self, request_id: str) -> bool:
+        """Whether the step in progress passes ``request_id`` over: a request of the state
+        that the plan gives no row runs no tokens (:meth:`chunk` answers 0)."""
+        rows = self.rows
+        return rows is not None and request_id in self.progress and request_id not in rows
+
     def park_passed_over(self, running: list[Any], parked: list[tuple[Any, int]]) -> None:
-        """Park, for the step, the running requests to which :meth:`chunk` gives no tokens
-        and that have no multimodal inputs (see the module doc), noting each with its own
-        ``next_decode_eligible_step`` in ``parked``."""
-        progress, rows = self.progress, self.rows
-        if rows is None:
-            return
+        """Park, for the step, the running requests it passes over that have no multimodal
+        inputs (see the module doc), noting each with its own ``next_decode_eligible_step``
+        in ``parked``."""
+        passes_over = self.passes_over
         for request in running:
-            request_id = request.request_id
-            if request_id in progress and request_id not in rows and not request.mm_features:
+            if passes_over(request.request_id) and not request.mm_features:
                 parked.append((request, request.next_decode_eligible_step))
                 request.next_decode_eligible_step = _PARKED
 
