@@ -299,18 +299,19 @@ class _Planner:
         )
         self.rows = rows = plan.rows
         waiting = sched.waiting
-        sched.waiting = self.startable_head(sched, rows)
+        sched.waiting = self.startable_head(sched)
         admissions = tuple(filter(waiting_ids.__contains__, rows))
         skips_started = len(rows) - len(admissions) < num_started
         # (Built as a tuple: a NamedTuple's own __new__ is a Python call, on every step.)
         self.step = _new_step(_Step, (plan, state, waiting, admissions, skips_started))
 
-    def startable_head(self, sched: Any, rows: Mapping[str, StepChunk]) -> Any:
+    def startable_head(self, sched: Any) -> Any:
         """Take off vLLM's waiting queue, as a queue of their own, the requests at its head
         that its waiting loop may see in this step: the run of requests the plan starts,
         blocked ones (vLLM checks whether they are ready, and passes over those that are
-        not) and ones not in the state (vLLM's own rules start them)."""
-        progress = self.progress
+        not) and ones not in the state (vLLM's own rules start them). Call it once the
+        step's :attr:`rows` are set."""
+        passes_over = self.passes_over
         is_blocked = sched._is_blocked_waiting_status
         waiting = sched.waiting
         head = type(waiting)()  # (vLLM's queue of the scheduling policy)
@@ -319,9 +320,8 @@ class _Planner:
         put = head.append if fcfs else head.add_request
         while waiting:
             request = waiting[0] if fcfs else waiting.peek_request()
-            request_id = request.request_id
-            # Held back: in the state, not started by the plan, and not blocked.
-            if request_id in progress and request_id not in rows and not is_blocked(request.status):
+            # Held back: passed over by the plan, and not blocked.
+            if passes_over(request.request_id) and not is_blocked(request.status):
                 break
             put(take())
         return head
