@@ -488,7 +488,7 @@ class PrefillState(Frozen, Mapping[RequestId, PrefillRequest], Generic[RequestId
         """Every request: ``packed``'s started ones, then the live entries of the queue."""
         yield from self._started
         requests, queue = self._requests, self._queue
-        if len(queue) == len(requests):  # no dead entry (see _next_waiting)
+        if _all_live(requests, queue):
             yield from queue
             return
         for record in queue:
@@ -896,17 +896,24 @@ def _live_head(
     return None, queue
 
 
+def _all_live(
+    requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
+) -> bool:
+    """Whether every entry of ``queue`` is live, for a state's map and queue or both as a
+    step changes them together (a record deleted or replaced in the map leaves its entry
+    dead; a pop drops an entry and a step that admits its request deletes the record too).
+    Every record of such a map has one live entry in the queue, so a queue no longer than
+    the map has no dead entry: no lookup needed."""
+    return len(queue) == len(requests)
+
+
 def _next_waiting(
     requests: PersistentMap[RequestId, RequestRecord], queue: PersistentQueue[RequestRecord]
 ) -> tuple[RequestRecord | None, PersistentQueue[RequestRecord]]:
-    """:func:`_live_head` of a state's map and queue, or of both as a step changes them
-    together (a record deleted or replaced in the map leaves its entry dead; a pop drops an
-    entry and a step that admits its request deletes the record too).
-
-    Every record of such a map has one live entry in the queue, so a queue no longer than
-    the map has no dead entry and its head is live without a lookup: most steps admit from
-    such a queue, and inside a server's step that lookup is a cold walk of the trie."""
-    if queue and len(queue) == len(requests):
+    """:func:`_live_head`, whose head is live without a lookup while :func:`_all_live`:
+    most steps admit from such a queue, and inside a server's step that lookup is a cold
+    walk of the trie."""
+    if queue and _all_live(requests, queue):
         return queue.peek(), queue
     return _live_head(requests, queue)
 
